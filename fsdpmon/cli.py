@@ -1,0 +1,79 @@
+"""The `fsdpmon` command: subcommand dispatch, and the one place errors become exit codes.
+
+Each subcommand lives in its own module exposing ``configure(parser)`` and ``run(args) -> int``.
+Modules are imported only when their command runs, so `fsdpmon --help` stays instant and the
+exporter never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from fsdpmon import __version__
+from fsdpmon.errors import FsdpmonError
+
+# name -> (module, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("fsdpmon.demo", "run a local 2-rank training with the exporter and `top` watching it"),
+    "top": ("fsdpmon.top.cli", "live terminal view of a whole FSDP job across pods"),
+    "exporter": ("exporters.cli", "per-node exporter: GPUs, host and processes, with pod labels"),
+    "manifests": ("fsdpmon.manifests.cli", "generate the Kubernetes job, exporter and monitoring"),
+    "report": ("fsdpmon.report.cli", "scaling report (table + chart) from several runs"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="fsdpmon",
+        description="Observability for PyTorch FSDP training on Kubernetes.",
+        epilog="Run `fsdpmon COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("--version", action="version", version=f"fsdpmon {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    lines = "\n".join(f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items())
+    parser.add_argument(
+        "command", choices=list(COMMANDS), metavar="COMMAND", help="one of:\n" + lines
+    )
+    parser.formatter_class = argparse.RawTextHelpFormatter
+    return parser
+
+
+def guarded(fn: Callable[[], int], prog: str = "fsdpmon") -> int:
+    """Run ``fn``; turn FsdpmonError into one line on stderr and its exit code.
+
+    Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
+    """
+    try:
+        return fn()
+    except FsdpmonError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    top = _top_parser()
+    # Split at the command so each command's own flags are parsed by its own parser.
+    split = next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))
+    ns = top.parse_args(argv[: split + 1])
+    logging.basicConfig(
+        level=logging.DEBUG if ns.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    module_name, text = COMMANDS[ns.command]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"fsdpmon {ns.command}", description=text)
+    module.configure(sub)
+    args = sub.parse_args(argv[split + 1 :])
+    return guarded(lambda: module.run(args), prog=f"fsdpmon {ns.command}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

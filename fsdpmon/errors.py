@@ -1,0 +1,43 @@
+"""The one small error hierarchy of the project.
+
+Every error a user can cause (a bad flag, a bad config file, an unreachable target) is raised as
+one of these; ``fsdpmon.cli.guarded`` turns them into a one-line message and an exit code, so no
+user ever sees a traceback for their own mistake.
+"""
+
+from __future__ import annotations
+
+
+class FsdpmonError(Exception):
+    """Base of every error fsdpmon reports to a user."""
+
+    exit_code = 1
+
+
+class ConfigError(FsdpmonError):
+    """A bad flag, environment variable or config value; the message names the field."""
+
+    exit_code = 2
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"{field}: {problem}")
+
+
+class InputError(FsdpmonError):
+    """A file or directory the user pointed at is missing, empty or malformed."""
+
+    exit_code = 2
+
+
+class UnreachableError(FsdpmonError):
+    """A target, API server or Prometheus could not be reached or refused the request."""
+
+    exit_code = 3
+
+
+class JobUnhealthyError(FsdpmonError):
+    """``--once`` found the job stalled or down (documented exit status for cron checks)."""
+
+    exit_code = 4

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Create .venv and install fsdpmon into it (idempotent; re-runs only when pyproject.toml changes).
+# Usage: bash scripts/setup.sh [--test]   (--test also installs test extras and Debian packages)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want_test=0
+[ "${1:-}" = "--test" ] && want_test=1
+
+if [ "$want_test" = 1 ]; then
+  need=()
+  command -v promtool >/dev/null || need+=(prometheus)
+  command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
+  command -v tmux >/dev/null || need+=(tmux)
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "==> installing Debian packages: ${need[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  fi
+fi
+
+[ -x .venv/bin/python ] || { echo "==> creating .venv"; python3 -m venv .venv; }
+extras="hf,report"; [ "$want_test" = 1 ] && extras="test"
+stamp=".venv/.fsdpmon-$(sha1sum pyproject.toml | cut -c1-12)-$extras"
+if [ ! -f "$stamp" ]; then
+  echo "==> installing Python packages into .venv (torch CPU build first: about a minute)"
+  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
+  # Pin the CPU build explicitly: an unpinned torch would pull a multi-GB CUDA build.
+  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
+  touch "$stamp"
+fi
