@@ -24,9 +24,12 @@ extras="hf,report"; [ "$want_test" = 1 ] && extras="test"
 stamp=".venv/.fsdpmon-$(sha1sum pyproject.toml | cut -c1-12)-$extras"
 if [ ! -f "$stamp" ]; then
   echo "==> installing Python packages into .venv (torch CPU build first: about a minute)"
-  .venv/bin/pip install -q --disable-pip-version-check --upgrade pip
+  log=.venv/pip-install.log
+  pip() { .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1 || {
+    echo "pip install $* failed; last lines of $log:" >&2; tail -n 30 "$log" >&2; exit 1; }; }
+  pip --upgrade pip
   # Pin the CPU build explicitly: an unpinned torch would pull a multi-GB CUDA build.
-  .venv/bin/python -c 'import torch' 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[$extras]"
+  .venv/bin/python -c 'import torch' 2>/dev/null || pip torch==2.13.0
+  pip -e ".[$extras]"
   touch "$stamp"
 fi
