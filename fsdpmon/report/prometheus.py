@@ -1,0 +1,199 @@
+"""Read a finished (or running) job's figures from Prometheus with range queries.
+
+Each job becomes the same :class:`RunData` the JSONL loader produces: one Sample per rank per
+evaluation time, built from the monitor's per-rank series. The job's lifetime is found first
+with a coarse query, so ``--since 7d`` still yields a fine-grained window around a short run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from fsdpmon import catalog
+from fsdpmon.conventions import JOB_LABEL, RANK_LABEL
+from fsdpmon.errors import ConfigError, InputError, UnreachableError
+from fsdpmon.report.model import RunData, Sample
+
+MAX_POINTS = 1000  # per series and query; Prometheus refuses more than 11,000
+
+# Sample field -> the per-rank metric it comes from.
+RANK_SERIES = {
+    "step": catalog.get("fsdpmon_train_step").name,
+    "tokens_total": catalog.get("fsdpmon_train_tokens_total").name,
+    "tokens_per_second": catalog.get("fsdpmon_train_tokens_per_second").name,
+    "step_time_s": catalog.get("fsdpmon_train_step_time_seconds").name,
+    "mfu": catalog.get("fsdpmon_train_mfu_ratio").name,
+    "peak_active": catalog.get("fsdpmon_train_memory_peak_active_bytes").name,
+    "rss": catalog.get("fsdpmon_train_process_rss_bytes").name,
+    "loss": catalog.get("fsdpmon_train_loss").name,
+}
+INFO = catalog.get("fsdpmon_train_info").name
+FLOPS_PER_TOKEN = catalog.get("fsdpmon_train_model_flops_per_token").name
+PEAK_FLOPS = catalog.get("fsdpmon_train_device_peak_flops").name
+
+Series = dict[float, float]  # evaluation time -> value
+
+
+@dataclass(frozen=True)
+class PrometheusAPI:
+    """The two calls the report needs from Prometheus' HTTP API (``/api/v1/query_range``)."""
+
+    base_url: str
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        parsed = urllib.parse.urlparse(self.base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError("--prometheus", f"{self.base_url!r} is not an http(s) URL")
+
+    def query_range(
+        self, query: str, start: float, end: float, step: float
+    ) -> list[dict[str, Any]]:
+        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
+        url = self.base_url.rstrip("/") + "/api/v1/query_range"
+        body = urllib.parse.urlencode(params).encode()
+        request = urllib.request.Request(url, data=body, method="POST")
+        request.add_header("Content-Type", "application/x-www-form-urlencoded")
+        payload = self._send(request, url)
+        data = payload.get("data")
+        if payload.get("status") != "success" or not isinstance(data, dict):
+            raise UnreachableError(f"{url}: {payload.get('errorType')}: {payload.get('error')}")
+        result = data.get("result")
+        if data.get("resultType") != "matrix" or not isinstance(result, list):
+            raise UnreachableError(f"{url}: expected a matrix result for {query!r}")
+        return result
+
+    def _send(self, request: urllib.request.Request, url: str) -> dict[str, Any]:
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()  # Prometheus explains 400/422/503 errors in a JSON body
+            if not raw.strip().startswith(b"{"):
+                raise UnreachableError(f"{url}: HTTP {exc.code} {exc.reason}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            raise UnreachableError(f"{url}: {reason}") from None
+        try:
+            payload = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise UnreachableError(f"{url}: not a Prometheus API response") from None
+        if not isinstance(payload, dict):
+            raise UnreachableError(f"{url}: not a Prometheus API response")
+        return payload
+
+
+def selector(job: str) -> str:
+    escaped = job.replace("\\", "\\\\").replace('"', '\\"')
+    return f'{{{JOB_LABEL}="{escaped}"}}'
+
+
+def _step_for(start: float, end: float) -> float:
+    return max(1.0, math.ceil((end - start) / MAX_POINTS))
+
+
+def _values(series: dict[str, Any]) -> Series:
+    out: Series = {}
+    for stamp, text in series.get("values", []):
+        value = float(text)
+        if math.isfinite(value):
+            out[float(stamp)] = value
+    return out
+
+
+def job_window(api: PrometheusAPI, job: str, since: float, until: float) -> tuple[float, float]:
+    """The span in [since, until] during which the job had training series."""
+    coarse = _step_for(since, until)
+    result = api.query_range(f"max({RANK_SERIES['step']}{selector(job)})", since, until, coarse)
+    stamps = sorted(t for series in result for t in _values(series))
+    if not stamps:
+        raise InputError(
+            f"job {job!r}: no {RANK_SERIES['step']} series in {api.base_url} in the "
+            "queried time range (check --jobs and --since)"
+        )
+    return max(since, stamps[0] - coarse), min(until, stamps[-1] + coarse)
+
+
+def _per_rank(api: PrometheusAPI, metric: str, job: str, window: tuple[float, float, float]):
+    query = f"max by ({RANK_LABEL}) ({metric}{selector(job)})"
+    by_rank: dict[int, Series] = {}
+    for series in api.query_range(query, *window):
+        rank = series.get("metric", {}).get(RANK_LABEL, "")
+        if rank.isdigit():
+            by_rank[int(rank)] = _values(series)
+    return by_rank
+
+
+def _last_scalar(api: PrometheusAPI, metric: str, job: str, window) -> float | None:
+    result = api.query_range(f"max({metric}{selector(job)})", *window)
+    values = [v for series in result for _, v in sorted(_values(series).items())]
+    return values[-1] if values else None
+
+
+def _info_labels(api: PrometheusAPI, job: str, window) -> dict[str, str]:
+    query = f"max by (model, world_size, nodes, device) ({INFO}{selector(job)})"
+    result = api.query_range(query, *window)
+    latest = max(result, key=lambda s: max(_values(s), default=0.0), default=None)
+    return dict(latest.get("metric", {})) if latest else {}
+
+
+def load_job(
+    api: PrometheusAPI, job: str, since: float, until: float, step: float | None = None
+) -> RunData:
+    start, end = job_window(api, job, since, until)
+    window = (start, end, step or _step_for(start, end))
+    fields = {field: _per_rank(api, metric, job, window) for field, metric in RANK_SERIES.items()}
+    ranks = _join(fields)
+    if not ranks:
+        raise InputError(f"job {job!r}: no rank has logged a step yet (no tokens/s series)")
+    info = _info_labels(api, job, window)
+    device = info.get("device") or "unknown"
+    return RunData(
+        name=job,
+        source=f"{api.base_url} {JOB_LABEL}={job}",
+        world_size=int(info["world_size"]) if info.get("world_size", "").isdigit() else len(ranks),
+        nodes=int(info["nodes"]) if info.get("nodes", "").isdigit() else 1,
+        model=info.get("model") or "unknown",
+        device=device,
+        flops_per_token=_last_scalar(api, FLOPS_PER_TOKEN, job, window),
+        peak_flops=_last_scalar(api, PEAK_FLOPS, job, window),
+        memory_source="device" if fields["peak_active"] else "rss",
+        ranks=ranks,
+    )
+
+
+def _join(fields: dict[str, dict[int, Series]]) -> dict[int, tuple[Sample, ...]]:
+    """Samples at the evaluation times where a rank had a step, its tokens/s and step time."""
+    memory = fields["peak_active"] or fields["rss"]
+    ranks: dict[int, tuple[Sample, ...]] = {}
+    for rank, steps in sorted(fields["step"].items()):
+        rate = fields["tokens_per_second"].get(rank, {})
+        step_time = fields["step_time_s"].get(rank, {})
+        extra: dict[str, Series] = defaultdict(dict)
+        for name in ("tokens_total", "mfu", "loss"):
+            extra[name] = fields[name].get(rank, {})
+        extra["memory"] = memory.get(rank, {})
+        samples = [
+            Sample(
+                time=t,
+                step=int(steps[t]),
+                tokens_total=extra["tokens_total"].get(t),
+                tokens_per_second=rate[t],
+                step_time_s=step_time[t],
+                mfu=extra["mfu"].get(t),
+                peak_memory_bytes=extra["memory"].get(t),
+                loss=extra["loss"].get(t),
+            )
+            for t in sorted(steps)
+            if t in rate and t in step_time
+        ]
+        if samples:
+            ranks[rank] = tuple(samples)
+    return ranks
