@@ -1,0 +1,140 @@
+"""Distributed setup: process group from the launcher's environment, and the FSDP2 model.
+
+Works under torchrun (RANK/LOCAL_RANK/WORLD_SIZE/MASTER_*, TORCHELASTIC_RESTART_COUNT), under
+the Kubeflow training operator (which sets the same variables, or PET_* for torchrun to read),
+and as a plain single process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    fully_shard,
+)
+
+from fsdpmon.errors import ConfigError
+from trainer.config import ParallelConfig
+from trainer.model import ModelArgs, Transformer
+
+log = logging.getLogger(__name__)
+
+
+def _env_int(*names: str, default: int) -> int:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise ConfigError(name, f"must be an integer, got {value!r}") from None
+    return default
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    restart_count: int
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    @classmethod
+    def from_env(cls) -> DistEnv:
+        world = _env_int("WORLD_SIZE", default=1)
+        local_world = _env_int("LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE", default=world)
+        return cls(
+            rank=_env_int("RANK", default=0),
+            local_rank=_env_int("LOCAL_RANK", default=0),
+            world_size=world,
+            local_world_size=local_world,
+            restart_count=_env_int("TORCHELASTIC_RESTART_COUNT", default=0),
+        )
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def choose_device(env: DistEnv) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def init_distributed(env: DistEnv, device: torch.device) -> DeviceMesh:
+    """nccl on CUDA, gloo on CPU; an explicit 1-D mesh of the device type (FSDP2 needs it)."""
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if "MASTER_ADDR" not in os.environ:  # a plain single process: rendezvous on loopback
+        os.environ["MASTER_ADDR"] = os.environ.get("PET_MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = os.environ.get("PET_MASTER_PORT", str(_free_port()))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size)
+    return init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("dp",))
+
+
+def param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype:
+    if cfg.dtype == "bf16" and device.type != "cuda":
+        raise ConfigError("--dtype", "bf16 needs CUDA (gloo cannot reduce bf16); use fp32 on CPU")
+    if cfg.dtype == "bf16" or (cfg.dtype == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return torch.float32
+
+
+def build_fsdp_model(args: ModelArgs, cfg: ParallelConfig, mesh: DeviceMesh,
+                     device: torch.device) -> Transformer:
+    """Build on meta, shard every block and the root, then materialise only the local shards.
+
+    Parameters keep random init here; ``hf_weights.load`` overwrites them when asked.
+    """
+    if cfg.cpu_offload and device.type != "cuda":
+        raise ConfigError("--cpu-offload", "only meaningful on CUDA (on CPU everything is there)")
+    with torch.device("meta"):
+        model = Transformer(args)
+    dtype = param_dtype(cfg, device)
+    mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy() if cfg.cpu_offload else None
+    kwargs = {"mesh": mesh, "mp_policy": mp}
+    if offload is not None:
+        kwargs["offload_policy"] = offload
+    for block in model.layers:
+        block.activation_checkpointing = cfg.activation_checkpointing
+        if cfg.compile:
+            block.compile()
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+    # Loss is normalised by the global token count, so gradients must be summed, not averaged
+    # (this also sidesteps the gloo averaging trap noted in DESIGN.md). Plain SUM collectives:
+    # a divide factor alone would ask gloo for PREMUL_SUM, which it lacks.
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    model.to_empty(device="cpu" if cfg.cpu_offload else device)
+    model.init_buffers(device)
+    model.init_weights()
+    return model
+
+
+def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
+    out = value.detach().clone()
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(out)
+    return out

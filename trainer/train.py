@@ -1,0 +1,220 @@
+"""Entry point: ``torchrun --nproc_per_node N -m trainer.train [flags]`` (see ``--help``).
+
+The loop takes one ``fsdpmon.monitor.Monitor``: it times the phases of each step, serves the
+Prometheus endpoint, writes the per-rank JSONL log, and calls back once per log step, which is
+where the console line comes from. Errors a user can cause end as one line via ``guarded``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from fsdpmon.cli import guarded
+try:
+    from fsdpmon.monitor import Monitor, MonitorConfig
+except ImportError:  # DEVONLY
+    from trainer._devmonitor import Monitor, MonitorConfig  # DEVONLY
+from trainer import faults
+from trainer.checkpoint import Checkpointer, TrainState, latest_complete
+from trainer.config import TrainConfig, model_args_for, parse_config
+from trainer.data import BatchLoader, build_source
+from trainer.hf_weights import load_hf_weights, read_config
+from trainer.model import Transformer
+from trainer.parallel import DistEnv, build_fsdp_model, choose_device, init_distributed
+
+log = logging.getLogger("trainer")
+
+
+def lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
+    """Linear warmup to 1, then cosine decay to ``min_ratio`` at ``total``."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model: Transformer, cfg: TrainConfig) -> tuple[torch.optim.Optimizer, Any]:
+    decay = [p for p in model.parameters() if p.ndim >= 2]  # no decay on norm weights
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    optim = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.optim.weight_decay},
+         {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.optim.lr, betas=(0.9, 0.95), eps=1e-8,
+    )
+    o = cfg.optim
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optim, lambda s: lr_factor(s, o.warmup_steps, cfg.max_steps, o.min_lr_ratio)
+    )
+    return optim, sched
+
+
+def clip_gradients(model: Transformer, max_norm: float) -> torch.Tensor:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads)
+    if isinstance(norm, DTensor):
+        norm = norm.full_tensor()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, norm)
+    return norm
+
+
+def console_line(total_steps: int):  # noqa: ANN201 - a log listener
+    def emit(record: dict[str, Any]) -> None:
+        mem = record.get("peak_memory_bytes") or 0
+        print(f"step {record['step']}/{total_steps} | loss {record['loss']:.4f} | "
+              f"lr {record['lr']:.2e} | grad_norm {record['grad_norm']:.3f} | "
+              f"tok/s {record['tokens_per_second']:,.0f} | step {record['step_time_s']:.3f}s | "
+              f"mem {mem / 2**20:,.0f} MiB", flush=True)
+    return emit
+
+
+@dataclass
+class Trainer:
+    cfg: TrainConfig
+    env: DistEnv
+    device: torch.device
+    model: Transformer
+    optim: torch.optim.Optimizer
+    sched: Any
+    loader: BatchLoader
+    checkpointer: Checkpointer | None
+    step: int = 0
+
+    @property
+    def global_tokens(self) -> int:
+        d = self.cfg.data
+        return d.batch_size * d.seq_len * d.grad_accum * self.env.world_size
+
+    def resume(self) -> None:
+        if self.checkpointer is None:
+            return
+        self.checkpointer.remove_incomplete()
+        # Rank 0 decides, so every rank loads the same checkpoint even on a slow shared disk.
+        choice = [latest_complete(self.checkpointer.root)]
+        if dist.is_initialized():
+            dist.broadcast_object_list(choice, src=0)
+        if choice[0] is None:
+            return
+        state = self.checkpointer.load(Path(choice[0]), self.model, self.optim)
+        self.sched.load_state_dict(state.scheduler)
+        self.loader.position, self.step = state.data_position, state.step
+        if self.env.rank == 0:
+            log.info("resumed from %s (step %d, restart %d)", choice[0], state.step,
+                     self.env.restart_count)
+
+    def train_step(self, mon: Monitor) -> None:
+        d = self.cfg.data
+        local_loss = torch.zeros((), device=self.device)
+        with mon.step():
+            for _ in range(d.grad_accum):
+                with mon.phase("data"):
+                    inputs, targets = next(self.loader)
+                    inputs, targets = inputs.to(self.device), targets.to(self.device)
+                with mon.phase("forward"):
+                    logits = self.model(inputs)
+                    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                               reduction="sum")
+                with mon.phase("backward"):
+                    # Normalised by the GLOBAL token count; FSDP sums gradients over ranks.
+                    (loss_sum / self.global_tokens).backward()
+                local_loss += loss_sum.detach()
+            with mon.phase("optimizer"):
+                grad_norm = clip_gradients(self.model, self.cfg.optim.grad_clip)
+                self.optim.step()
+                self.optim.zero_grad(set_to_none=True)
+                lr = self.sched.get_last_lr()[0]
+                self.sched.step()
+            local_tokens = d.batch_size * d.seq_len * d.grad_accum
+            mon.record(loss=local_loss / local_tokens, lr=lr, grad_norm=grad_norm)
+        self.step += 1
+
+    def save(self, mon: Monitor) -> None:
+        if self.checkpointer is None:
+            return
+        with mon.phase("checkpoint"):
+            self.checkpointer.save(self.model, self.optim, TrainState(
+                self.step, self.loader.position, self.sched.state_dict()))
+
+    def run(self, mon: Monitor) -> None:
+        every = self.cfg.checkpoint.every
+        started, first = time.monotonic(), self.step
+        while self.step < self.cfg.max_steps:
+            self.train_step(mon)
+            faults.maybe_pause(self.step, self.env.rank)
+            if (every and self.step % every == 0) or self.step == self.cfg.max_steps:
+                self.save(mon)
+        if self.env.rank == 0:
+            log.info("finished: %d steps in %.1f s", self.step - first,
+                     time.monotonic() - started)
+
+
+def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
+    explicit = {"port": cfg.log.metrics_port, "job_name": cfg.log.job_name,
+                "log_interval": cfg.log.log_every, "jsonl_path": cfg.log.log_jsonl}
+    mon_cfg = MonitorConfig.from_env(**{k: v for k, v in explicit.items() if v is not None})
+    d = cfg.data
+    mon = Monitor(mon_cfg, model=trainer.model, seq_len=d.seq_len,
+                  tokens_per_step=d.batch_size * d.seq_len * d.grad_accum,
+                  total_steps=cfg.max_steps, start_step=trainer.step,
+                  run_info={"model": cfg.model.name, "config": cfg.to_json()})
+    if trainer.env.rank == 0:
+        mon.add_log_listener(console_line(cfg.max_steps))
+    return mon
+
+
+def train(cfg: TrainConfig) -> int:
+    env = DistEnv.from_env()
+    _setup_logging(env.rank)
+    device = choose_device(env)
+    hf_dir = cfg.model.hf_checkpoint
+    args = model_args_for(cfg, read_config(hf_dir)[0] if hf_dir else None)
+    # Read (and tokenise) the data before any process group exists: bad input fails fast.
+    source = build_source(cfg.data.source, cfg.data.tokenizer, args.vocab_size,
+                          cfg.data.seq_len, cfg.seed)
+    mesh = init_distributed(env, device)
+    try:
+        torch.manual_seed(cfg.seed)
+        model = build_fsdp_model(args, cfg.parallel, mesh, device)
+        if hf_dir:
+            load_hf_weights(model, hf_dir)
+        optim, sched = build_optimizer(model, cfg)
+        loader = BatchLoader(source, cfg.data.batch_size, env.rank, env.world_size)
+        ckpt = (Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.keep, env.rank)
+                if cfg.checkpoint.dir else None)
+        trainer = Trainer(cfg, env, device, model, optim, sched, loader, ckpt)
+        trainer.resume()
+        mon = _monitor_for(trainer, cfg)
+        try:
+            trainer.run(mon)
+        finally:
+            mon.close()
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def _setup_logging(rank: int) -> None:
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
+    # DTensor's random init on a CPU mesh is exact for our use; its warning is noise.
+    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return guarded(lambda: train(parse_config(argv)), prog="trainer")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
