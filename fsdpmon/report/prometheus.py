@@ -12,7 +12,6 @@ import math
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -176,24 +175,30 @@ def _join(fields: dict[str, dict[int, Series]]) -> dict[int, tuple[Sample, ...]]
     for rank, steps in sorted(fields["step"].items()):
         rate = fields["tokens_per_second"].get(rank, {})
         step_time = fields["step_time_s"].get(rank, {})
-        extra: dict[str, Series] = defaultdict(dict)
-        for name in ("tokens_total", "mfu", "loss"):
-            extra[name] = fields[name].get(rank, {})
-        extra["memory"] = memory.get(rank, {})
+        tokens, mfu, loss = (fields[name].get(rank, {}) for name in ("tokens_total", "mfu", "loss"))
+        held_memory = memory.get(rank, {})
         samples = [
             Sample(
                 time=t,
                 step=int(steps[t]),
-                tokens_total=extra["tokens_total"].get(t),
+                tokens_total=tokens.get(t),
                 tokens_per_second=rate[t],
                 step_time_s=step_time[t],
-                mfu=extra["mfu"].get(t),
-                peak_memory_bytes=extra["memory"].get(t),
-                loss=extra["loss"].get(t),
+                mfu=mfu.get(t),
+                peak_memory_bytes=held_memory.get(t),
+                loss=loss.get(t),
             )
             for t in sorted(steps)
             if t in rate and t in step_time
         ]
         if samples:
-            ranks[rank] = tuple(samples)
+            ranks[rank] = _until_last_step(samples)
     return ranks
+
+
+def _until_last_step(samples: list[Sample]) -> tuple[Sample, ...]:
+    """Drop the evaluations after the final step: Prometheus repeats a series' last value for
+    up to five minutes after it ends, which would otherwise dilute the throughput."""
+    final = samples[-1].step
+    first_final = next(i for i, s in enumerate(samples) if s.step == final)
+    return tuple(samples[: first_final + 1])

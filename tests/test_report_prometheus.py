@@ -1,0 +1,177 @@
+"""`fsdpmon report --prometheus URL --jobs A,B` against a real Prometheus.
+
+The monitor's series for two simulated jobs (1 and 2 ranks, known rates) are written as
+OpenMetrics, backfilled into a TSDB with `promtool tsdb create-blocks-from openmetrics`, and
+served by a real `prometheus` on a free loopback port; the report's range queries must recover
+the rates that were put in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from fsdpmon.errors import UnreachableError
+from fsdpmon.report.prometheus import PrometheusAPI
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (shutil.which("prometheus") and shutil.which("promtool")),
+        reason="needs Debian's prometheus and promtool (scripts/setup.sh --test installs them)",
+    ),
+]
+
+SCRAPE_S = 2
+TOKENS_PER_STEP = 1024
+JOBS = {  # job -> (world size, steady step time in seconds)
+    "scale-1": (1, 0.50),
+    "scale-2": (2, 0.55),
+}
+WARMUP_STEP_TIME_S = 2.0  # the first log window (steps 1-5) is slow, like a real start-up
+LOG_EVERY = 5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_series(job: str, rank: int, world: int, step_time: float, t0: int) -> dict[str, list]:
+    """family -> [(labels, value, unix time)], as the monitor would expose them when scraped."""
+    done = [WARMUP_STEP_TIME_S * min(i, LOG_EVERY) + step_time * max(0, i - LOG_EVERY)
+            for i in range(1, 400)]  # completion time of step i+1, seconds after start
+    labels = f'job_name="{job}",rank="{rank}",local_rank="{rank}"'
+    out: dict[str, list] = {name: [] for name in (
+        "fsdpmon_train_step", "fsdpmon_train_tokens_total", "fsdpmon_train_tokens_per_second",
+        "fsdpmon_train_step_time_seconds", "fsdpmon_train_process_rss_bytes",
+        "fsdpmon_train_info", "fsdpmon_job_world_size")}
+    for tau in range(SCRAPE_S, 200, SCRAPE_S):
+        t = t0 + tau
+        step = sum(1 for c in done if c <= tau)
+        out["fsdpmon_train_step"].append((labels, step, t))
+        out["fsdpmon_train_tokens_total"].append((labels, step * TOKENS_PER_STEP, t))
+        out["fsdpmon_train_process_rss_bytes"].append((labels, 4e8 + rank * 1e6, t))
+        info = f'{labels},model="tiny",world_size="{world}",nodes="1",device="cpu"'
+        out["fsdpmon_train_info"].append((info, 1, t))
+        if rank == 0:
+            out["fsdpmon_job_world_size"].append((f'job_name="{job}"', world, t))
+        logged = step - step % LOG_EVERY
+        if logged >= LOG_EVERY:
+            window = done[logged - 1] - (done[logged - 1 - LOG_EVERY] if logged > LOG_EVERY else 0)
+            out["fsdpmon_train_tokens_per_second"].append(
+                (labels, LOG_EVERY * TOKENS_PER_STEP / window, t))
+            out["fsdpmon_train_step_time_seconds"].append((labels, window / LOG_EVERY, t))
+    return out
+
+
+def openmetrics(t0: int) -> str:
+    families: dict[str, list] = {}
+    for job, (world, step_time) in JOBS.items():
+        for rank in range(world):
+            for name, samples in rank_series(job, rank, world, step_time, t0).items():
+                families.setdefault(name, []).append(samples)
+    lines = []
+    for name, per_series in families.items():
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines.append(f"# TYPE {name.removesuffix('_total')} {kind}")
+        for samples in per_series:  # each series' samples together, in time order
+            lines += [f"{name}{{{labels}}} {value} {t}" for labels, value, t in samples]
+    return "\n".join([*lines, "# EOF", ""])
+
+
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("prom")
+    t0 = int(time.time()) - 2 * 3600
+    (root / "in.om").write_text(openmetrics(t0))
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(root / "in.om"),
+                    str(root / "data")], check=True, capture_output=True, timeout=60)
+    (root / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\n")
+    port = free_port()
+    log = (root / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={root / 'prometheus.yml'}",
+         f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, root / "prometheus.log")
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"prometheus exited: {log.read_text()[-2000:]}")
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url + "/-/ready", timeout=2) as response,
+        ):
+            if response.status == 200:
+                return
+        time.sleep(0.3)
+    pytest.fail("prometheus did not become ready in 60 s")
+
+
+def fsdpmon(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fsdpmon.cli", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
+    done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "scale-2,scale-1",
+                   "--since", "6h", "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    runs = {r["name"]: r for r in json.loads((tmp_path / "report.json").read_text())["runs"]}
+    assert list(runs) == ["scale-1", "scale-2"]  # sorted by world size
+    for job, (world, step_time) in JOBS.items():
+        run = runs[job]
+        assert run["world_size"] == world and run["ranks_seen"] == world
+        assert run["model"] == "tiny" and run["memory_source"] == "rss"
+        # warm-up left out: the steady rate, not the start-up's
+        assert run["tokens_per_second"] == pytest.approx(world * TOKENS_PER_STEP / step_time,
+                                                         rel=0.03)
+        assert run["step_time_median_s"] == pytest.approx(step_time, rel=1e-6)
+        assert run["peak_memory_bytes_per_gpu"] == pytest.approx(4e8 + (world - 1) * 1e6)
+    assert runs["scale-2"]["scaling_efficiency"] == pytest.approx(0.50 / 0.55, rel=0.04)
+    assert (tmp_path / "scaling.png").stat().st_size > 10_000
+    assert "scale-2" in (tmp_path / "report.md").read_text()
+
+
+def test_unknown_job_is_a_one_line_input_error(prometheus, tmp_path):
+    done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "nope", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert "job 'nope': no fsdpmon_train_step series" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_prometheus_errors_are_reported_not_raised(prometheus):
+    with pytest.raises(UnreachableError, match="bad_data"):
+        PrometheusAPI(prometheus).query_range("max(", 0, 10, 1)
+
+
+def test_unreachable_prometheus_exits_3(tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    done = fsdpmon("report", "--prometheus", url, "--jobs", "a", "--out", str(tmp_path))
+    assert done.returncode == 3
+    assert url in done.stderr and "Traceback" not in done.stderr
