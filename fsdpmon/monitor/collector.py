@@ -1,0 +1,146 @@
+"""The prometheus_client collector that serves every live local rank from the shared state files.
+
+It yields fresh metric families on each scrape, built from the catalog, so a rank that died
+(its PID gone) simply is not there, and the heartbeat age is computed at scrape time — a rank
+frozen by SIGSTOP still shows its age growing and is reported stalled even though its own
+watchdog thread cannot run.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from fsdpmon import catalog
+from fsdpmon.catalog import Kind
+from fsdpmon.monitor.state import RankState, read_job_states
+
+INFO = "fsdpmon_train_info"
+INFO_LABELS = catalog.get(INFO).labels[3:]
+
+
+class JobStateCollector(Collector):
+    def __init__(self, directory: Path, clock: Callable[[], float] = time.time) -> None:
+        self.directory = directory
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        states = read_job_states(self.directory)
+        return iter(build_families(states, self.clock()))
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # the series set changes per scrape; nothing to pre-register
+
+
+def build_families(states: list[RankState], now: float) -> list[Metric]:
+    """Pure: every live rank's series as catalogued metric families."""
+    builder = _Families()
+    for state in states:
+        _add_rank(builder, state, now)
+    for state in states:
+        job = state.snapshot.get("job")
+        if isinstance(job, dict):
+            job_name = str(state.snapshot.get("job_name", ""))
+            for name, value in job.items():
+                builder.add(name, (job_name,), value)
+            break  # only rank 0 publishes job figures
+    return builder.families()
+
+
+def _add_rank(builder: _Families, state: RankState, now: float) -> None:
+    snap, hb = state.snapshot, state.heartbeat
+    labels = (str(snap.get("job_name", "")), str(state.rank), str(snap.get("local_rank", "")))
+    info = snap.get("info") or {}
+    builder.add(INFO, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
+    started = _number(snap.get("started_unix")) or now
+    last = hb.last_step_unix if hb.last_step_unix > 0 else None
+    age = max(0.0, now - (last or started))
+    threshold = hb.stall_threshold
+    stalled = 1.0 if hb.stalled or (threshold > 0 and age > threshold) else 0.0
+    live = {
+        "fsdpmon_train_steps_total": hb.steps_total,
+        "fsdpmon_train_step": hb.step,
+        "fsdpmon_train_tokens_total": hb.tokens_total,
+        "fsdpmon_train_last_step_timestamp_seconds": last,
+        "fsdpmon_train_heartbeat_age_seconds": age,
+        "fsdpmon_train_stalled": stalled,
+        "fsdpmon_train_stall_threshold_seconds": threshold if threshold > 0 else None,
+    }
+    for name, value in {**(snap.get("values") or {}), **live}.items():
+        builder.add(name, labels, value)
+    for key, name in (("phase_totals", "fsdpmon_train_phase_seconds_total"),
+                      ("phase_means", "fsdpmon_train_phase_duration_seconds")):
+        for phase, value in (snap.get(key) or {}).items():
+            builder.add(name, (*labels, str(phase)), value)
+    hist = snap.get("histogram")
+    if isinstance(hist, dict):
+        builder.histogram("fsdpmon_train_step_duration_seconds", labels, hist)
+
+
+class _Families:
+    """Collects samples per catalogued metric; skips unknown names and missing values."""
+
+    def __init__(self) -> None:
+        self._families: dict[str, Metric] = {}
+
+    def _family(self, name: str) -> Metric | None:
+        if name in self._families:
+            return self._families[name]
+        try:
+            meta = catalog.get(name)
+        except KeyError:
+            return None
+        make: dict[Kind, Callable[..., Metric]] = {
+            Kind.GAUGE: GaugeMetricFamily,
+            Kind.COUNTER: CounterMetricFamily,
+            Kind.HISTOGRAM: HistogramMetricFamily,
+        }
+        family = make[meta.kind](meta.family, meta.help, labels=list(meta.labels))
+        self._families[name] = family
+        return family
+
+    def add(self, name: str, labels: tuple[str, ...], value: Any) -> None:
+        number = _number(value)
+        family = self._family(name)
+        if family is None or number is None or len(labels) != len(catalog.get(name).labels):
+            return
+        family.add_metric(list(labels), number)  # type: ignore[attr-defined]
+
+    def histogram(self, name: str, labels: tuple[str, ...], hist: dict[str, Any]) -> None:
+        family = self._family(name)
+        bounds = catalog.get(name).buckets
+        counts = hist.get("counts")
+        total = _number(hist.get("sum"))
+        if family is None or not isinstance(counts, list) or len(counts) != len(bounds) + 1:
+            return
+        cumulative, running = [], 0.0
+        for bound, count in zip((*bounds, math.inf), counts, strict=True):
+            running += _number(count) or 0.0
+            cumulative.append((_le(bound), running))
+        family.add_metric(list(labels), cumulative, total or 0.0)  # type: ignore[attr-defined]
+
+    def families(self) -> list[Metric]:
+        return [f for f in self._families.values() if f.samples]
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)  # NaN/Inf included: a non-finite loss is published as such
+    return None

@@ -1,0 +1,348 @@
+"""The Monitor: what a training loop calls each step.
+
+Non-log steps cost a few microseconds of host time: two clock marks, counter updates and one
+``pack_into`` on a memory-mapped heartbeat. Everything else — reading the device timers and the
+loss (the only syncs), memory statistics, the one small all-gather, the JSONL line and the
+state file the endpoint serves — happens once per log interval.
+
+Nothing here raises into training: every entry point catches its own failures, logs each kind
+once and counts it in ``fsdpmon_monitor_internal_errors_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
+from fsdpmon.monitor.gather import gather_rows, topology
+from fsdpmon.monitor.jsonl import JsonlSink
+from fsdpmon.monitor.memory import MemoryReader
+from fsdpmon.monitor.publish import Publication
+from fsdpmon.monitor.stats import JobFigures, WindowStats, job_figures, window_stats
+from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer
+
+log = logging.getLogger("fsdpmon.monitor")
+
+LogListener = Callable[[dict[str, Any]], None]
+
+
+class _Span:
+    """A reusable context manager (no allocation per step)."""
+
+    __slots__ = ("_enter", "_exit")
+
+    def __init__(self, enter: Callable[[], None], exit_: Callable[[], None]) -> None:
+        self._enter, self._exit = enter, exit_
+
+    def __enter__(self) -> None:
+        self._enter()
+
+    def __exit__(self, *exc: object) -> bool:
+        self._exit()
+        return False  # never swallow the training loop's own exceptions
+
+
+class Monitor:
+    def __init__(self, config: MonitorConfig | None = None, *, model: nn.Module | None = None,
+                 flops_per_token: float | None = None, seq_len: int | None = None,
+                 tokens_per_step: int = 0, total_steps: int | None = None, start_step: int = 0,
+                 run_info: dict[str, Any] | None = None) -> None:
+        self.config = config or MonitorConfig.from_env()
+        self.internal_errors = 0
+        self._logged_failures: set[str] = set()
+        self._listeners: list[LogListener] = []
+        self._lock = threading.Lock()
+        self._closed = False
+        self.tokens_per_step = int(tokens_per_step)
+        self.total_steps = total_steps
+        self.step_number = int(start_step)
+        self.steps_done = 0
+        self.tokens_done = 0
+        self._pending: dict[str, Any] = {}
+        self._window_tokens = 0
+        self._window_start: float | None = None
+        self._spans: dict[str, _Span] = {}
+        self.pub: Publication | None = None
+        self.jsonl: JsonlSink | None = None
+        try:
+            self._setup(model, flops_per_token, seq_len, run_info or {})
+        except Exception as exc:
+            self._fail("setup", exc)
+            self._timer = StepTimer(HostClock())
+        self._step_span = _Span(self.begin_step, self.end_step)
+
+    # ---- set-up -------------------------------------------------------------------------
+
+    def _setup(self, model: nn.Module | None, flops: float | None, seq_len: int | None,
+               run_info: dict[str, Any]) -> None:
+        self.topo = topology()
+        cuda = _uses_cuda(model)
+        clock: HostClock | CudaClock = CudaClock() if cuda else HostClock()
+        self._timer = StepTimer(clock)
+        self.device = clock.device
+        self.peak_flops = peak_flops_for(self.device) if cuda else None
+        if flops is None and model is not None and seq_len:
+            flops = model_flops_per_token(model, seq_len)
+        self.flops_per_token = float(flops or 0.0)
+        self._memory = MemoryReader(cuda)
+        self.run_record = self._run_record(model, run_info)
+        if self.config.jsonl_path:
+            try:
+                self.jsonl = JsonlSink(self.config.jsonl_path, self.topo.rank)
+                self.jsonl.write(self.run_record)
+            except OSError as exc:
+                self.jsonl = None
+                self._fail("jsonl", exc)
+        self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
+        if self.pub is not None:
+            self.pub.static_values(self._static_values())
+
+    def _run_record(self, model: nn.Module | None, run_info: dict[str, Any]) -> dict[str, Any]:
+        topo = self.topo
+        return {
+            "kind": "run", "time": time.time(), "rank": topo.rank, "local_rank": topo.local_rank,
+            "world_size": topo.world_size, "nodes": topo.nodes,
+            "model": str(run_info.get("model") or (type(model).__name__ if model else "")),
+            "config": run_info.get("config", {}), "flops_per_token": self.flops_per_token,
+            "device": self.device, "peak_flops": self.peak_flops,
+            "job_name": self.config.job_name,
+            "dtype": str(run_info.get("dtype") or _param_dtype(model)),
+            "torch_version": torch.__version__,
+            "node": os.environ.get("NODE_NAME") or socket.gethostname(),
+            "restarts": _env_int("TORCHELASTIC_RESTART_COUNT"),
+        }
+
+    def _static_values(self) -> dict[str, float | None]:
+        return {
+            "fsdpmon_train_model_flops_per_token": self.flops_per_token or None,
+            "fsdpmon_train_device_peak_flops": self.peak_flops,
+            "fsdpmon_train_total_steps": self.total_steps,
+            "fsdpmon_train_restarts": self.run_record["restarts"],
+            "fsdpmon_train_device_memory_capacity_bytes": self._memory.capacity,
+            "fsdpmon_monitor_internal_errors_total": self.internal_errors,
+        }
+
+    # ---- the training loop's API --------------------------------------------------------
+
+    def add_log_listener(self, fn: LogListener) -> None:
+        self._listeners.append(fn)
+
+    def step(self) -> _Span:
+        """``with mon.step():`` around one optimiser step (all micro-batches)."""
+        return self._step_span
+
+    def phase(self, name: str) -> _Span:
+        """``with mon.phase("data"):`` — data, forward, backward, optimizer, checkpoint, ..."""
+        span = self._spans.get(name)
+        if span is None:
+            span = self._spans[name] = _Span(lambda: self._phase(name, True),
+                                             lambda: self._phase(name, False))
+        return span
+
+    def record(self, *, loss: Any = None, lr: Any = None, grad_norm: Any = None,
+               tokens: int | None = None) -> None:
+        """Hand over this step's values; tensors stay on the device until a log step."""
+        pending = self._pending
+        if loss is not None:
+            pending["loss"] = loss
+        if lr is not None:
+            pending["lr"] = lr
+        if grad_norm is not None:
+            pending["grad_norm"] = grad_norm
+        if tokens is not None:
+            pending["tokens"] = tokens
+
+    def begin_step(self) -> None:
+        try:
+            if self._window_start is None:
+                self._window_start = time.perf_counter()
+                if self.pub is not None:
+                    self.pub.arm()
+            self._timer.begin_step()
+        except Exception as exc:
+            self._fail("begin_step", exc)
+
+    def end_step(self) -> None:
+        try:
+            if not self._timer.in_step:
+                return
+            host_seconds = self._timer.end_step()
+            tokens = self._pending.pop("tokens", None)
+            tokens = self.tokens_per_step if tokens is None else int(tokens)
+            self.steps_done += 1
+            self.step_number += 1
+            self.tokens_done += tokens
+            self._window_tokens += tokens
+            if self.pub is not None:
+                self.pub.step_done(self.step_number, self.steps_done, self.tokens_done,
+                                   host_seconds)
+        except Exception as exc:
+            self._fail("end_step", exc)
+            return
+        if self.step_number % self.config.log_interval == 0 or self.step_number == self.total_steps:
+            self._log_step()
+
+    def _phase(self, name: str, entering: bool) -> None:
+        try:
+            if entering:
+                self._timer.begin_phase(name)
+            else:
+                self._timer.end_phase(name)
+        except Exception as exc:
+            self._fail("phase", exc)
+
+    # ---- log steps ----------------------------------------------------------------------
+
+    def _log_step(self) -> None:
+        stats, quality, peak_memory = None, {}, math.nan
+        try:
+            stats, quality, peak_memory, memory_values = self._measure_window()
+        except Exception as exc:
+            self._fail("measure", exc)
+            memory_values = {}
+        local = [stats.step_time_s if stats else math.nan,
+                 stats.local_seconds_per_step if stats else math.nan,
+                 peak_memory, _as_float(quality.get("loss"))]
+        rows = self._gather(local)
+        try:
+            job = job_figures(rows) if rows is not None and self.topo.rank == 0 else None
+            record = self._step_record(stats, quality, peak_memory, job)
+            if self.pub is not None and stats is not None:
+                self.pub.log_step(stats, record, memory_values, self._timer_window,
+                                  self.internal_errors, job)
+        except Exception as exc:
+            self._fail("publish", exc)
+            return
+        self._emit(record)
+
+    def _measure_window(self) -> tuple[WindowStats, dict[str, Any], float, dict[str, float]]:
+        times = self._timer.drain()
+        now = time.perf_counter()
+        start = self._window_start if self._window_start is not None else now
+        self._window_start = now
+        tokens, self._window_tokens = self._window_tokens, 0
+        self._timer_window = times
+        stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops)
+        pending, self._pending = self._pending, {}
+        quality = {k: _as_float(v) for k, v in pending.items() if k != "tokens"}
+        memory = self._memory.read()
+        return stats, quality, memory.peak_bytes, memory.values
+
+    def _gather(self, local: list[float]) -> list[list[float]] | None:
+        if not self._gather_ok:
+            return None
+        try:
+            return gather_rows(local, self.topo)
+        except Exception as exc:
+            self._gather_ok = False  # a broken collective stays off: never retried per step
+            self._fail("gather", exc)
+            return None
+
+    _gather_ok = True
+    _timer_window: Any = None
+
+    def _step_record(self, stats: WindowStats | None, quality: dict[str, float | None],
+                     peak_memory: float, job: JobFigures | None) -> dict[str, Any]:
+        loss = quality.get("loss")
+        record: dict[str, Any] = {
+            "kind": "step", "time": time.time(), "rank": self.topo.rank,
+            "local_rank": self.topo.local_rank, "world_size": self.topo.world_size,
+            "step": self.step_number, "loss": loss, "lr": quality.get("lr"),
+            "grad_norm": quality.get("grad_norm"),
+            "tokens_per_second": stats.tokens_per_second if stats else None,
+            "step_time_s": stats.step_time_s if stats else None,
+            "data_wait_ratio": stats.data_wait_ratio if stats else None,
+            "mfu": stats.mfu if stats else None,
+            "peak_memory_bytes": peak_memory,
+            "tokens_total": self.tokens_done,
+            "loss_nonfinite": loss is not None and not math.isfinite(loss),
+            "phase_seconds": dict(stats.phase_means) if stats else {},
+        }
+        if job is not None:
+            record["job"] = job.as_record()
+        return record
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        if self.jsonl is not None:
+            try:
+                self.jsonl.write(record)
+            except Exception as exc:
+                self._fail("jsonl", exc)
+        for fn in self._listeners:
+            try:
+                fn(record)
+            except Exception as exc:
+                self._fail(f"listener {getattr(fn, '__name__', fn)!r}", exc)
+
+    # ---- failures and shutdown ----------------------------------------------------------
+
+    def _fail(self, where: str, exc: BaseException) -> None:
+        """Log a failure kind once, count every occurrence, never re-raise."""
+        self.internal_errors += 1
+        if where not in self._logged_failures:
+            self._logged_failures.add(where)
+            log.warning("fsdpmon monitor: internal error in %s (training continues; further "
+                        "errors of this kind are only counted): %r", where, exc,
+                        exc_info=exc)
+        if self.pub is not None:
+            self.pub.count_errors(self.internal_errors)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for part in (self.pub, self.jsonl):
+            if part is None:
+                continue
+            try:
+                part.close()
+            except Exception as exc:
+                self._fail("close", exc)
+
+    def __enter__(self) -> Monitor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _uses_cuda(model: nn.Module | None) -> bool:
+    if model is not None:
+        for p in model.parameters():
+            return p.device.type == "cuda"
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
+
+
+def _param_dtype(model: nn.Module | None) -> str:
+    if model is not None:
+        for p in model.parameters():
+            return str(p.dtype).removeprefix("torch.")
+    return ""
+
+
+def _as_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        return float(value.detach().float().item())
+    return float(value)
+
+
+def _env_int(name: str) -> int:
+    try:
+        return int(os.environ.get(name, "0"))
+    except ValueError:
+        return 0

@@ -1,0 +1,166 @@
+"""What one rank publishes for the pod's endpoint: its state files, the port, the watchdog.
+
+The rank's snapshot (gauges, counters, histogram, job figures) is rewritten on log steps; the
+heartbeat on every step. Which rank serves HTTP is decided by the port (see ``server``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fsdpmon import catalog
+from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.gather import Topology
+from fsdpmon.monitor.server import PortKeeper
+from fsdpmon.monitor.state import RankStateWriter, job_state_dir
+from fsdpmon.monitor.stats import JobFigures, WindowStats
+from fsdpmon.monitor.timing import WindowTimes
+from fsdpmon.monitor.watchdog import StallWatchdog
+
+log = logging.getLogger(__name__)
+
+STEP_BUCKETS = catalog.get("fsdpmon_train_step_duration_seconds").buckets
+INFO_KEYS = ("model", "world_size", "nodes", "dtype", "torch_version", "node", "device")
+
+FailHandler = Callable[[str, BaseException], None]
+
+
+class Publication:
+    def __init__(self, config: MonitorConfig, topo: Topology, run_record: dict[str, Any],
+                 fail: FailHandler) -> None:
+        self._fail = fail
+        self._lock = threading.Lock()
+        self._progress = (0.0, 0.0, 0.0, 0.0)  # last step unix, step, steps, tokens
+        self._stall = (0.0, config.stall_floor_seconds)
+        self.writer: RankStateWriter | None = None
+        self.keeper: PortKeeper | None = None
+        self.snapshot: dict[str, Any] = {
+            "pid": os.getpid(), "rank": topo.rank, "local_rank": topo.local_rank,
+            "job_name": config.job_name, "started_unix": time.time(),
+            "info": {k: run_record.get(k, "") for k in INFO_KEYS},
+            "values": {}, "phase_totals": {}, "phase_means": {},
+            "histogram": {"counts": [0] * (len(STEP_BUCKETS) + 1), "sum": 0.0},
+        }
+        self.watchdog = StallWatchdog(config.stall_factor, config.stall_floor_seconds,
+                                      self._stall_changed)
+
+    @classmethod
+    def start(cls, config: MonitorConfig, topo: Topology, run_record: dict[str, Any],
+              fail: FailHandler) -> Publication | None:
+        if config.disabled:
+            return None
+        pub = cls(config, topo, run_record, fail)
+        if config.serves:
+            pub._start_serving(config, topo)
+        pub.watchdog.start()
+        return pub
+
+    def _start_serving(self, config: MonitorConfig, topo: Topology) -> None:
+        directory = job_state_dir(config.job_name, config.port, config.state_dir)
+        try:
+            self.writer = RankStateWriter(directory, topo.rank)
+        except OSError as exc:
+            self._fail("state directory", exc)
+            return
+        self._beat()
+        # Local rank 0 binds at once; the others wait a retry period, then take over if needed.
+        delay = 0.0 if topo.local_rank == 0 else config.server_retry_seconds
+        self.keeper = PortKeeper(directory, config.listen_address, config.port, delay,
+                                 config.server_retry_seconds)
+        self.keeper.start()
+
+    # ---- per step (training thread) -----------------------------------------------------
+
+    def arm(self) -> None:
+        self.watchdog.arm()
+
+    def step_done(self, step: int, steps: int, tokens: int, host_seconds: float) -> None:
+        self.watchdog.step_done(host_seconds)
+        self._progress = (time.time(), float(step), float(steps), float(tokens))
+        if self.writer is not None:
+            self._beat()
+
+    def _beat(self) -> None:
+        with self._lock:
+            if self.writer is not None:
+                self.writer.heartbeat(*self._progress, *self._stall)
+
+    def _stall_changed(self, stalled: bool, threshold: float) -> None:
+        self._stall = (1.0 if stalled else 0.0, threshold)
+        try:
+            self._beat()
+        except Exception as exc:
+            self._fail("heartbeat", exc)
+
+    # ---- per log step -------------------------------------------------------------------
+
+    def static_values(self, values: dict[str, float | None]) -> None:
+        self._set_values(values)
+        self._write()
+
+    def log_step(self, stats: WindowStats, record: dict[str, Any], memory: dict[str, float],
+                 times: WindowTimes, errors: int, job: JobFigures | None) -> None:
+        hist = self.snapshot["histogram"]
+        for seconds in times.step_seconds:
+            hist["counts"][_bucket(seconds)] += 1
+            hist["sum"] += seconds
+        totals = self.snapshot["phase_totals"]
+        for phase, seconds in times.phase_seconds.items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
+        self.snapshot["phase_means"] = dict(stats.phase_means)
+        loss = record.get("loss")
+        self._set_values({
+            "fsdpmon_train_tokens_per_second": stats.tokens_per_second,
+            "fsdpmon_train_step_time_seconds": stats.step_time_s,
+            "fsdpmon_train_data_wait_ratio": stats.data_wait_ratio,
+            "fsdpmon_train_mfu_ratio": stats.mfu,
+            "fsdpmon_train_loss": loss,
+            "fsdpmon_train_learning_rate": record.get("lr"),
+            "fsdpmon_train_grad_norm": record.get("grad_norm"),
+            "fsdpmon_train_loss_nonfinite": None if loss is None else record["loss_nonfinite"],
+            "fsdpmon_monitor_internal_errors_total": errors,
+            **memory,
+        })
+        if job is not None:
+            self.snapshot["job"] = job.as_metrics()
+        self._write()
+
+    def count_errors(self, errors: int) -> None:
+        self.snapshot["values"]["fsdpmon_monitor_internal_errors_total"] = errors
+        try:
+            self._write()
+        except Exception:  # reporting a failure must not fail again
+            log.debug("fsdpmon: could not publish the error count", exc_info=True)
+
+    def _set_values(self, values: dict[str, Any]) -> None:
+        current = self.snapshot["values"]
+        for name, value in values.items():
+            if value is None:
+                current.pop(name, None)  # unknown: no series rather than a wrong one
+            else:
+                current[name] = float(value)
+
+    def _write(self) -> None:
+        if self.writer is not None:
+            self.writer.snapshot(self.snapshot)
+
+    def close(self) -> None:
+        self.watchdog.close()
+        if self.keeper is not None:
+            self.keeper.close()
+        with self._lock:
+            writer, self.writer = self.writer, None
+        if writer is not None:
+            writer.close()
+
+
+def _bucket(seconds: float) -> int:
+    for i, bound in enumerate(STEP_BUCKETS):
+        if seconds <= bound:
+            return i
+    return len(STEP_BUCKETS)

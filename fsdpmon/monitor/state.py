@@ -1,0 +1,189 @@
+"""Per-rank state shared between the ranks of one pod, so that one endpoint can serve them all.
+
+Each rank owns two files in a per-job directory (under /dev/shm when it exists, so nothing hits a
+disk):
+- ``rank<R>.hb``: a fixed 64-byte memory-mapped record (pid, heartbeat, step counters, stall flag)
+  rewritten on every step with one ``pack_into`` — no syscall on the hot path. A sequence number
+  written at both ends lets a reader detect a torn read and retry.
+- ``rank<R>.json``: everything else (labels, gauges, histogram, job figures), replaced atomically
+  (write + rename) on log steps only.
+
+Whichever rank holds the port reads every rank's files per scrape; a rank whose PID is gone (or a
+zombie) is dropped, so a dead rank's series disappear instead of going stale.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import mmap
+import os
+import re
+import struct
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold, seq
+_HB = struct.Struct("<qqdddddd q")
+HB_SIZE = 128  # room to grow without changing the file size
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    pid: int
+    last_step_unix: float  # 0 until the first step completes
+    step: float
+    steps_total: float
+    tokens_total: float
+    stalled: float
+    stall_threshold: float
+
+
+@dataclass(frozen=True)
+class RankState:
+    """What one rank last published: the JSON snapshot plus its live heartbeat."""
+
+    rank: int
+    snapshot: dict[str, Any]
+    heartbeat: Heartbeat
+
+
+def job_state_dir(job_name: str, port: int, base: str | None = None) -> Path:
+    """The directory the ranks of one job on one machine share (same job name and port)."""
+    if base is None:
+        shm = Path("/dev/shm")
+        base = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else tempfile.gettempdir()
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job_name)[:100]
+    return Path(base) / f"fsdpmon-{os.getuid()}-{safe}-{port}"
+
+
+class RankStateWriter:
+    """The writing side, owned by one rank."""
+
+    def __init__(self, directory: Path, rank: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self.directory = directory
+        self.rank = rank
+        self.pid = os.getpid()
+        self.hb_path = directory / f"rank{rank}.hb"
+        self.json_path = directory / f"rank{rank}.json"
+        # A fresh file (not truncating one a reader may have mapped) of the full size.
+        tmp = directory / f".rank{rank}.hb.{self.pid}"
+        with open(tmp, "wb") as fh:
+            fh.write(b"\0" * HB_SIZE)
+        os.replace(tmp, self.hb_path)
+        self._fh = open(self.hb_path, "r+b")  # noqa: SIM115 - lives as long as the map
+        self._map = mmap.mmap(self._fh.fileno(), HB_SIZE)
+        self._seq = 0
+
+    def heartbeat(self, last_step_unix: float, step: float, steps_total: float,
+                  tokens_total: float, stalled: float, stall_threshold: float) -> None:
+        self._seq += 1
+        _HB.pack_into(self._map, 0, self._seq, self.pid, last_step_unix, step, steps_total,
+                      tokens_total, stalled, stall_threshold, self._seq)
+
+    def snapshot(self, data: dict[str, Any]) -> None:
+        tmp = self.directory / f".rank{self.rank}.json.{self.pid}"
+        tmp.write_text(json.dumps(data, allow_nan=True))
+        os.replace(tmp, self.json_path)
+
+    def close(self, remove: bool = True) -> None:
+        with contextlib.suppress(Exception):
+            self._map.close()
+            self._fh.close()
+        if remove:
+            for path in (self.json_path, self.hb_path):
+                # Only our own files: a restarted incarnation of this rank may own them now.
+                with contextlib.suppress(OSError):
+                    if _owner_pid(path) in (self.pid, None):
+                        path.unlink()
+
+
+def read_heartbeat(path: Path) -> Heartbeat | None:
+    """The heartbeat record, or None when the file is missing or keeps tearing."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    for _ in range(3):
+        if len(raw) < _HB.size:
+            return None
+        seq, pid, ts, step, steps, tokens, stalled, threshold, seq_end = _HB.unpack_from(raw)
+        if seq == seq_end:
+            return Heartbeat(pid, ts, step, steps, tokens, stalled, threshold)
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            return None
+    return None
+
+
+def read_job_states(directory: Path) -> list[RankState]:
+    """Every live rank's state, by rank; dead ranks' files are removed on the way."""
+    states: list[RankState] = []
+    try:
+        candidates = sorted(directory.glob("rank*.json"))
+    except OSError:
+        return states
+    for json_path in candidates:
+        state = _read_rank(json_path)
+        if state is None:
+            continue
+        if not pid_alive(state.heartbeat.pid):
+            _remove_dead(json_path, state.heartbeat.pid)
+            continue
+        states.append(state)
+    states.sort(key=lambda s: s.rank)
+    return states
+
+
+def _read_rank(json_path: Path) -> RankState | None:
+    # Untrusted input as far as the server is concerned: anything odd is skipped.
+    try:
+        snapshot = json.loads(json_path.read_text())
+        rank = int(snapshot["rank"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(snapshot, dict):
+        return None
+    heartbeat = read_heartbeat(json_path.with_suffix(".hb"))
+    if heartbeat is None or heartbeat.pid != snapshot.get("pid"):
+        return None
+    return RankState(rank, snapshot, heartbeat)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie — exited, not yet reaped — counts as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust kill()
+    state = stat.rsplit(")", 1)[-1].split()[:1]
+    return state != ["Z"] and state != ["X"]
+
+
+def _owner_pid(path: Path) -> int | None:
+    if path.suffix == ".hb":
+        hb = read_heartbeat(path)
+        return hb.pid if hb else None
+    try:
+        return int(json.loads(path.read_text()).get("pid"))
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+
+
+def _remove_dead(json_path: Path, pid: int) -> None:
+    for path in (json_path, json_path.with_suffix(".hb")):
+        with contextlib.suppress(OSError):
+            if _owner_pid(path) == pid:
+                path.unlink()
