@@ -1,0 +1,168 @@
+"""`fsdpmon exporter`: the per-node GPU, host and process exporter.
+
+Wires the readers, the background sampler, the collector and the HTTP server together; every
+bad flag or config file fails here, at start, with a ConfigError naming the field.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+
+from prometheus_client.registry import CollectorRegistry
+
+from exporters.collector import ExporterCollector
+from exporters.host import HostReader
+from exporters.nvml import NvmlReader
+from exporters.pods import PodIndex, api_from_config
+from exporters.procs import ProcessScanner
+from exporters.sampler import GpuSource, Sampler
+from exporters.server import Server, serve
+from exporters.simulated import SimulatedReader
+from exporters.webconfig import WebConfig, load_web_config
+from exporters.xid import XidWatcher
+from fsdpmon import __version__, validate
+from fsdpmon.conventions import EXPORTER_PORT
+from fsdpmon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExporterConfig:
+    port: int = EXPORTER_PORT
+    listen_address: str = "0.0.0.0"
+    interval_s: float = 5.0
+    simulate_gpus: int = 0
+    node_name: str = ""
+    web_config_file: str = ""
+    proc_root: str = "/proc"
+    kubeconfig: str = ""
+    pod_refresh_s: float = 15.0
+    max_processes: int = 512
+
+    def validate(self) -> None:
+        validate.port("--port", self.port)
+        validate.positive("--interval", self.interval_s)
+        validate.non_negative("--simulate-gpus", self.simulate_gpus)
+        validate.positive("--pod-refresh", self.pod_refresh_s)
+        validate.positive("--max-processes", self.max_processes)
+        if not self.node_name:
+            raise ConfigError("--node-name", "must not be empty")
+        if not self.listen_address:
+            raise ConfigError("--listen-address", "must not be empty")
+        if not os.path.isfile(os.path.join(self.proc_root, "stat")):
+            raise ConfigError("--proc-root", f"{self.proc_root} does not look like a /proc mount")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--port", type=int, default=EXPORTER_PORT,
+                        help=f"port to serve /metrics and /healthz on (default {EXPORTER_PORT})")
+    parser.add_argument("--listen-address", default="0.0.0.0",
+                        help="address to bind (default 0.0.0.0; use 127.0.0.1 for local only)")
+    parser.add_argument("--interval", type=float, default=5.0,
+                        help="seconds between background samples (default 5)")
+    parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
+                        help="serve N simulated GPUs (model SIMULATED) instead of reading NVML")
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
+                        help="node label value (default $NODE_NAME or the hostname)")
+    parser.add_argument("--web-config-file", default="",
+                        help="exporter-toolkit web config (TLS, basic auth)")
+    parser.add_argument("--proc-root", default="/proc",
+                        help="where the host's /proc is mounted (default /proc)")
+    parser.add_argument("--kubeconfig", default="",
+                        help="kubeconfig for pod attribution (default: in-cluster, else none)")
+    parser.add_argument("--pod-refresh", type=float, default=15.0, metavar="SECONDS",
+                        help="seconds between pod lists of this node (default 15)")
+    parser.add_argument("--max-processes", type=int, default=512,
+                        help="at most this many processes get series (default 512)")
+
+
+def config_from_args(args: argparse.Namespace) -> ExporterConfig:
+    cfg = ExporterConfig(
+        port=args.port, listen_address=args.listen_address, interval_s=args.interval,
+        simulate_gpus=args.simulate_gpus, node_name=args.node_name,
+        web_config_file=args.web_config_file, proc_root=args.proc_root,
+        kubeconfig=args.kubeconfig, pod_refresh_s=args.pod_refresh,
+        max_processes=args.max_processes,
+    )
+    cfg.validate()
+    return cfg
+
+
+@dataclass
+class Exporter:
+    """A running exporter: its sampler, server and helpers (stop() ends them all)."""
+
+    sampler: Sampler
+    server: Server
+    gpus: GpuSource
+    xid: XidWatcher | None
+    pods: PodIndex | None
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.sampler.stop()
+        if self.xid is not None:
+            self.xid.stop()
+        if self.pods is not None:
+            self.pods.stop()
+        close = getattr(self.gpus, "close", None)
+        if close is not None:
+            close()
+
+
+def start(cfg: ExporterConfig) -> Exporter:
+    """Start sampling and serving per ``cfg``; raises ConfigError for bad setup."""
+    web = load_web_config(cfg.web_config_file) if cfg.web_config_file else WebConfig()
+    api = api_from_config(cfg.kubeconfig or None)
+    pods = PodIndex(api, cfg.node_name, cfg.pod_refresh_s) if api is not None else None
+    gpus: GpuSource
+    xid = None
+    if cfg.simulate_gpus:
+        gpus = SimulatedReader(cfg.simulate_gpus)
+        gpus.open()
+    else:
+        reader = NvmlReader()
+        if reader.open():
+            xid = XidWatcher(reader)
+            if not xid.start():
+                xid = None
+        gpus = reader
+    if pods is not None:
+        pods.start()
+    procs = ProcessScanner(cfg.proc_root, pods.lookup if pods else None, cfg.max_processes)
+    sampler = Sampler(cfg.node_name, cfg.interval_s, gpus, HostReader(cfg.proc_root), procs)
+    sampler.start()
+    registry = CollectorRegistry()
+    registry.register(ExporterCollector(sampler, __version__, bool(cfg.simulate_gpus)))
+
+    try:
+        server = serve(registry, cfg.listen_address, cfg.port, web, sampler.health)
+    except OSError as exc:
+        sampler.stop()
+        raise ConfigError("--port", f"cannot listen on {cfg.listen_address}:{cfg.port}: "
+                          f"{exc.strerror or exc}") from None
+    return Exporter(sampler, server, gpus, xid, pods)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    exporter = start(cfg)
+    scheme = "https" if cfg.web_config_file and load_web_config(cfg.web_config_file).tls else "http"
+    log.info("fsdpmon exporter on node %s serving %s://%s:%d/metrics (interval %.1fs%s)",
+             cfg.node_name, scheme, cfg.listen_address, exporter.server.port, cfg.interval_s,
+             f", {cfg.simulate_gpus} simulated GPUs" if cfg.simulate_gpus else "")
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    while not done.wait(3600):
+        pass
+    log.info("stopping")
+    exporter.stop()
+    return 0

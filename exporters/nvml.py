@@ -1,0 +1,417 @@
+"""The one NVML wrapper: the only module in fsdpmon that imports pynvml.
+
+``NvmlReader`` reads every GPU signal through per-field methods and applies one error policy:
+
+- NotSupported / NoPermission / NoData / NotFound -> that field is missing (series absent), never 0;
+  NotSupported is remembered per GPU so the call is not repeated every sample.
+- FunctionNotFound (driver older than the bindings) -> the field degrades: skipped from then on
+  on every GPU, or an older call is used where one exists.
+- GpuIsLost / GpuNotFound / Unknown -> that GPU reads ``up`` 0 and the others go on.
+- NVML missing (no library, no driver) -> ``nvml_up`` False; host and process metrics go on.
+
+The reader takes the NVML module as a parameter so tests pass a fake module that raises pynvml's
+real exception classes; production passes nothing and gets pynvml itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+import pynvml
+
+from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
+
+log = logging.getLogger(__name__)
+
+MIB = 1024
+_UINT_MAX = 0xFFFFFFFF  # NVLink field scope meaning "summed over all links"
+
+# Errors that mean "this value is not available": the series is left out.
+MISSING_ERRORS = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_NoPermission,
+    pynvml.NVMLError_NoData,
+    pynvml.NVMLError_NotFound,
+)
+LOST_ERRORS = (pynvml.NVMLError_GpuIsLost, pynvml.NVMLError_GpuNotFound, pynvml.NVMLError_Unknown)
+
+# Clock-event (throttle) reason bits -> the `reason` label.
+CLOCK_EVENT_REASONS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+
+
+class GpuLost(Exception):
+    """Raised inside the reader when a GPU stops answering."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _field_number(entry: Any) -> float:
+    """The numeric value of one nvmlFieldValue_t, whatever its declared type."""
+    kinds = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
+    return float(getattr(entry.value, kinds.get(int(entry.valueType), "ullVal")))
+
+
+class NvmlReader:
+    """Reads all GPUs of this node through NVML (or a module that behaves like it)."""
+
+    def __init__(self, nvml: ModuleType | Any | None = None) -> None:
+        self.nvml = pynvml if nvml is None else nvml
+        self.up = False
+        self.handles: list[Any] = []
+        self.identities: list[GpuIdentity] = []
+        self._lost: set[int] = set()
+        self._unsupported: set[tuple[int, str]] = set()
+        self._no_function: set[str] = set()
+        self._errors = 0
+        self._previous: dict[tuple[int, str], Any] = {}  # counters and GPM samples between reads
+        self._xid_counts: dict[tuple[int, int], int] = {}
+        self._xid_lock = threading.Lock()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def open(self) -> bool:
+        """Initialise NVML and enumerate the GPUs; False (and nvml_up 0) when NVML is absent."""
+        try:
+            self.nvml.nvmlInit()
+            count = int(self.nvml.nvmlDeviceGetCount())
+        except self.nvml.NVMLError as exc:
+            log.warning("NVML unavailable (%s): serving host and process metrics only", exc)
+            self.up = False
+            return False
+        self.up = True
+        self.handles, self.identities = [], []
+        for index in range(count):
+            self._add_device(index)
+        return True
+
+    def close(self) -> None:
+        if self.up:
+            with contextlib.suppress(self.nvml.NVMLError):
+                self.nvml.nvmlShutdown()
+            self.up = False
+
+    def _add_device(self, index: int) -> None:
+        nv = self.nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
+            uuid = _text(nv.nvmlDeviceGetUUID(handle))
+            model = _text(nv.nvmlDeviceGetName(handle))
+        except nv.NVMLError as exc:
+            log.warning("GPU %d unusable at start: %s", index, exc)
+            self.handles.append(None)
+            self.identities.append(GpuIdentity(index=index, uuid="", model=""))
+            self._lost.add(index)
+            return
+        self.handles.append(handle)
+        self.identities.append(
+            GpuIdentity(
+                index=index,
+                uuid=uuid,
+                model=model,
+                driver_version=self._static(nv.nvmlSystemGetDriverVersion),
+                cuda_version=self._cuda_version(),
+                pci_bus_id=self._static(lambda: nv.nvmlDeviceGetPciInfo(handle).busId),
+                mig_mode=self._static(lambda: self._mig_mode(handle)),
+            )
+        )
+
+    def _static(self, fn: Callable[[], Any]) -> str:
+        try:
+            return _text(fn())
+        except self.nvml.NVMLError:
+            return ""
+
+    def _cuda_version(self) -> str:
+        raw = self._static(self.nvml.nvmlSystemGetCudaDriverVersion)
+        if not raw.isdigit():
+            return ""
+        return f"{int(raw) // 1000}.{int(raw) % 1000 // 10}"
+
+    def _mig_mode(self, handle: Any) -> str:
+        current = self.nvml.nvmlDeviceGetMigMode(handle)[0]
+        return "enabled" if current == self.nvml.NVML_DEVICE_MIG_ENABLE else "disabled"
+
+    # -- reading ---------------------------------------------------------------------------
+    def read(self) -> GpuReading:
+        """One pass over every GPU; a lost GPU reads up 0, the others go on."""
+        if not self.up:
+            return GpuReading(nvml_up=False)
+        errors_before = self._errors
+        gpus = tuple(self._read_gpu(i) for i in range(len(self.identities)))
+        return GpuReading(nvml_up=True, gpus=gpus, errors=self._errors - errors_before)
+
+    def _read_gpu(self, index: int) -> GpuSample:
+        identity = self.identities[index]
+        if index in self._lost:
+            return GpuSample(identity=identity, up=False)
+        handle = self.handles[index]
+        values: dict[str, float] = {}
+        labelled: dict[str, dict[str, float]] = {}
+        try:
+            for name, reader in self._value_fields():
+                result = self._field(index, name, lambda r=reader: r(handle, index))
+                if result is not None:
+                    values.update(result)
+            for name, reader in self._labelled_fields():
+                result = self._field(index, name, lambda r=reader: r(handle, index))
+                if result:
+                    labelled[name] = result
+            processes = self._field(index, "processes", lambda: self.processes(handle, index))
+        except GpuLost as exc:
+            log.error("GPU %d (%s) lost: %s", index, identity.uuid, exc)
+            self._lost.add(index)
+            return GpuSample(identity=identity, up=False)
+        xids = self.xid_counts(index)
+        if xids:
+            labelled["fsdpmon_gpu_xid_errors_total"] = xids
+        return GpuSample(identity, True, values, labelled, tuple(processes or ()))
+
+    def _value_fields(self) -> tuple[tuple[str, Callable[[Any, int], dict[str, float]]], ...]:
+        return (
+            ("utilization", self.utilization),
+            ("memory", self.memory),
+            ("temperature", self.temperature),
+            ("memory_temperature", self.memory_temperature),
+            ("power", self.power),
+            ("power_limit", self.power_limit),
+            ("energy", self.energy),
+            ("sm_clock", lambda h, i: self.clock(h, "SM", "fsdpmon_gpu_sm_clock_hertz")),
+            ("mem_clock", lambda h, i: self.clock(h, "MEM", "fsdpmon_gpu_memory_clock_hertz")),
+            ("sm_clock_max",
+             lambda h, i: self.max_clock(h, "SM", "fsdpmon_gpu_sm_clock_max_hertz")),
+            ("mem_clock_max",
+             lambda h, i: self.max_clock(h, "MEM", "fsdpmon_gpu_memory_clock_max_hertz")),
+            ("pcie_replay", self.pcie_replay),
+            ("gpm", self.gpm),
+        )
+
+    def _labelled_fields(self) -> tuple[tuple[str, Callable[[Any, int], dict[str, float]]], ...]:
+        return (
+            ("fsdpmon_gpu_clock_event_active", self.clock_events),
+            ("fsdpmon_gpu_ecc_errors_total", self.ecc_errors),
+            ("fsdpmon_gpu_remapped_rows", self.remapped_rows),
+            ("fsdpmon_gpu_pcie_bytes_per_second", self.pcie_throughput),
+            ("fsdpmon_gpu_nvlink_bytes_per_second", self.nvlink_throughput),
+        )
+
+    def _field(self, index: int, name: str, read: Callable[[], Any]) -> Any:
+        """Apply the error policy to one field read; None when the value is missing."""
+        if name in self._no_function or (index, name) in self._unsupported:
+            return None
+        nv = self.nvml
+        try:
+            return read()
+        except nv.NVMLError_FunctionNotFound:
+            log.info("NVML function for %s missing in this driver: field disabled", name)
+            self._no_function.add(name)
+        except nv.NVMLError_NotSupported:
+            self._unsupported.add((index, name))
+        except MISSING_ERRORS:
+            pass
+        except LOST_ERRORS as exc:
+            raise GpuLost(str(exc)) from exc
+        except nv.NVMLError as exc:
+            self._errors += 1
+            log.debug("NVML error reading %s on GPU %d: %s", name, index, exc)
+        return None
+
+    # -- per-field methods (each returns catalog name -> value) -----------------------------
+    def utilization(self, handle: Any, index: int) -> dict[str, float]:
+        rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+        return {
+            "fsdpmon_gpu_utilization_ratio": rates.gpu / 100.0,
+            "fsdpmon_gpu_memory_utilization_ratio": rates.memory / 100.0,
+        }
+
+    def memory(self, handle: Any, index: int) -> dict[str, float]:
+        nv = self.nvml
+        try:  # v2 adds the driver-reserved share; older drivers only have v1
+            info = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+            reserved: float | None = float(info.reserved)
+        except (nv.NVMLError_FunctionNotFound, nv.NVMLError_ArgumentVersionMismatch):
+            info = nv.nvmlDeviceGetMemoryInfo(handle)
+            reserved = None
+        out = {
+            "fsdpmon_gpu_memory_used_bytes": float(info.used),
+            "fsdpmon_gpu_memory_free_bytes": float(info.free),
+            "fsdpmon_gpu_memory_total_bytes": float(info.total),
+        }
+        if reserved is not None:
+            out["fsdpmon_gpu_memory_reserved_bytes"] = reserved
+        return out
+
+    def temperature(self, handle: Any, index: int) -> dict[str, float]:
+        celsius = self.nvml.nvmlDeviceGetTemperature(handle, self.nvml.NVML_TEMPERATURE_GPU)
+        return {"fsdpmon_gpu_temperature_celsius": float(celsius)}
+
+    def memory_temperature(self, handle: Any, index: int) -> dict[str, float]:
+        value = self._field_value(handle, self.nvml.NVML_FI_DEV_MEMORY_TEMP)
+        return {"fsdpmon_gpu_memory_temperature_celsius": value}
+
+    def power(self, handle: Any, index: int) -> dict[str, float]:
+        milliwatts = self.nvml.nvmlDeviceGetPowerUsage(handle)
+        return {"fsdpmon_gpu_power_watts": milliwatts / 1000.0}
+
+    def power_limit(self, handle: Any, index: int) -> dict[str, float]:
+        milliwatts = self.nvml.nvmlDeviceGetEnforcedPowerLimit(handle)
+        return {"fsdpmon_gpu_power_limit_watts": milliwatts / 1000.0}
+
+    def energy(self, handle: Any, index: int) -> dict[str, float]:
+        millijoules = self.nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+        return {"fsdpmon_gpu_energy_joules_total": millijoules / 1000.0}
+
+    def clock(self, handle: Any, kind: str, name: str) -> dict[str, float]:
+        mhz = self.nvml.nvmlDeviceGetClockInfo(handle, getattr(self.nvml, f"NVML_CLOCK_{kind}"))
+        return {name: mhz * 1e6}
+
+    def max_clock(self, handle: Any, kind: str, name: str) -> dict[str, float]:
+        mhz = self.nvml.nvmlDeviceGetMaxClockInfo(handle, getattr(self.nvml, f"NVML_CLOCK_{kind}"))
+        return {name: mhz * 1e6}
+
+    def pcie_replay(self, handle: Any, index: int) -> dict[str, float]:
+        count = self.nvml.nvmlDeviceGetPcieReplayCounter(handle)
+        return {"fsdpmon_gpu_pcie_replay_errors_total": float(count)}
+
+    def clock_events(self, handle: Any, index: int) -> dict[str, float]:
+        nv = self.nvml
+        try:
+            mask = nv.nvmlDeviceGetCurrentClocksEventReasons(handle)
+        except nv.NVMLError_FunctionNotFound:  # drivers before 535 only have the old name
+            mask = nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
+        return {reason: float(bool(mask & bit)) for reason, bit in CLOCK_EVENT_REASONS.items()}
+
+    def ecc_errors(self, handle: Any, index: int) -> dict[str, float]:
+        nv = self.nvml
+        return {
+            kind: float(nv.nvmlDeviceGetTotalEccErrors(handle, error_type, nv.NVML_VOLATILE_ECC))
+            for kind, error_type in (
+                ("corrected", nv.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                ("uncorrected", nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED),
+            )
+        }
+
+    def remapped_rows(self, handle: Any, index: int) -> dict[str, float]:
+        corrected, uncorrected, pending, failure = self.nvml.nvmlDeviceGetRemappedRows(handle)
+        return {
+            "correctable": float(corrected),
+            "uncorrectable": float(uncorrected),
+            "pending": float(bool(pending)),
+            "failure": float(bool(failure)),
+        }
+
+    def pcie_throughput(self, handle: Any, index: int) -> dict[str, float]:
+        nv = self.nvml  # NVML reports KB/s over a 20 ms window
+        return {
+            "tx": nv.nvmlDeviceGetPcieThroughput(handle, nv.NVML_PCIE_UTIL_TX_BYTES) * 1024.0,
+            "rx": nv.nvmlDeviceGetPcieThroughput(handle, nv.NVML_PCIE_UTIL_RX_BYTES) * 1024.0,
+        }
+
+    def nvlink_throughput(self, handle: Any, index: int) -> dict[str, float]:
+        """Rate from NVML's cumulative KiB counters summed over links; absent on the first read."""
+        nv = self.nvml
+        fields = [
+            (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _UINT_MAX),
+            (nv.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, _UINT_MAX),
+        ]
+        entries = nv.nvmlDeviceGetFieldValues(handle, fields)
+        for entry in entries:
+            if entry.nvmlReturn != nv.NVML_SUCCESS:
+                raise nv.NVMLError(entry.nvmlReturn)
+        now = time.monotonic()
+        totals = {"tx": _field_number(entries[0]) * MIB, "rx": _field_number(entries[1]) * MIB}
+        previous = self._previous.get((index, "nvlink"))
+        self._previous[(index, "nvlink")] = (now, totals)
+        if previous is None or now <= previous[0]:
+            return {}
+        elapsed = now - previous[0]
+        return {d: max(0.0, (totals[d] - previous[1][d]) / elapsed) for d in totals}
+
+    def gpm(self, handle: Any, index: int) -> dict[str, float]:
+        """Hopper+ GPM SM and tensor activity between this read and the previous one."""
+        nv = self.nvml
+        if (index, "gpm_checked") not in self._previous:
+            if not nv.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice:
+                raise nv.NVMLError_NotSupported()
+            self._previous[(index, "gpm_checked")] = True
+        sample = nv.nvmlGpmSampleGet(handle, nv.nvmlGpmSampleAlloc())
+        earlier = self._previous.get((index, "gpm"))
+        self._previous[(index, "gpm")] = sample
+        if earlier is None:
+            return {}
+        request = nv.c_nvmlGpmMetricsGet_t()
+        request.version = nv.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = 2
+        request.sample1, request.sample2 = earlier, sample
+        request.metrics[0].metricId = nv.NVML_GPM_METRIC_SM_UTIL
+        request.metrics[1].metricId = nv.NVML_GPM_METRIC_ANY_TENSOR_UTIL
+        nv.nvmlGpmMetricsGet(request)
+        nv.nvmlGpmSampleFree(earlier)
+        out = {}
+        for slot, name in enumerate(
+            ("fsdpmon_gpu_sm_activity_ratio", "fsdpmon_gpu_tensor_activity_ratio")
+        ):
+            metric = request.metrics[slot]
+            if metric.nvmlReturn == nv.NVML_SUCCESS:
+                out[name] = metric.value / 100.0
+        return out
+
+    def processes(self, handle: Any, index: int) -> tuple[GpuProcess, ...]:
+        """Compute processes with their GPU memory and, where NVML has samples, SM share."""
+        nv = self.nvml
+        running = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        sm_share = self._process_sm_share(handle, index)
+        return tuple(
+            GpuProcess(
+                pid=int(p.pid),
+                memory_used_bytes=None if p.usedGpuMemory is None else float(p.usedGpuMemory),
+                sm_utilization_ratio=sm_share.get(int(p.pid)),
+            )
+            for p in running
+        )
+
+    def _process_sm_share(self, handle: Any, index: int) -> dict[int, float]:
+        nv = self.nvml
+        since = self._previous.get((index, "proc_ts"), 0)
+        try:
+            samples = nv.nvmlDeviceGetProcessUtilization(handle, since)
+        except (nv.NVMLError_NotFound, nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+            return {}  # no samples since `since`, or not available: memory still reported
+        latest: dict[int, Any] = {}
+        for s in samples:
+            if s.pid not in latest or s.timeStamp > latest[s.pid].timeStamp:
+                latest[int(s.pid)] = s
+        if latest:
+            self._previous[(index, "proc_ts")] = max(s.timeStamp for s in latest.values())
+        return {pid: s.smUtil / 100.0 for pid, s in latest.items()}
+
+    def _field_value(self, handle: Any, field_id: int) -> float:
+        entry = self.nvml.nvmlDeviceGetFieldValues(handle, [field_id])[0]
+        if entry.nvmlReturn != self.nvml.NVML_SUCCESS:
+            raise self.nvml.NVMLError(entry.nvmlReturn)
+        return _field_number(entry)
+
+    # -- XID events (fed by exporters.xid.XidWatcher) ---------------------------------------
+    def count_xid(self, index: int, xid: int) -> None:
+        with self._xid_lock:
+            self._xid_counts[(index, xid)] = self._xid_counts.get((index, xid), 0) + 1
+
+    def xid_counts(self, index: int) -> dict[str, float]:
+        with self._xid_lock:
+            return {str(x): float(n) for (i, x), n in self._xid_counts.items() if i == index}
