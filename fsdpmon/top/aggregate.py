@@ -1,0 +1,455 @@
+"""Pure aggregation: parsed samples from many targets → one JobSnapshot.
+
+Every metric name comes from the catalog (looked up at import, so a rename fails loudly here).
+The previous snapshot is passed in to carry history (sparklines) and to remember ranks and GPUs
+whose target went quiet, so a pod that stops answering is shown as down instead of vanishing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from fsdpmon import catalog
+from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
+from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.snapshot import (
+    Alert,
+    GpuRow,
+    History,
+    JobSnapshot,
+    JobState,
+    NodeRow,
+    ProcessRow,
+    RankRow,
+    Severity,
+    TargetStatus,
+)
+
+HISTORY_LEN = 60
+STRAGGLER_RATIO = 1.2  # slowest rank's step time over the median that makes it a straggler
+MEMORY_PRESSURE_RATIO = 0.95
+
+
+def _n(name: str) -> str:
+    return catalog.get(name).name
+
+
+# Per-rank figures: catalog name → accumulator key.
+RANK_METRICS = {
+    _n("fsdpmon_train_step"): "step",
+    _n("fsdpmon_train_total_steps"): "total_steps",
+    _n("fsdpmon_train_step_time_seconds"): "step_time_s",
+    _n("fsdpmon_train_data_wait_ratio"): "data_wait_ratio",
+    _n("fsdpmon_train_tokens_per_second"): "tokens_per_second",
+    _n("fsdpmon_train_mfu_ratio"): "mfu_ratio",
+    _n("fsdpmon_train_loss"): "loss",
+    _n("fsdpmon_train_loss_nonfinite"): "loss_nonfinite",
+    _n("fsdpmon_train_memory_peak_active_bytes"): "peak_memory_bytes",
+    _n("fsdpmon_train_process_rss_bytes"): "rss_bytes",
+    _n("fsdpmon_train_device_memory_capacity_bytes"): "memory_capacity_bytes",
+    _n("fsdpmon_train_heartbeat_age_seconds"): "heartbeat_age_s",
+    _n("fsdpmon_train_stall_threshold_seconds"): "stall_threshold_s",
+    _n("fsdpmon_train_stalled"): "stalled",
+    _n("fsdpmon_train_restarts"): "restarts",
+}
+TRAIN_INFO = _n("fsdpmon_train_info")
+JOB_METRICS = {
+    _n("fsdpmon_job_step_time_median_seconds"): "step_time_median_s",
+    _n("fsdpmon_job_step_time_max_seconds"): "step_time_max_s",
+    _n("fsdpmon_job_slowest_rank"): "slowest_rank",
+    _n("fsdpmon_job_loss_mean"): "loss",
+    _n("fsdpmon_job_world_size"): "world_size",
+}
+GPU_METRICS = {
+    _n("fsdpmon_gpu_up"): "up",
+    _n("fsdpmon_gpu_utilization_ratio"): "utilization_ratio",
+    _n("fsdpmon_gpu_memory_used_bytes"): "memory_used_bytes",
+    _n("fsdpmon_gpu_memory_total_bytes"): "memory_total_bytes",
+    _n("fsdpmon_gpu_temperature_celsius"): "temperature_celsius",
+    _n("fsdpmon_gpu_power_watts"): "power_watts",
+    _n("fsdpmon_gpu_power_limit_watts"): "power_limit_watts",
+}
+GPU_PROCESS_MEMORY = _n("fsdpmon_gpu_process_memory_used_bytes")
+EXPORTER_INFO = _n("fsdpmon_exporter_info")
+HOST_METRICS = {
+    _n("fsdpmon_host_memory_used_bytes"): "memory_used_bytes",
+    _n("fsdpmon_host_memory_total_bytes"): "memory_total_bytes",
+    _n("fsdpmon_host_load1"): "load1",
+}
+HOST_CPU = _n("fsdpmon_host_cpu_utilization_ratio")
+PROCESS_INFO = _n("fsdpmon_process_info")
+PROCESS_STATE = _n("fsdpmon_process_state")
+PROCESS_METRICS = {
+    _n("fsdpmon_process_cpu_utilization_ratio"): "cpu_ratio",
+    _n("fsdpmon_process_resident_memory_bytes"): "rss_bytes",
+}
+
+# Everything top reads; sources pass it to the parser so that other series are never built.
+WANTED: frozenset[str] = frozenset(
+    [*RANK_METRICS, TRAIN_INFO, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY, EXPORTER_INFO,
+     *HOST_METRICS, HOST_CPU, PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS]
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one scrape came from; pod/node/namespace are known for Kubernetes targets."""
+
+    url: str
+    pod: str = ""
+    node: str = ""
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    target: Target
+    samples: Sequence[Sample] | None  # None when the target did not answer
+    error: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass
+class _Acc:
+    """Mutable accumulators for one refresh."""
+
+    ranks: dict[int, dict[str, object]] = field(default_factory=dict)
+    job: dict[str, float] = field(default_factory=dict)
+    gpus: dict[tuple[str, str], dict[str, object]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, object]] = field(default_factory=dict)
+    procs: dict[tuple[str, int], dict[str, object]] = field(default_factory=dict)
+    job_name: str = ""
+    model: str = ""
+
+
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+def _add_training(acc: _Acc, s: Sample, target: Target) -> None:
+    labels = s.labels
+    rank = _as_int(labels.get(RANK_LABEL, ""))
+    if rank is None:
+        return
+    row = acc.ranks.get(rank)
+    if row is None:
+        row = acc.ranks[rank] = {"pod": target.pod, "node": target.node, "target": target.url,
+                                 "local_rank": _as_int(labels.get(LOCAL_RANK_LABEL, ""))}
+        if not acc.job_name:
+            acc.job_name = labels.get(JOB_LABEL, "")
+    if s.name == TRAIN_INFO:
+        row["node"] = labels.get("node") or row["node"]
+        row["world_size"] = _as_int(labels.get("world_size", ""))
+        acc.model = acc.model or labels.get("model", "")
+    else:
+        row[RANK_METRICS[s.name]] = s.value
+
+
+def _gpu_key(labels: dict[str, str]) -> tuple[str, str]:
+    return labels.get("node", ""), labels.get("gpu", "")
+
+
+def _add_exporter(acc: _Acc, s: Sample, target: Target) -> str:
+    """Adds one exporter sample; returns the node it belongs to."""
+    name, labels = s.name, s.labels
+    node = labels.get("node") or target.node
+    if name in GPU_METRICS:
+        gpu = acc.gpus.setdefault(_gpu_key(labels), {})
+        gpu[GPU_METRICS[name]] = s.value
+        for key in ("model", "uuid", "namespace", "pod", "container"):
+            if labels.get(key):
+                gpu[key] = labels[key]
+    elif name in PROCESS_METRICS or name in (PROCESS_INFO, PROCESS_STATE, GPU_PROCESS_MEMORY):
+        _add_process(acc, s, node)
+    else:
+        host = acc.nodes.setdefault(node, {})
+        if name == EXPORTER_INFO:
+            host["simulated"] = labels.get("simulated", "").lower() in ("true", "1", "yes")
+        elif name == HOST_CPU:
+            if labels.get("cpu") == "all":
+                host["cpu_utilization_ratio"] = s.value
+        else:
+            host[HOST_METRICS[name]] = s.value
+    return node
+
+
+def _add_process(acc: _Acc, s: Sample, node: str) -> None:
+    labels = s.labels
+    pid = _as_int(labels.get("pid", ""))
+    if pid is None:
+        return
+    proc = acc.procs.setdefault((node, pid), {})
+    for key in ("namespace", "pod", "container"):
+        if labels.get(key):
+            proc[key] = labels[key]
+    if s.name == PROCESS_INFO:
+        proc["command"] = labels.get("command", "")
+        proc["user"] = labels.get("user", "")
+    elif s.name == PROCESS_STATE:
+        if s.value == 1:
+            proc["state"] = labels.get("state", "")
+    elif s.name == GPU_PROCESS_MEMORY:
+        proc["gpu_memory_bytes"] = float(proc.get("gpu_memory_bytes", 0.0)) + s.value
+    else:
+        proc[PROCESS_METRICS[s.name]] = s.value
+
+
+def _read(acc: _Acc, result: ScrapeResult) -> TargetStatus:
+    kind, node = "unknown", result.target.node
+    for s in result.samples or ():
+        name = s.name
+        if name in RANK_METRICS or name == TRAIN_INFO:
+            _add_training(acc, s, result.target)
+            kind = "train"
+        elif name in JOB_METRICS:
+            acc.job[JOB_METRICS[name]] = s.value
+            kind = "train"
+        elif name in WANTED:
+            node = _add_exporter(acc, s, result.target) or node
+            kind = "exporter" if kind == "unknown" else kind
+    return TargetStatus(url=result.target.url, kind=kind, up=True, duration_s=result.duration_s,
+                        samples=len(result.samples or ()), pod=result.target.pod, node=node)
+
+
+def _opt(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _opt_int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[call-overload]
+
+
+def _rank_row(rank: int, d: dict[str, object]) -> RankRow:
+    age, threshold = _opt(d.get("heartbeat_age_s")), _opt(d.get("stall_threshold_s"))
+    stalled = d.get("stalled") == 1.0 or (
+        age is not None and threshold is not None and threshold > 0 and age > threshold
+    )
+    peak = d.get("peak_memory_bytes", d.get("rss_bytes"))
+    return RankRow(
+        rank=rank, local_rank=_opt_int(d.get("local_rank")), pod=str(d.get("pod", "")),
+        node=str(d.get("node", "")), target=str(d.get("target", "")),
+        step=_opt_int(d.get("step")), step_time_s=_opt(d.get("step_time_s")),
+        data_wait_ratio=_opt(d.get("data_wait_ratio")),
+        tokens_per_second=_opt(d.get("tokens_per_second")), mfu_ratio=_opt(d.get("mfu_ratio")),
+        loss=_opt(d.get("loss")), peak_memory_bytes=_opt(peak),
+        memory_capacity_bytes=_opt(d.get("memory_capacity_bytes")), heartbeat_age_s=age,
+        stall_threshold_s=threshold, stalled=stalled,
+    )
+
+
+def _push(history: tuple[float, ...], value: float | None) -> tuple[float, ...]:
+    if value is None:
+        return history
+    return (*history[-(HISTORY_LEN - 1):], value)
+
+
+def _gpu_rows(acc: _Acc, previous: JobSnapshot | None, down_nodes: set[str]) -> list[GpuRow]:
+    before = {(g.node, g.gpu): g for g in previous.gpus} if previous else {}
+    rows = []
+    for (node, gpu), d in acc.gpus.items():
+        old = before.get((node, gpu))
+        util, mem_used = _opt(d.get("utilization_ratio")), _opt(d.get("memory_used_bytes"))
+        mem_total = _opt(d.get("memory_total_bytes"))
+        mem_ratio = mem_used / mem_total if mem_used is not None and mem_total else None
+        rows.append(GpuRow(
+            node=node, gpu=gpu, model=str(d.get("model", "")), uuid=str(d.get("uuid", "")),
+            up=d.get("up", 1.0) == 1.0, utilization_ratio=util, memory_used_bytes=mem_used,
+            memory_total_bytes=mem_total, temperature_celsius=_opt(d.get("temperature_celsius")),
+            power_watts=_opt(d.get("power_watts")),
+            power_limit_watts=_opt(d.get("power_limit_watts")),
+            namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
+            container=str(d.get("container", "")),
+            utilization_history=_push(old.utilization_history if old else (), util),
+            memory_history=_push(old.memory_history if old else (), mem_ratio),
+        ))
+    # GPUs of an exporter that stopped answering stay visible, marked down.
+    rows += [replace(g, up=False) for g in before.values()
+             if g.node in down_nodes and (g.node, g.gpu) not in acc.gpus]
+    return sorted(rows, key=lambda g: (g.node, _as_int(g.gpu) or 0, g.gpu))
+
+
+def _node_rows(acc: _Acc, gpus: Sequence[GpuRow]) -> list[NodeRow]:
+    counts: dict[str, int] = {}
+    for g in gpus:
+        counts[g.node] = counts.get(g.node, 0) + 1
+    names = sorted(set(acc.nodes) | set(counts))
+    return [NodeRow(
+        node=n, gpus=counts.get(n, 0),
+        cpu_utilization_ratio=_opt(acc.nodes.get(n, {}).get("cpu_utilization_ratio")),
+        memory_used_bytes=_opt(acc.nodes.get(n, {}).get("memory_used_bytes")),
+        memory_total_bytes=_opt(acc.nodes.get(n, {}).get("memory_total_bytes")),
+        load1=_opt(acc.nodes.get(n, {}).get("load1")),
+        simulated=bool(acc.nodes.get(n, {}).get("simulated", False)),
+    ) for n in names]
+
+
+def _process_rows(acc: _Acc) -> list[ProcessRow]:
+    rows = [ProcessRow(
+        node=node, pid=pid, namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
+        container=str(d.get("container", "")), command=str(d.get("command", "")),
+        user=str(d.get("user", "")), state=str(d.get("state", "")),
+        cpu_ratio=_opt(d.get("cpu_ratio")), rss_bytes=_opt(d.get("rss_bytes")),
+        gpu_memory_bytes=_opt(d.get("gpu_memory_bytes")),
+    ) for (node, pid), d in acc.procs.items()]
+    return sorted(rows, key=lambda p: (p.node, p.pid))
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def _max(values: Iterable[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
+    live = [r for r in ranks if not r.down and r.step_time_s is not None]
+    if len(live) < 2:
+        return None
+    slowest = _opt_int(job.get("slowest_rank"))
+    if slowest is None or all(r.rank != slowest for r in live):
+        slowest = max(live, key=lambda r: r.step_time_s or 0.0).rank
+    for i, r in enumerate(ranks):
+        if r.rank == slowest:
+            ranks[i] = replace(r, slowest=True)
+    return slowest
+
+
+def _fmt_ranks(ranks: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")
+
+
+def _alerts(snap: JobSnapshot) -> list[Alert]:
+    alerts: list[Alert] = []
+    live = [r for r in snap.ranks if not r.down]
+    stalled = [r.rank for r in live if r.stalled]
+    if stalled:
+        alerts.append(Alert("stall", Severity.CRITICAL,
+                            f"rank {_fmt_ranks(stalled)} stalled: no step within the threshold"))
+    down = [t for t in snap.targets if not t.up]
+    if down:
+        names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
+        alerts.append(Alert("target_down", Severity.CRITICAL,
+                            f"{len(down)} of {len(snap.targets)} targets down: {names}"))
+    gone = [r.rank for r in snap.ranks if r.down]
+    if gone:
+        alerts.append(Alert("rank_down", Severity.CRITICAL,
+                            f"rank {_fmt_ranks(gone)} not reporting"))
+    median, worst = snap.step_time_median_s, snap.step_time_max_s
+    if (snap.slowest_rank is not None and median and worst
+            and worst > STRAGGLER_RATIO * median):
+        alerts.append(Alert("straggler", Severity.WARNING,
+                            f"rank {snap.slowest_rank} straggles: step {worst:.3g}s vs median "
+                            f"{median:.3g}s"))
+    alerts += _memory_alerts(snap)
+    lost = [f"{g.node}/{g.gpu}" for g in snap.gpus if not g.up]
+    if lost:
+        alerts.append(Alert("gpu_down", Severity.CRITICAL, f"GPU lost: {', '.join(lost[:6])}"))
+    if any(r.loss is not None and r.loss != r.loss for r in live):
+        alerts.append(Alert("loss_nonfinite", Severity.CRITICAL, "loss is NaN or infinite"))
+    return alerts
+
+
+def _memory_alerts(snap: JobSnapshot) -> list[Alert]:
+    tight = [f"{g.node}/{g.gpu}" for g in snap.gpus
+             if g.memory_ratio is not None and g.memory_ratio >= MEMORY_PRESSURE_RATIO]
+    tight += [f"rank {r.rank}" for r in snap.ranks
+              if r.peak_memory_bytes and r.memory_capacity_bytes
+              and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO]
+    if not tight:
+        return []
+    return [Alert("memory_pressure", Severity.WARNING,
+                  f"memory ≥{MEMORY_PRESSURE_RATIO:.0%} used: {', '.join(tight[:6])}")]
+
+
+def _state(snap: JobSnapshot, previous: JobSnapshot | None) -> JobState:
+    live = [r for r in snap.ranks if not r.down]
+    if snap.total_steps and live and all((r.step or 0) >= snap.total_steps for r in live):
+        return JobState.DONE
+    if snap.targets and snap.targets_up == 0:
+        return JobState.DONE if previous and previous.state is JobState.DONE else JobState.DOWN
+    if snap.stalled_ranks:
+        return JobState.STALLED
+    if snap.alerts:
+        return JobState.DEGRADED
+    return JobState.RUNNING
+
+
+def _carry_down_ranks(ranks: dict[int, RankRow], previous: JobSnapshot | None) -> None:
+    """Ranks seen before whose series are gone now stay listed, marked down."""
+    for old in previous.ranks if previous else ():
+        if old.rank not in ranks:
+            ranks[old.rank] = replace(old, down=True, stalled=False, slowest=False)
+
+
+def aggregate(
+    results: Sequence[ScrapeResult],
+    *,
+    now: float,
+    source: str,
+    previous: JobSnapshot | None = None,
+    job_name: str = "",
+    logs: tuple[str, ...] = (),
+    log_pod: str = "",
+) -> JobSnapshot:
+    """Builds the job snapshot from one refresh's scrape results."""
+    acc = _Acc()
+    targets: list[TargetStatus] = []
+    last_node = {t.url: t.node for t in previous.targets} if previous else {}
+    for result in results:
+        if result.samples is None:
+            targets.append(TargetStatus(
+                url=result.target.url, kind="unknown", up=False, error=result.error,
+                duration_s=result.duration_s, pod=result.target.pod,
+                node=result.target.node or last_node.get(result.target.url, "")))
+        else:
+            targets.append(_read(acc, result))
+    rank_rows = {r: _rank_row(r, d) for r, d in acc.ranks.items()}
+    _carry_down_ranks(rank_rows, previous)
+    ranks = [rank_rows[r] for r in sorted(rank_rows)]
+    slowest = _mark_slowest(ranks, acc.job)
+    gpus = _gpu_rows(acc, previous, {t.node for t in targets if not t.up and t.node})
+    return _finish(acc, previous, JobSnapshot(
+        time=now, source=source, job_name=acc.job_name or job_name, ranks=tuple(ranks),
+        gpus=tuple(gpus), nodes=tuple(_node_rows(acc, gpus)),
+        processes=tuple(_process_rows(acc)), targets=tuple(targets), slowest_rank=slowest,
+        model=acc.model, logs=logs, log_pod=log_pod,
+    ))
+
+
+def _finish(acc: _Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSnapshot:
+    """Header figures, history, alerts and state, from the rows already built."""
+    live = [r for r in snap.ranks if not r.down]
+    tokens = [r.tokens_per_second for r in live if r.tokens_per_second is not None]
+    mfus = [r.mfu_ratio for r in live if r.mfu_ratio is not None]
+    losses = [r.loss for r in live if r.loss is not None]
+    median = acc.job.get("step_time_median_s", _median(r.step_time_s for r in live))
+    step = _max(float(r.step) for r in live if r.step is not None)
+    totals = [d.get("total_steps") for d in acc.ranks.values()]
+    total = _opt_int(_max(_opt(t) for t in totals))
+    restarts = _max(_opt(d.get("restarts")) for d in acc.ranks.values())
+    world = acc.job.get("world_size") or _max(_opt(d.get("world_size")) for d in acc.ranks.values())
+    loss = acc.job.get("loss", statistics.fmean(losses) if losses else None)
+    tps = sum(tokens) if tokens else None
+    history = previous.history if previous else History()
+    snap = replace(
+        snap, step=_opt_int(step), total_steps=total or None,
+        world_size=_opt_int(world) or (len(snap.ranks) or None), tokens_per_second=tps,
+        mfu_ratio=statistics.fmean(mfus) if mfus else None, step_time_median_s=median,
+        step_time_max_s=acc.job.get("step_time_max_s", _max(r.step_time_s for r in live)),
+        loss=loss, restarts=_opt_int(restarts),
+        eta_s=(total - step) * median if total and step is not None and median else None,
+        history=History(tokens_per_second=_push(history.tokens_per_second, tps),
+                        loss=_push(history.loss, loss),
+                        step_time_s=_push(history.step_time_s, median)),
+    )
+    snap = replace(snap, alerts=tuple(_alerts(snap)))
+    return replace(snap, state=_state(snap, previous))

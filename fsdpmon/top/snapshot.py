@@ -1,0 +1,204 @@
+"""The frozen job snapshot every source builds and every view renders.
+
+A snapshot is plain data: no I/O handles, no clients. ``to_json()`` is the `--json` output and
+what the demo reuses; its shape is documented by these dataclasses (field names are the keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class JobState(str, Enum):
+    RUNNING = "RUNNING"  # every target answers, no rank stalled, nothing alarming
+    DEGRADED = "DEGRADED"  # still training, but a target is down, a rank straggles, memory is tight
+    STALLED = "STALLED"  # at least one rank has not completed a step within its stall threshold
+    DONE = "DONE"  # every rank reached the planned number of steps
+    DOWN = "DOWN"  # no target answered: nothing is known about the job
+
+
+class Severity(str, Enum):
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+@dataclass(frozen=True)
+class Alert:
+    kind: str  # "stall", "straggler", "target_down", "memory_pressure", "loss_nonfinite", ...
+    severity: Severity
+    message: str
+
+
+@dataclass(frozen=True)
+class TargetStatus:
+    url: str
+    kind: str  # "train", "exporter" or "unknown" (before anything was read from it)
+    up: bool
+    error: str = ""
+    duration_s: float = 0.0
+    samples: int = 0
+    pod: str = ""
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    local_rank: int | None = None
+    pod: str = ""
+    node: str = ""
+    step: int | None = None
+    step_time_s: float | None = None
+    data_wait_ratio: float | None = None
+    tokens_per_second: float | None = None
+    mfu_ratio: float | None = None
+    loss: float | None = None
+    peak_memory_bytes: float | None = None
+    memory_capacity_bytes: float | None = None
+    heartbeat_age_s: float | None = None
+    stall_threshold_s: float | None = None
+    stalled: bool = False
+    slowest: bool = False
+    down: bool = False  # its series vanished or its target stopped answering; last figures kept
+    target: str = ""  # the URL its series came from
+
+    @property
+    def flags(self) -> str:
+        marks = []
+        if self.down:
+            marks.append("DOWN")
+        if self.stalled:
+            marks.append("STALLED")
+        if self.slowest:
+            marks.append("SLOWEST")
+        return " ".join(marks)
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    node: str
+    gpu: str
+    model: str = ""
+    uuid: str = ""
+    up: bool = True
+    utilization_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    temperature_celsius: float | None = None
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    utilization_history: tuple[float, ...] = ()
+    memory_history: tuple[float, ...] = ()
+
+    @property
+    def memory_ratio(self) -> float | None:
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return self.memory_used_bytes / self.memory_total_bytes
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: str
+    gpus: int = 0
+    cpu_utilization_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    load1: float | None = None
+    simulated: bool = False
+
+
+@dataclass(frozen=True)
+class ProcessRow:
+    node: str
+    pid: int
+    namespace: str = ""
+    pod: str = ""
+    container: str = ""
+    command: str = ""
+    user: str = ""
+    state: str = ""
+    cpu_ratio: float | None = None  # in cores: 1.0 = one core busy
+    rss_bytes: float | None = None
+    gpu_memory_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class History:
+    """Recent header figures, oldest first, for sparklines."""
+
+    tokens_per_second: tuple[float, ...] = ()
+    loss: tuple[float, ...] = ()
+    step_time_s: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobSnapshot:
+    time: float
+    source: str
+    job_name: str = ""
+    state: JobState = JobState.DOWN
+    step: int | None = None
+    total_steps: int | None = None
+    world_size: int | None = None
+    tokens_per_second: float | None = None
+    mfu_ratio: float | None = None
+    step_time_median_s: float | None = None
+    step_time_max_s: float | None = None
+    loss: float | None = None
+    eta_s: float | None = None
+    restarts: int | None = None
+    slowest_rank: int | None = None
+    model: str = ""
+    alerts: tuple[Alert, ...] = ()
+    ranks: tuple[RankRow, ...] = ()
+    gpus: tuple[GpuRow, ...] = ()
+    nodes: tuple[NodeRow, ...] = ()
+    processes: tuple[ProcessRow, ...] = ()
+    targets: tuple[TargetStatus, ...] = ()
+    history: History = field(default_factory=History)
+    logs: tuple[str, ...] = ()
+    log_pod: str = ""
+
+    @property
+    def progress(self) -> float | None:
+        if self.step is None or not self.total_steps:
+            return None
+        return min(1.0, self.step / self.total_steps)
+
+    @property
+    def targets_up(self) -> int:
+        return sum(1 for t in self.targets if t.up)
+
+    @property
+    def stalled_ranks(self) -> tuple[int, ...]:
+        return tuple(r.rank for r in self.ranks if r.stalled)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = _plain(dataclasses.asdict(self))
+        data["progress"] = self.progress
+        return data
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The snapshot as strict JSON (NaN and infinities become null)."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,1 @@
+"""Where `fsdpmon top` reads from: each source's ``fetch()`` returns a JobSnapshot."""
