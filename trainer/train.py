@@ -12,6 +12,7 @@ import math
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,17 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from fsdpmon.cli import guarded
-try:
-    from fsdpmon.monitor import Monitor, MonitorConfig
-except ImportError:  # DEVONLY
-    from trainer._devmonitor import Monitor, MonitorConfig  # DEVONLY
+from fsdpmon.monitor import Monitor, MonitorConfig
 from trainer import faults
 from trainer.checkpoint import Checkpointer, TrainState, latest_complete
 from trainer.config import TrainConfig, model_args_for, parse_config
-from trainer.data import BatchLoader, build_source
+from trainer.data import BatchLoader, SampleSource, build_source
 from trainer.hf_weights import load_hf_weights, read_config
 from trainer.model import Transformer
 from trainer.parallel import DistEnv, build_fsdp_model, choose_device, init_distributed
@@ -70,10 +69,13 @@ def clip_gradients(model: Transformer, max_norm: float) -> torch.Tensor:
     return norm
 
 
-def console_line(total_steps: int):  # noqa: ANN201 - a log listener
+def console_line(total_steps: int) -> Callable[[dict[str, Any]], None]:
+    """The monitor's log listener behind the one console line per log step (rank 0)."""
+
     def emit(record: dict[str, Any]) -> None:
         mem = record.get("peak_memory_bytes") or 0
-        print(f"step {record['step']}/{total_steps} | loss {record['loss']:.4f} | "
+        loss = (record.get("job") or {}).get("loss_mean", record["loss"])  # mean over ranks
+        print(f"step {record['step']}/{total_steps} | loss {loss:.4f} | "
               f"lr {record['lr']:.2e} | grad_norm {record['grad_norm']:.3f} | "
               f"tok/s {record['tokens_per_second']:,.0f} | step {record['step_time_s']:.3f}s | "
               f"mem {mem / 2**20:,.0f} MiB", flush=True)
@@ -114,30 +116,38 @@ class Trainer:
             log.info("resumed from %s (step %d, restart %d)", choice[0], state.step,
                      self.env.restart_count)
 
-    def train_step(self, mon: Monitor) -> None:
+    def accumulate_gradients(self, mon: Monitor) -> torch.Tensor:
+        """Forward and backward over this step's micro-batches; returns this rank's mean loss."""
         d = self.cfg.data
-        local_loss = torch.zeros((), device=self.device)
+        loss_total = torch.zeros((), device=self.device)
+        for _ in range(d.grad_accum):
+            with mon.phase("data"):
+                inputs, targets = next(self.loader)
+                inputs, targets = inputs.to(self.device), targets.to(self.device)
+            with mon.phase("forward"):
+                logits = self.model(inputs)
+                loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                                           reduction="sum")
+            with mon.phase("backward"):
+                # Normalised by the GLOBAL token count; FSDP sums gradients over ranks.
+                (loss_sum / self.global_tokens).backward()
+            loss_total += loss_sum.detach()
+        return loss_total / (d.batch_size * d.seq_len * d.grad_accum)
+
+    def optimizer_step(self) -> tuple[torch.Tensor, float]:
+        grad_norm = clip_gradients(self.model, self.cfg.optim.grad_clip)
+        self.optim.step()
+        self.optim.zero_grad(set_to_none=True)
+        lr = self.sched.get_last_lr()[0]
+        self.sched.step()
+        return grad_norm, lr
+
+    def train_step(self, mon: Monitor) -> None:
         with mon.step():
-            for _ in range(d.grad_accum):
-                with mon.phase("data"):
-                    inputs, targets = next(self.loader)
-                    inputs, targets = inputs.to(self.device), targets.to(self.device)
-                with mon.phase("forward"):
-                    logits = self.model(inputs)
-                    loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
-                                               reduction="sum")
-                with mon.phase("backward"):
-                    # Normalised by the GLOBAL token count; FSDP sums gradients over ranks.
-                    (loss_sum / self.global_tokens).backward()
-                local_loss += loss_sum.detach()
+            loss = self.accumulate_gradients(mon)
             with mon.phase("optimizer"):
-                grad_norm = clip_gradients(self.model, self.cfg.optim.grad_clip)
-                self.optim.step()
-                self.optim.zero_grad(set_to_none=True)
-                lr = self.sched.get_last_lr()[0]
-                self.sched.step()
-            local_tokens = d.batch_size * d.seq_len * d.grad_accum
-            mon.record(loss=local_loss / local_tokens, lr=lr, grad_norm=grad_norm)
+                grad_norm, lr = self.optimizer_step()
+            mon.record(loss=loss, lr=lr, grad_norm=grad_norm)
         self.step += 1
 
     def save(self, mon: Monitor) -> None:
@@ -161,9 +171,10 @@ class Trainer:
 
 
 def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
-    explicit = {"port": cfg.log.metrics_port, "job_name": cfg.log.job_name,
-                "log_interval": cfg.log.log_every, "jsonl_path": cfg.log.log_jsonl}
-    mon_cfg = MonitorConfig.from_env(**{k: v for k, v in explicit.items() if v is not None})
+    # Flags win; what they leave unset comes from FSDPMON_* (e.g. set by the job manifest).
+    mon_cfg = MonitorConfig.from_env(port=cfg.log.metrics_port, job_name=cfg.log.job_name,
+                                     log_interval=cfg.log.log_every,
+                                     jsonl_path=cfg.log.log_jsonl)
     d = cfg.data
     mon = Monitor(mon_cfg, model=trainer.model, seq_len=d.seq_len,
                   tokens_per_step=d.batch_size * d.seq_len * d.grad_accum,
@@ -172,6 +183,24 @@ def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
     if trainer.env.rank == 0:
         mon.add_log_listener(console_line(cfg.max_steps))
     return mon
+
+
+def build_trainer(cfg: TrainConfig, env: DistEnv, device: torch.device, mesh: DeviceMesh,
+                  source: SampleSource) -> Trainer:
+    """Model (sharded, initialised or loaded), optimiser, schedule, data; resumed if possible."""
+    hf_dir = cfg.model.hf_checkpoint
+    args = model_args_for(cfg, read_config(hf_dir)[0] if hf_dir else None)
+    torch.manual_seed(cfg.seed)
+    model = build_fsdp_model(args, cfg.parallel, mesh, device)
+    if hf_dir:
+        load_hf_weights(model, hf_dir)
+    optim, sched = build_optimizer(model, cfg)
+    loader = BatchLoader(source, cfg.data.batch_size, env.rank, env.world_size)
+    ckpt = (Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.keep, env.rank)
+            if cfg.checkpoint.dir else None)
+    trainer = Trainer(cfg, env, device, model, optim, sched, loader, ckpt)
+    trainer.resume()
+    return trainer
 
 
 def train(cfg: TrainConfig) -> int:
@@ -185,16 +214,7 @@ def train(cfg: TrainConfig) -> int:
                           cfg.data.seq_len, cfg.seed)
     mesh = init_distributed(env, device)
     try:
-        torch.manual_seed(cfg.seed)
-        model = build_fsdp_model(args, cfg.parallel, mesh, device)
-        if hf_dir:
-            load_hf_weights(model, hf_dir)
-        optim, sched = build_optimizer(model, cfg)
-        loader = BatchLoader(source, cfg.data.batch_size, env.rank, env.world_size)
-        ckpt = (Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.keep, env.rank)
-                if cfg.checkpoint.dir else None)
-        trainer = Trainer(cfg, env, device, model, optim, sched, loader, ckpt)
-        trainer.resume()
+        trainer = build_trainer(cfg, env, device, mesh, source)
         mon = _monitor_for(trainer, cfg)
         try:
             trainer.run(mon)
