@@ -1,0 +1,103 @@
+"""Recording rules that map dcgm-exporter's standard metrics onto the catalog's GPU metrics.
+
+Clusters that already run NVIDIA's dcgm-exporter get the fsdpmon dashboards and GPU alerts
+without the fsdpmon exporter: each rule converts one DCGM field to the catalog's base unit and
+label names (``UUID`` -> ``uuid``, ``modelName`` -> ``model``, ``Hostname`` -> ``node``), and
+records it under the catalogued name. dcgm-exporter's ``namespace``/``pod``/``container`` labels
+pass through unchanged, so scrape it with ``honorLabels: true`` (as the fsdpmon exporter).
+
+GPUs that the fsdpmon exporter also reports are skipped (``unless on (uuid)``), so running both
+never double-counts. dcgm-exporter has no XID counter (``DCGM_FI_DEV_XID_ERRORS`` holds the last
+XID code), so XIDs map to ``fsdpmon_gpu:dcgm_xid_errors:changes``, which the XID alert reads too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboards.promql import m
+
+MIB = 1024 * 1024
+
+# (DCGM field, catalogued metric, factor to the base unit, extra label or None)
+FIELD_MAP: tuple[tuple[str, str, float, tuple[str, str] | None], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", "fsdpmon_gpu_utilization_ratio", 0.01, None),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "fsdpmon_gpu_memory_utilization_ratio", 0.01, None),
+    ("DCGM_FI_DEV_FB_USED", "fsdpmon_gpu_memory_used_bytes", MIB, None),
+    ("DCGM_FI_DEV_FB_FREE", "fsdpmon_gpu_memory_free_bytes", MIB, None),
+    ("DCGM_FI_DEV_FB_RESERVED", "fsdpmon_gpu_memory_reserved_bytes", MIB, None),
+    ("DCGM_FI_DEV_GPU_TEMP", "fsdpmon_gpu_temperature_celsius", 1, None),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "fsdpmon_gpu_memory_temperature_celsius", 1, None),
+    ("DCGM_FI_DEV_POWER_USAGE", "fsdpmon_gpu_power_watts", 1, None),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "fsdpmon_gpu_power_limit_watts", 1, None),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "fsdpmon_gpu_energy_joules_total", 0.001, None),
+    ("DCGM_FI_DEV_SM_CLOCK", "fsdpmon_gpu_sm_clock_hertz", 1e6, None),
+    ("DCGM_FI_DEV_MEM_CLOCK", "fsdpmon_gpu_memory_clock_hertz", 1e6, None),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "fsdpmon_gpu_pcie_replay_errors_total", 1, None),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "fsdpmon_gpu_ecc_errors_total", 1, ("type", "corrected")),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "fsdpmon_gpu_ecc_errors_total", 1,
+     ("type", "uncorrected")),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "fsdpmon_gpu_remapped_rows", 1,
+     ("cause", "correctable")),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "fsdpmon_gpu_remapped_rows", 1,
+     ("cause", "uncorrectable")),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "fsdpmon_gpu_remapped_rows", 1, ("cause", "failure")),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "fsdpmon_gpu_pcie_bytes_per_second", 1, ("direction", "tx")),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "fsdpmon_gpu_pcie_bytes_per_second", 1, ("direction", "rx")),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "fsdpmon_gpu_nvlink_bytes_per_second", 1,
+     ("direction", "tx")),
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "fsdpmon_gpu_nvlink_bytes_per_second", 1,
+     ("direction", "rx")),
+    ("DCGM_FI_PROF_SM_ACTIVE", "fsdpmon_gpu_sm_activity_ratio", 1, None),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "fsdpmon_gpu_tensor_activity_ratio", 1, None),
+)
+
+# NVML clock-event reason bits, as dcgm-exporter exports them in one bitmask.
+THROTTLE_BITS = {
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+}
+THROTTLE_FIELD = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
+
+_DCGM_ONLY_LABELS = "UUID, modelName, Hostname, device, DCGM_FI_DRIVER_VERSION, pci_bus_id"
+
+
+def relabel(expr: str) -> str:
+    """dcgm-exporter's label names -> the catalog's, dropping what the catalog lacks."""
+    for dst, src in (("uuid", "UUID"), ("model", "modelName"), ("node", "Hostname")):
+        expr = f'label_replace({expr}, "{dst}", "$1", "{src}", "(.*)")'
+    return f"max without ({_DCGM_ONLY_LABELS}) ({expr})"
+
+
+def _not_ours(expr: str) -> str:
+    return f"{expr}\nunless on (uuid) {m('fsdpmon_gpu_info')}"
+
+
+def _mapped(target: str, expr: str, label: tuple[str, str] | None) -> dict[str, Any]:
+    rule: dict[str, Any] = {"record": m(target), "expr": _not_ours(relabel(expr))}
+    if label is not None:  # a rule label keeps each field a distinct series of one metric
+        rule["labels"] = dict([label])
+    return rule
+
+
+def dcgm_rules(xid_window: str) -> list[dict[str, Any]]:
+    rules: list[dict[str, Any]] = []
+    for field, target, factor, label in FIELD_MAP:
+        scaled = field if factor == 1 else f"{field} * {factor:.12g}"
+        rules.append(_mapped(target, scaled, label))
+    for reason, bit in THROTTLE_BITS.items():
+        bit_set = f"floor({THROTTLE_FIELD} / {bit}) % 2"
+        rules.append(_mapped("fsdpmon_gpu_clock_event_active", bit_set, ("reason", reason)))
+    rules.append({
+        "record": "fsdpmon_gpu:dcgm_xid_errors:changes",
+        "expr": _not_ours(relabel(f"changes(DCGM_FI_DEV_XID_ERRORS[{xid_window}])")),
+    })
+    return rules
+
+
+def source_metrics() -> set[str]:
+    """Every dcgm-exporter metric the mapping reads (the test allows exactly these)."""
+    return {f for f, *_ in FIELD_MAP} | {THROTTLE_FIELD, "DCGM_FI_DEV_XID_ERRORS"}

@@ -1,0 +1,377 @@
+"""Prometheus recording and alerting rules for FSDP jobs, built from the metric catalog.
+
+``rule_groups()`` returns plain rule groups (only the keys promtool 2.42 accepts: ``name``,
+``interval``, ``rules``), which ``python -m dashboards`` writes to
+``dashboards/generated/fsdpmon-rules.yaml`` and the Kubernetes manifests wrap in a
+PrometheusRule. Every threshold and ``for`` duration is a field of :class:`RuleBounds`, so the
+end-to-end test can generate a fast variant while the shipped defaults suit real jobs.
+
+Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); they
+are deliberately not in the catalog. The one exception is the dcgm-exporter group, which records
+catalogued GPU names so dashboards and alerts work on clusters that run dcgm-exporter instead of
+the fsdpmon exporter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from dashboards.dcgm import dcgm_rules
+from dashboards.promql import JOB_KEYS, m
+
+Rule = dict[str, Any]
+
+HEARTBEAT = m("fsdpmon_train_last_step_timestamp_seconds")
+# Served from the monitor's start, before the first step completes: the "rank is alive" series.
+AGE = m("fsdpmon_train_heartbeat_age_seconds")
+STEP_TIME = m("fsdpmon_train_step_time_seconds")
+
+
+@dataclass(frozen=True)
+class RuleBounds:
+    """Alert thresholds and durations (Prometheus duration strings)."""
+
+    # Stalled: no step for max(stall_factor x the rank's own mean step time, stall_floor).
+    # Same defaults as the monitor's own stall flag (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
+    stall_factor: float = 10.0
+    stall_floor_seconds: float = 120.0
+    stall_for: str = "2m"
+    # A rank seen within this window whose series are gone while its pod/target is still there.
+    missing_lookback: str = "15m"
+    missing_for: str = "2m"
+    target_down_for: str = "3m"
+    exporter_down_for: str = "5m"
+    # Straggler: step time above factor x job median, or data wait above the job median by
+    # more than this share of the median step time.
+    straggler_factor: float = 1.25
+    straggler_data_share: float = 0.10
+    straggler_for: str = "15m"
+    memory_ratio: float = 0.95  # peak active (rank) or used (GPU) over capacity
+    memory_for: str = "5m"
+    allocator_window: str = "15m"
+    low_util_ratio: float = 0.30
+    low_util_for: str = "20m"
+    error_window: str = "15m"  # XID / ECC counters
+    throttle_for: str = "10m"
+    nonfinite_for: str = "1m"
+    divergence_factor: float = 1.5  # loss above factor x its minimum over divergence_window
+    divergence_window: str = "1h"
+    divergence_for: str = "15m"
+    throughput_drop_ratio: float = 0.6  # tokens/s below ratio x its own recent average
+    throughput_window: str = "1h"
+    throughput_for: str = "15m"
+
+
+def _record(name: str, expr: str) -> Rule:
+    return {"record": name, "expr": expr}
+
+
+def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
+           hint: str) -> Rule:
+    rule: Rule = {"alert": name, "expr": expr}
+    if for_ not in ("", "0s"):
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    rule["annotations"] = {"summary": summary, "description": description, "hint": hint}
+    return rule
+
+
+def training_records() -> list[Rule]:
+    """Job-level figures (one series per namespace/job_name) reused by dashboards and alerts."""
+    by = f"by ({JOB_KEYS})"
+    tps = m("fsdpmon_train_tokens_per_second")
+    return [
+        _record("fsdpmon_job:tokens_per_second:sum", f"sum {by} ({tps})"),
+        _record("fsdpmon_job:tokens_per_second_per_rank:avg", f"avg {by} ({tps})"),
+        _record("fsdpmon_job:ranks:count", f"count {by} ({AGE})"),
+        _record("fsdpmon_job:heartbeat_age_seconds:max", f"max {by} (time() - {HEARTBEAT})"),
+        _record("fsdpmon_job:step_time_seconds:max", f"max {by} ({STEP_TIME})"),
+        _record("fsdpmon_job:step_time_seconds:p50", f"quantile {by} (0.5, {STEP_TIME})"),
+        _record("fsdpmon_job:mfu_ratio:avg", f"avg {by} ({m('fsdpmon_train_mfu_ratio')})"),
+        _record("fsdpmon_job:loss:avg", f"avg {by} ({m('fsdpmon_train_loss')})"),
+        _record("fsdpmon_job:loss:max", f"max {by} ({m('fsdpmon_train_loss')})"),
+        _record("fsdpmon_job:data_wait_ratio:max",
+                f"max {by} ({m('fsdpmon_train_data_wait_ratio')})"),
+        _record("fsdpmon_job:peak_memory_bytes:max", f"max {by} ({_rank_peak_memory()})"),
+        _record("fsdpmon_job:step:max", f"max {by} ({m('fsdpmon_train_step')})"),
+        _record("fsdpmon_job:total_steps:max", f"max {by} ({m('fsdpmon_train_total_steps')})"),
+        _record("fsdpmon_job:steps_per_second:rate5m",
+                f"max {by} (rate({m('fsdpmon_train_steps_total')}[5m]))"),
+        _record("fsdpmon_job:eta_seconds:estimate",
+                "(fsdpmon_job:total_steps:max - fsdpmon_job:step:max)"
+                " / (fsdpmon_job:steps_per_second:rate5m > 0)"),
+    ]
+
+
+def _rank_peak_memory() -> str:
+    """Peak device memory per rank; process RSS for ranks without a device (CPU runs)."""
+    active = m("fsdpmon_train_memory_peak_active_bytes")
+    rss = m("fsdpmon_train_process_rss_bytes")
+    return f"{active} or {rss}"
+
+
+def gpu_records() -> list[Rule]:
+    used, total = m("fsdpmon_gpu_memory_used_bytes"), m("fsdpmon_gpu_memory_total_bytes")
+    pod_used = m("fsdpmon_gpu_memory_used_bytes", 'pod!=""')
+    return [
+        _record("fsdpmon_node:gpu_utilization_ratio:avg",
+                f"avg by (node) ({m('fsdpmon_gpu_utilization_ratio')})"),
+        _record("fsdpmon_node:gpu_memory_used_bytes:sum", f"sum by (node) ({used})"),
+        _record("fsdpmon_node:gpu_power_watts:sum",
+                f"sum by (node) ({m('fsdpmon_gpu_power_watts')})"),
+        # per process where the fsdpmon exporter sees processes; whole GPUs for dcgm-exporter
+        _record("fsdpmon_pod:gpu_memory_used_bytes:sum",
+                f"sum by (namespace, pod) ({m('fsdpmon_gpu_process_memory_used_bytes')})\n"
+                f"or sum by (namespace, pod) ({pod_used})"),
+        _record("fsdpmon_gpu:memory_used_bytes:ratio", f"{used} / ({total} > 0)"),
+    ]
+
+
+def _stall(b: RuleBounds) -> Rule:
+    floor = f"{b.stall_floor_seconds:g}"
+    bound = (f"clamp_min({b.stall_factor:g} * {STEP_TIME}, {floor})"
+             f" or ({AGE} * 0 + {floor})")  # before the first log window: the floor only
+    # Before the first step there is no timestamp; the age then counts from the monitor's start.
+    return _alert(
+        "FsdpmonTrainingStalled",
+        f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})",
+        b.stall_for, "critical",
+        "Training job {{ $labels.job_name }} rank {{ $labels.rank }} has stopped making progress",
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} completed no optimiser step for "
+        "{{ $value | humanizeDuration }}, more than max(" + f"{b.stall_factor:g}"
+        + " x its mean step time, " + floor + "s).",
+        "A hang in a collective (NCCL/gloo) stops every rank at once: find the rank that "
+        "stopped first (`fsdpmon top --job NAME`), then check its pod's logs, py-spy dump, "
+        "GPU XID errors and the node's network (EFA). A stopped data loader or a full disk "
+        "during checkpointing stalls one rank first.",
+    )
+
+
+def _rank_missing(b: RuleBounds) -> Rule:
+    keys = "instance, job, namespace, pod, job_name, rank"
+    step, total = m("fsdpmon_train_step"), m("fsdpmon_train_total_steps")
+    lb = b.missing_lookback
+    seen = f"group by ({keys}) (max_over_time({AGE}[{lb}]))"
+    finished = (f"(max_over_time({step}[{lb}]) >= max_over_time({total}[{lb}]))")
+    missing = (f"({seen}\n    unless on (instance, job_name, rank) {AGE}\n"
+               f"    unless on (instance, job_name, rank) {finished})")
+    live_pod = ('(kube_pod_info unless on (namespace, pod) '
+                '(kube_pod_status_phase{phase=~"Succeeded|Failed"} == 1))')
+    expr = (f"({missing}\n  and on (instance, job) (up == 1))\nor\n"
+            f"({missing}\n  and on (namespace, pod) {live_pod})")
+    return _alert(
+        "FsdpmonTrainingRankMissing", expr, b.missing_for, "critical",
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} stopped reporting while its pod "
+        "still exists",
+        "The training series of rank {{ $labels.rank }} ({{ $labels.namespace }}/"
+        "{{ $labels.pod }}) vanished although its pod is still running (or its metrics "
+        "endpoint still answers for the other ranks) and it had not reached its last step.",
+        "The rank's process died or hung so hard it cannot be scraped: check the pod's "
+        "container restarts and logs (OOMKilled, segfault, NCCL error) and `dmesg` for XIDs.",
+    )
+
+
+def _straggler(b: RuleBounds) -> Rule:
+    med_step = f"quantile by ({JOB_KEYS}) (0.5, {STEP_TIME})"
+    data = m("fsdpmon_train_phase_duration_seconds", 'phase="data"')
+    slow_step = (f"{STEP_TIME}\n  > on ({JOB_KEYS}) group_left ()"
+                 f" ({b.straggler_factor:g} * {med_step})")
+    slow_data = (f"max without (phase) (\n    {data}\n"
+                 f"    - on ({JOB_KEYS}) group_left () quantile by ({JOB_KEYS}) (0.5, {data})\n  )"
+                 f"\n  > on ({JOB_KEYS}) group_left () ({b.straggler_data_share:g} * {med_step})")
+    return _alert(
+        "FsdpmonRankStraggling", f"({slow_step})\nor\n({slow_data})", b.straggler_for, "warning",
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
+        "Rank {{ $labels.rank }} is slower than the job's median rank (step time above "
+        f"{b.straggler_factor:g} x the median, or data loading longer than the median by more "
+        f"than {b.straggler_data_share:g} of a step); every other rank waits for it at each "
+        "collective.",
+        "Compare the rank's phases on the Ranks dashboard: a long data phase points at its "
+        "data loader or storage; slow forward/backward at a throttled or faulty GPU (see the "
+        "Nodes dashboard for its clocks, temperature and XIDs) or a noisy neighbour on the node.",
+    )
+
+
+def training_alerts(b: RuleBounds) -> list[Rule]:
+    return [_stall(b), _rank_missing(b), _straggler(b), *_quality_alerts(b), *_memory_alerts(b)]
+
+
+def _quality_alerts(b: RuleBounds) -> list[Rule]:
+    job_tps = "fsdpmon_job:tokens_per_second:sum"
+    loss = "fsdpmon_job:loss:avg"
+    return [
+        _alert(
+            "FsdpmonLossNonFinite", f"{m('fsdpmon_train_loss_nonfinite')} == 1",
+            b.nonfinite_for, "critical",
+            "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
+            "The last logged loss of rank {{ $labels.rank }} was not finite; the run is "
+            "wasting compute from here on.",
+            "Check the learning rate and warm-up, the grad norm just before (Job overview), "
+            "mixed-precision settings and the batch that was loaded; resume from the last good "
+            "checkpoint with a lower LR or skip the bad data.",
+        ),
+        _alert(
+            "FsdpmonLossDiverging",
+            f"{loss}\n  > {b.divergence_factor:g} * min_over_time({loss}[{b.divergence_window}])",
+            b.divergence_for, "warning",
+            "Loss of {{ $labels.job_name }} is diverging",
+            "The mean loss is {{ $value | printf \"%.3g\" }}, more than "
+            f"{b.divergence_factor:g} x its minimum over the last {b.divergence_window}.",
+            "Look for grad-norm spikes and LR schedule changes on the Job overview dashboard; "
+            "a restart from a checkpoint with new data order or lower LR usually helps.",
+        ),
+        _alert(
+            "FsdpmonThroughputDropped",
+            f"{job_tps}\n  < {b.throughput_drop_ratio:g} * avg_over_time({job_tps}"
+            f"[{b.throughput_window}] offset {b.throughput_for})",
+            b.throughput_for, "warning",
+            "Throughput of {{ $labels.job_name }} dropped",
+            "The job processes {{ $value | humanize }} tokens/s, less than "
+            f"{b.throughput_drop_ratio:g} x its own average over the {b.throughput_window} "
+            "before.",
+            "Find what changed: a straggling rank (Ranks dashboard), GPU throttling or XIDs "
+            "(Nodes dashboard), data wait rising, checkpoint phases growing, or a restart onto "
+            "fewer or slower nodes.",
+        ),
+    ]
+
+
+def _memory_alerts(b: RuleBounds) -> list[Rule]:
+    peak = m("fsdpmon_train_memory_peak_active_bytes")
+    cap = m("fsdpmon_train_device_memory_capacity_bytes")
+    w = b.allocator_window
+    return [
+        _alert(
+            "FsdpmonGPUMemoryNearCapacity",
+            f"({peak} / ({cap} > 0) > {b.memory_ratio:g})\nor\n"
+            f"(fsdpmon_gpu:memory_used_bytes:ratio > {b.memory_ratio:g})",
+            b.memory_for, "warning",
+            "GPU memory near capacity ({{ $labels.job_name }}{{ $labels.node }} "
+            "rank/GPU {{ $labels.rank }}{{ $labels.gpu }})",
+            "{{ $value | humanizePercentage }} of the device memory is in use; the next larger "
+            "batch, sequence or checkpoint may run out of memory.",
+            "Reduce the micro-batch or sequence length, enable activation checkpointing or CPU "
+            "offload, or shard over more ranks; check for fragmentation (reserved far above "
+            "active on the Ranks dashboard).",
+        ),
+        _alert(
+            "FsdpmonAllocatorRetries",
+            f"increase({m('fsdpmon_train_alloc_retries_total')}[{w}]) > 0\nor\n"
+            f"increase({m('fsdpmon_train_ooms_total')}[{w}]) > 0",
+            "", "warning",
+            "CUDA allocator retries or OOMs on {{ $labels.job_name }} rank {{ $labels.rank }}",
+            f"The caching allocator had to free its cache and retry (or hit OOM) in the last {w}; "
+            "each retry synchronises the device and slows every rank.",
+            "Memory is at the limit: lower the micro-batch or sequence length, enable activation "
+            "checkpointing, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against "
+            "fragmentation.",
+        ),
+    ]
+
+
+def gpu_alerts(b: RuleBounds) -> list[Rule]:
+    w = b.error_window
+    hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
+    throttled = m("fsdpmon_gpu_clock_event_active", f'reason=~"{hot}"')
+    uncorrected = m("fsdpmon_gpu_ecc_errors_total", 'type="uncorrected"')
+    failed_remap = m("fsdpmon_gpu_remapped_rows", 'cause="failure"')
+    return [
+        _alert(
+            "FsdpmonGPULowUtilization",
+            f"fsdpmon_node:gpu_utilization_ratio:avg < {b.low_util_ratio:g}\n"
+            f"  and on (node) group by (node) ({m('fsdpmon_train_info')})",
+            b.low_util_for, "warning",
+            "GPUs of node {{ $labels.node }} are mostly idle while training runs there",
+            "Average GPU utilisation on {{ $labels.node }} is {{ $value | humanizePercentage }} "
+            "while a training rank runs on the node.",
+            "Check data wait and step phases on the Ranks dashboard (input pipeline, CPU "
+            "offload, checkpointing), and whether the job is stalled.",
+        ),
+        _alert(
+            "FsdpmonGPUXidErrors",
+            f"increase({m('fsdpmon_gpu_xid_errors_total')}[{w}]) > 0\nor\n"
+            "fsdpmon_gpu:dcgm_xid_errors:changes > 0",
+            "", "critical",
+            "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported XID {{ $labels.xid }} in the "
+            f"last {w}.",
+            "Look the XID code up in NVIDIA's XID catalogue: 79 (fallen off the bus), 48/63/64 "
+            "(ECC) and 94/95 (contained/uncontained memory errors) usually mean draining the "
+            "node and a GPU reset or RMA; 13/31/43 often come from the application.",
+        ),
+        _alert(
+            "FsdpmonGPUEccErrors",
+            f"increase({uncorrected}[{w}]) > 0\nor\n{failed_remap} > 0",
+            "", "critical",
+            "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "
+            "failed row remapping.",
+            "Drain the node; the GPU needs a reset to remap rows, or replacement if remapping "
+            "failed.",
+        ),
+        _alert(
+            "FsdpmonGPUThrottling",
+            f"{throttled} == 1",
+            b.throttle_for, "warning",
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
+            "Clock-event reason {{ $labels.reason }} has been active for " + b.throttle_for
+            + "; a throttled GPU makes its rank a straggler.",
+            "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
+            "and power supply; hw_slowdown with normal temperature can mean a failing board.",
+        ),
+    ]
+
+
+def target_alerts(b: RuleBounds) -> list[Rule]:
+    lb = b.missing_lookback
+    train = m("fsdpmon_train_info")
+    exporter = m("fsdpmon_exporter_info")
+    stale = m("fsdpmon_exporter_sample_stale")
+    return [
+        _alert(
+            "FsdpmonTrainingTargetDown",
+            "(up == 0)\n  * on (instance, job) group_left (job_name)\n"
+            f"  group by (instance, job, job_name) (max_over_time({train}[{lb}]))",
+            b.target_down_for, "critical",
+            "Training metrics endpoint {{ $labels.instance }} of {{ $labels.job_name }} is down",
+            "Prometheus cannot scrape {{ $labels.instance }}, which served training metrics "
+            f"within the last {lb}.",
+            "The pod may have crashed or be hung in a way that blocks its metrics thread; "
+            "check the pod status, restarts and logs, and the PodMonitor/port (fsdpmon-train).",
+        ),
+        _alert(
+            "FsdpmonExporterDown",
+            "((up == 0)\n  and on (instance, job)\n"
+            f"  group by (instance, job) (max_over_time({exporter}[{lb}])))\nor\n"
+            f"{stale} == 1",
+            b.exporter_down_for, "warning",
+            "fsdpmon exporter {{ $labels.instance }}{{ $labels.node }} is down or stale",
+            "The per-node exporter cannot be scraped, or its background sampler has not "
+            "finished a sample in time; GPU, host and process metrics of the node are missing.",
+            "Check the exporter DaemonSet pod on the node (logs, restarts, resource limits) "
+            "and whether NVML answers there (`nvidia-smi`).",
+        ),
+    ]
+
+
+def rule_groups(bounds: RuleBounds | None = None) -> list[dict[str, Any]]:
+    """Every rule group, in the order they are shipped."""
+    b = bounds or RuleBounds()
+    return [
+        {"name": "fsdpmon-training.rules", "rules": training_records()},
+        {"name": "fsdpmon-gpu.rules", "rules": gpu_records()},
+        {"name": "fsdpmon-dcgm.rules", "rules": dcgm_rules(b.error_window)},
+        {"name": "fsdpmon-training.alerts", "rules": training_alerts(b)},
+        {"name": "fsdpmon-gpu.alerts", "rules": gpu_alerts(b)},
+        {"name": "fsdpmon-targets.alerts", "rules": target_alerts(b)},
+    ]
+
+
+def recorded_names(groups: list[dict[str, Any]] | None = None) -> set[str]:
+    """Names the rules record (the only non-catalog fsdpmon names dashboards may use)."""
+    return {r["record"] for g in (groups or rule_groups()) for r in g["rules"] if "record" in r}
+
+
+def alert_names(groups: list[dict[str, Any]] | None = None) -> list[str]:
+    return [r["alert"] for g in (groups or rule_groups()) for r in g["rules"] if "alert" in r]
