@@ -107,10 +107,11 @@ def dashboard_configmaps(cfg: ManifestConfig, dashboards: dict[str, dict]) -> li
     """One ConfigMap per dashboard, labelled for the Grafana sidecar to pick up."""
     out = []
     for filename in sorted(dashboards):
-        stem = filename.removesuffix(".json").replace("_", "-").lower()
+        stem = filename.removesuffix(".json").replace("_", "-").lower().removeprefix("fsdpmon-")
         meta = _meta(cfg, f"fsdpmon-dashboard-{stem}", cfg.monitoring_namespace, "dashboard")
         meta["labels"]["grafana_dashboard"] = "1"
-        body = json.dumps(dashboards[filename], indent=1, sort_keys=True)
+        # Compact: `kubectl apply` keeps a copy in an annotation limited to 256 KiB.
+        body = json.dumps(dashboards[filename], separators=(",", ":"), sort_keys=True)
         out.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
                     "data": {filename: body}})
     return out
@@ -118,13 +119,11 @@ def dashboard_configmaps(cfg: ManifestConfig, dashboards: dict[str, dict]) -> li
 
 def monitoring_objects(cfg: ManifestConfig) -> list[Obj]:
     # Imported here: the dashboards package is only needed for this component.
-    from dashboards.build import all_dashboards
-
-    from dashboards.rules import rule_groups
+    from dashboards import build, rules
 
     return [
         training_podmonitor(cfg),
         exporter_servicemonitor(cfg),
-        prometheus_rule(cfg, rule_groups()),
-        *dashboard_configmaps(cfg, all_dashboards()),
+        prometheus_rule(cfg, rules.rule_groups()),
+        *dashboard_configmaps(cfg, build.all_dashboards()),
     ]
