@@ -92,8 +92,14 @@ _RANK_GAUGES = {
 }
 
 
-def training_exposition(job: str, ranks: Sequence[RankSpec]) -> bytes:
-    """One training pod's /metrics: every local rank's series, as the monitor serves them."""
+def training_exposition(
+    job: str, ranks: Sequence[RankSpec], job_ranks: Sequence[RankSpec] = ()
+) -> bytes:
+    """One training pod's /metrics: every local rank's series, as the monitor serves them.
+
+    The pod holding rank 0 also carries the job-level series, computed over ``job_ranks``
+    (all ranks of the job; the pod's own ranks when not given).
+    """
     base = ("job_name", "rank", "local_rank")
     fams: dict[str, Metric] = {n: _family(n, base) for n in _RANK_GAUGES}
     info_labels = (*base, "model", "world_size", "nodes", "dtype", "torch_version", "node",
@@ -119,7 +125,7 @@ def training_exposition(job: str, ranks: Sequence[RankSpec]) -> bytes:
                    for b in catalog.STEP_BUCKETS] + [("+Inf", float(r.step))]
         hist.add_metric(ids, buckets, r.step * r.step_time_s)  # type: ignore[arg-type]
     if ranks and ranks[0].local_rank == 0 and ranks[0].rank == 0:
-        fams.update(_job_families(job, ranks))
+        fams.update(_job_families(job, job_ranks or ranks))
     return _render([info, *fams.values(), stalled, steps, phases, hist])
 
 
@@ -202,12 +208,57 @@ def job_expositions(job: str, nodes: int, gpus_per_node: int) -> dict[str, bytes
     """Every payload of a healthy job: ``/train/<node>`` and ``/node/<node>`` paths → body."""
     world = nodes * gpus_per_node
     out: dict[str, bytes] = {}
+    everyone = [RankSpec(rank=r, local_rank=r % gpus_per_node, world_size=world, nodes=nodes,
+                         node=f"node-{r // gpus_per_node:03d}",
+                         step_time_s=0.5 + 0.001 * (r % gpus_per_node)) for r in range(world)]
     for n in range(nodes):
         node = f"node-{n:03d}"
-        ranks = [RankSpec(rank=n * gpus_per_node + i, local_rank=i, node=node, world_size=world,
-                          nodes=nodes, step_time_s=0.5 + 0.001 * i) for i in range(gpus_per_node)]
+        ranks = everyone[n * gpus_per_node:(n + 1) * gpus_per_node]
         gpus = [GpuSpec(gpu=i, pod=f"{job}-worker-{n}", pid=1000 + i)
                 for i in range(gpus_per_node)]
-        out[f"/train/{node}"] = training_exposition(job, ranks)
+        out[f"/train/{node}"] = training_exposition(job, ranks, everyone)
         out[f"/node/{node}"] = exporter_exposition(node, gpus)
     return out
+
+
+class PayloadServer:
+    """A loopback stand-in for many pods: serves ``payloads[path]`` (mutable) with 200, else 404.
+
+    prometheus_client's server serves one registry per port; a benchmark of 512 pods needs one
+    process to answer for many, so this maps paths to pre-rendered expositions instead.
+    """
+
+    def __init__(self, payloads: dict[str, bytes], host: str = "127.0.0.1") -> None:
+        import http.server
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = outer.payloads.get(self.path.split("?", 1)[0])
+                if body is None:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.payloads = payloads
+        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

@@ -255,12 +255,26 @@ def body(snap: JobSnapshot, state: ViewState, max_rows: int) -> RenderableType:
     return help_view()
 
 
-def frame(snap: JobSnapshot, state: ViewState, height: int) -> RenderableType:
-    """One full screen: header, tab bar, the selected view fitted to the terminal height."""
+def frame(snap: JobSnapshot, state: ViewState, height: int, notice: str = "") -> RenderableType:
+    """One full screen: header, tab bar, the selected view fitted to the terminal height.
+
+    ``notice`` is a source problem (API error, retrying) shown under the header.
+    """
     head = header_lines(snap)
+    if notice:
+        head.append(Text(f"! {notice}", style="bold red", no_wrap=True, overflow="ellipsis"))
     # header + tab bar + table header + footer (+ summary line in the GPU view)
     spare = height - len(head) - 1 - 2 - (1 if state.view == "gpus" else 0)
     return Group(*head, tab_bar(state), body(snap, state, max(1, spare)))
+
+
+def waiting_frame(what: str, notice: str = "") -> RenderableType:
+    """Before the first snapshot: what we are connecting to, and any error so far."""
+    lines = [Text(f"fsdpmon top: reading {what} ...", style="bold")]
+    if notice:
+        lines.append(Text(f"! {notice}", style="bold red"))
+    lines.append(Text("q quits", style="dim"))
+    return Group(*lines)
 
 
 def once_frame(snap: JobSnapshot, max_rows: int = 16) -> RenderableType:

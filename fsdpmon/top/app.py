@@ -1,0 +1,146 @@
+"""The live loop: a background thread refreshes the snapshot, the main thread reads keys and
+redraws. The terminal goes into cbreak mode for single-key input and is always restored, on `q`,
+Ctrl-C, an exception or a resize-in-progress; rich's alternate screen keeps the shell tidy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import sys
+import termios
+import threading
+import time
+import tty
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from rich.console import Console, RenderableType
+from rich.live import Live
+
+from fsdpmon.errors import FsdpmonError
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.ui_state import ViewState, handle_key
+from fsdpmon.top.views import frame, waiting_frame
+
+MAX_BACKOFF_S = 30.0
+
+
+class Source(Protocol):
+    description: str
+
+    def fetch(self) -> JobSnapshot: ...
+
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def cbreak(fd: int) -> Iterator[None]:
+    """Single keys without Enter; Ctrl-C still interrupts. The old mode always comes back."""
+    if not os.isatty(fd):
+        yield
+        return
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSAFLUSH, saved)
+
+
+def read_key(fd: int, timeout_s: float) -> str:
+    """One key press ('' when none came within the timeout); escape sequences stay whole."""
+    ready, _, _ = select.select([fd], [], [], timeout_s)
+    if not ready:
+        return ""
+    data = os.read(fd, 32).decode("utf-8", errors="replace")
+    return data if data.startswith("\x1b") else data[:1]
+
+
+@dataclass
+class _Latest:
+    snapshot: JobSnapshot | None = None
+    notice: str = ""
+    version: int = 0
+
+
+class Refresher(threading.Thread):
+    """Fetches a snapshot every interval; on errors keeps the last one and backs off."""
+
+    def __init__(self, source: Source, interval_s: float) -> None:
+        super().__init__(name="fsdpmon-top-refresh", daemon=True)
+        self.source, self.interval_s = source, interval_s
+        self.latest = _Latest()
+        self.stop = threading.Event()
+        self.changed = threading.Event()
+        self._lock = threading.Lock()
+
+    def run(self) -> None:
+        failures = 0
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                snap, notice = self.source.fetch(), ""
+                failures = 0
+            except FsdpmonError as exc:
+                failures += 1
+                snap = None
+                wait = min(MAX_BACKOFF_S, self.interval_s * 2**failures)
+                notice = f"{exc} (retrying in {wait:.0f}s)"
+            with self._lock:
+                self.latest = _Latest(snap or self.latest.snapshot, notice,
+                                      self.latest.version + 1)
+            self.changed.set()
+            pause = min(MAX_BACKOFF_S, self.interval_s * 2**failures) if failures else (
+                self.interval_s)
+            self.stop.wait(max(0.0, pause - (time.monotonic() - started)))
+
+    def current(self) -> _Latest:
+        with self._lock:
+            return self.latest
+
+
+def _render(console: Console, latest: _Latest, state: ViewState, what: str) -> RenderableType:
+    if latest.snapshot is None:
+        return waiting_frame(what, latest.notice)
+    return frame(latest.snapshot, state, console.size.height, latest.notice)
+
+
+def _follow_logs(source: Source, state: ViewState) -> None:
+    """Sources that can tail logs (Kubernetes) do so only while the logs view is open."""
+    follow = getattr(source, "follow_logs", None)
+    if follow is not None:
+        follow(state.log_pod if state.view == "logs" else None)
+
+
+def run_live(source: Source, interval_s: float, console: Console | None = None) -> int:
+    """Runs until `q` or Ctrl-C; returns the exit status (0)."""
+    console = console or Console()
+    fd = sys.stdin.fileno()
+    refresher = Refresher(source, interval_s)
+    resized = threading.Event()
+    old_winch = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
+    refresher.start()
+    state, shown = ViewState(), (-1, ViewState())
+    try:
+        with cbreak(fd), Live(console=console, screen=True, auto_refresh=False,
+                              redirect_stdout=False, redirect_stderr=False) as live:
+            while not state.quit:
+                key = read_key(fd, 0.2)
+                if key:
+                    state = handle_key(state, key)
+                    _follow_logs(source, state)
+                latest = refresher.current()
+                if (latest.version, state) != shown or resized.is_set():
+                    resized.clear()
+                    live.update(_render(console, latest, state, source.description),
+                                refresh=True)
+                    shown = (latest.version, state)
+    finally:
+        refresher.stop.set()
+        signal.signal(signal.SIGWINCH, old_winch)
+        source.close()
+    return 0

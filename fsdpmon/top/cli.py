@@ -1,0 +1,116 @@
+"""`fsdpmon top`: flags, choosing the source, `--once`/`--json` output and exit status."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rich.console import Console
+
+from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
+from fsdpmon.top.app import Source, run_live
+from fsdpmon.top.snapshot import JobSnapshot, JobState
+from fsdpmon.top.views import once_frame
+
+EPILOG = """\
+sources (choose one):
+  --targets URL[,URL...]          scrape these /metrics endpoints directly (no cluster needed)
+  --job NAME | --selector SEL     find the pods through the Kubernetes API (kubeconfig,
+                                  --context, or in-cluster config) and scrape them via the
+                                  API server's pod proxy (outside) or pod IP (inside)
+  --prometheus URL [--job NAME]   query Prometheus (for jobs too large to scrape pod by pod)
+
+keys: 1 ranks, 2 GPUs, 3 processes, 4 logs, Tab next view, < > sort column, i invert,
+      / filter, ? help, q quit
+
+exit status with --once or --json:
+  0  the job is RUNNING, DEGRADED (straggler, memory pressure) or DONE
+  3  nothing could be reached (no target answered; API server or Prometheus unreachable)
+  4  the job is unhealthy: a rank is STALLED, or some targets are down
+  2  bad flags
+"""
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = EPILOG
+    src = parser.add_argument_group("source")
+    src.add_argument("--targets", metavar="URL[,URL...]",
+                     help="comma-separated scrape endpoints (host:port or full URL)")
+    src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL to query")
+    src.add_argument("--job", metavar="NAME",
+                     help="training job name (PyTorchJob or TrainJob; job_name with --prometheus)")
+    src.add_argument("--selector", metavar="SELECTOR",
+                     help="label selector for the training pods (instead of --job)")
+    src.add_argument("-n", "--namespace", default=None,
+                     help="Kubernetes namespace (default: the kubeconfig context's)")
+    src.add_argument("--context", help="kubeconfig context to use")
+    src.add_argument("--kubeconfig",
+                     help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
+    out = parser.add_argument_group("display")
+    out.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    out.add_argument("--timeout", type=float, default=3.0, help="per-target scrape timeout (s)")
+    out.add_argument("--once", action="store_true", help="print one frame as text and exit")
+    out.add_argument("--json", action="store_true",
+                     help="print the job snapshot as JSON and exit (implies --once)")
+
+
+def _split(urls: str) -> list[str]:
+    return [u for u in (part.strip() for part in urls.split(",")) if u]
+
+
+def build_source(args: argparse.Namespace) -> Source:
+    if args.interval <= 0:
+        raise ConfigError("--interval", f"must be > 0, got {args.interval!r}")
+    chosen = [name for name, on in (("--targets", args.targets), ("--prometheus", args.prometheus),
+                                    ("--selector", args.selector)) if on]
+    if len(chosen) > 1:
+        raise ConfigError(chosen[1], f"cannot be combined with {chosen[0]}")
+    if args.targets is not None:
+        from fsdpmon.top.sources.targets import TargetsSource
+
+        return TargetsSource(_split(args.targets), timeout_s=args.timeout,
+                             job_name=args.job or "")
+    if args.prometheus:
+        from fsdpmon.top.sources.prometheus import PrometheusSource
+
+        return PrometheusSource(args.prometheus, job_name=args.job or "", timeout_s=args.timeout)
+    if args.job or args.selector:
+        from fsdpmon.top.sources.kube import KubeSource, KubeSourceConfig
+
+        return KubeSource(KubeSourceConfig(
+            job=args.job or "", selector=args.selector or "", namespace=args.namespace,
+            context=args.context, kubeconfig=args.kubeconfig, timeout_s=args.timeout))
+    raise ConfigError("--targets", "choose a source: --targets URL, --job NAME, --selector SEL "
+                                   "or --prometheus URL")
+
+
+def check_health(snap: JobSnapshot) -> None:
+    """The documented exit status of `--once`: raise for an unreachable or unhealthy job."""
+    down = [t for t in snap.targets if not t.up]
+    if snap.state is JobState.DOWN:
+        reasons = "; ".join(f"{t.url}: {t.error}" for t in down[:3]) or "no targets found"
+        raise UnreachableError(f"no target answered ({reasons})")
+    if snap.state is JobState.STALLED:
+        ranks = ", ".join(str(r) for r in snap.stalled_ranks[:8])
+        raise JobUnhealthyError(f"job {snap.job_name or '?'} is STALLED (rank {ranks})")
+    if down:
+        raise JobUnhealthyError(f"{len(down)} of {len(snap.targets)} targets down: "
+                                + ", ".join(t.url for t in down[:3]))
+
+
+def run(args: argparse.Namespace) -> int:
+    source = build_source(args)
+    if not (args.once or args.json):
+        return run_live(source, args.interval)
+    try:
+        snap = source.fetch()
+    finally:
+        source.close()
+    if args.json:
+        sys.stdout.write(snap.to_json() + "\n")
+    else:
+        Console(soft_wrap=False).print(once_frame(snap))
+    sys.stdout.flush()
+    check_health(snap)
+    return 0

@@ -1,0 +1,94 @@
+"""Aggregation: parsed samples from many targets → the job snapshot, its state and alerts."""
+
+from __future__ import annotations
+
+import pytest
+from top_snapshots import T0, ranks, results, snapshot
+
+from fsdpmon.top.aggregate import STRAGGLER_RATIO, ScrapeResult, Target, aggregate
+from fsdpmon.top.snapshot import JobState
+
+
+def _kinds(snap) -> set[str]:
+    return {a.kind for a in snap.alerts}
+
+
+def test_healthy_job_header_figures():
+    snap = snapshot()
+    assert snap.state is JobState.RUNNING and snap.alerts == ()
+    assert snap.job_name == "llama" and snap.world_size == 4 and snap.model == "llama2-7b"
+    assert snap.step == 100 and snap.total_steps == 1000 and snap.progress == pytest.approx(0.1)
+    assert snap.tokens_per_second == pytest.approx(4 * 8192.0)
+    assert snap.mfu_ratio == pytest.approx(0.41)
+    # job-level series come from rank 0's pod: median (upper, from the synthetic monitor) and max
+    assert snap.step_time_max_s == pytest.approx(0.506)
+    assert snap.eta_s == pytest.approx(900 * snap.step_time_median_s)
+    assert [r.rank for r in snap.ranks] == [0, 1, 2, 3]
+    assert [r.pod for r in snap.ranks] == ["llama-worker-0"] * 2 + ["llama-worker-1"] * 2
+    assert snap.slowest_rank == 3 and [r.slowest for r in snap.ranks] == [0, 0, 0, 1]
+    assert len(snap.gpus) == 4 and {g.node for g in snap.gpus} == {"node-0", "node-1"}
+    assert len(snap.history.tokens_per_second) == 3 and len(snap.gpus[0].utilization_history) == 3
+    assert [n.node for n in snap.nodes] == ["node-0", "node-1"] and snap.nodes[0].gpus == 2
+    assert snap.nodes[0].simulated and snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)
+    proc = snap.processes[0]
+    assert proc.pid == 4000 and proc.pod == "llama-worker-0" and proc.gpu_memory_bytes == 60e9
+    assert proc.command.startswith("python -m trainer.train")
+
+
+def test_straggler_is_named_and_degrades_the_job():
+    specs = ranks(r2={"step_time_s": 0.5 * STRAGGLER_RATIO * 1.5})
+    snap = snapshot(specs)
+    assert snap.state is JobState.DEGRADED and snap.slowest_rank == 2
+    assert "straggler" in _kinds(snap)
+    assert "rank 2 straggles" in next(a.message for a in snap.alerts if a.kind == "straggler")
+
+
+def test_stalled_rank_from_the_monitor_flag_or_the_heartbeat():
+    flagged = snapshot(ranks(r1={"stalled": True}))
+    assert flagged.state is JobState.STALLED and flagged.stalled_ranks == (1,)
+    aged = snapshot(ranks(r3={"heartbeat_age_s": 95.0, "stall_threshold_s": 30.0}))
+    assert aged.state is JobState.STALLED and aged.stalled_ranks == (3,)
+    assert "stall" in _kinds(aged)
+
+
+def test_pod_that_stops_answering_is_marked_down_and_the_view_goes_on():
+    specs = ranks()
+    before = aggregate(results(specs), now=T0, source="targets")
+    after = aggregate(results(specs, down=(1,)), now=T0 + 2, source="targets", previous=before)
+    assert after.state is JobState.DEGRADED
+    assert [r.down for r in after.ranks] == [False, False, True, True]
+    assert after.ranks[2].step == 100  # last figures kept
+    assert [g.up for g in after.gpus] == [True, True, False, False]
+    assert {"target_down", "rank_down", "gpu_down"} <= _kinds(after)
+    down = [t for t in after.targets if not t.up]
+    assert len(down) == 2 and all(t.error == "timed out" for t in down)
+    assert down[0].node == "node-1"
+
+
+def test_nothing_answers_is_down_and_done_stays_done():
+    specs = ranks()
+    nothing = aggregate(results(specs, down=(0, 1)), now=T0, source="targets")
+    assert nothing.state is JobState.DOWN
+    finished = [s.__class__(**{**s.__dict__, "step": 1000}) for s in specs]
+    done = aggregate(results(finished), now=T0, source="targets")
+    assert done.state is JobState.DONE
+    gone = aggregate(results(finished, down=(0, 1)), now=T0 + 2, source="targets", previous=done)
+    assert gone.state is JobState.DONE
+
+
+def test_memory_pressure_and_nonfinite_loss_alerts():
+    snap = snapshot(ranks(r0={"peak_memory_bytes": 79e9}, r1={"loss": float("nan")}))
+    assert {"memory_pressure", "loss_nonfinite"} <= _kinds(snap)
+    assert snap.state is JobState.DEGRADED
+
+
+def test_garbage_samples_and_unknown_targets_are_harmless():
+    from fsdpmon.top.expfmt import Sample
+
+    junk = [Sample("fsdpmon_train_step", {"rank": "x"}, 1.0),
+            Sample("fsdpmon_gpu_utilization_ratio", {}, 0.5),
+            Sample("fsdpmon_process_info", {"pid": "nope"}, 1.0)]
+    snap = aggregate([ScrapeResult(Target("http://a:1/metrics"), junk)], now=T0, source="t")
+    assert snap.ranks == () and snap.targets[0].up and snap.state is JobState.RUNNING
+    empty = aggregate([], now=T0, source="t")
+    assert empty.state is JobState.RUNNING and empty.targets == ()

@@ -1,0 +1,59 @@
+"""Fixed job snapshots for the `top` tests, built the way the sources build them: from
+catalog-shaped expositions rendered by prometheus_client, parsed and aggregated."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fsdpmon.top.aggregate import WANTED, ScrapeResult, Target, aggregate
+from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.synthetic import GpuSpec, RankSpec, exporter_exposition, training_exposition
+
+T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC: fixed so rendered clocks are stable
+JOB = "llama"
+
+
+def ranks(n_nodes: int = 2, per_node: int = 2, **overrides: dict[int, dict]) -> list[RankSpec]:
+    """``overrides`` maps ``r<rank>`` to RankSpec fields, e.g. r3={"step_time_s": 0.9}."""
+    world = n_nodes * per_node
+    out = []
+    for r in range(world):
+        spec = RankSpec(rank=r, local_rank=r % per_node, node=f"node-{r // per_node}",
+                        world_size=world, nodes=n_nodes, step_time_s=0.5 + 0.002 * r,
+                        loss=2.5 - 0.01 * r)
+        out.append(replace(spec, **overrides.get(f"r{r}", {})))
+    return out
+
+
+def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = (),
+            gpu_util: dict[tuple[int, int], float] | None = None) -> list[ScrapeResult]:
+    """One training target and one exporter target per node; nodes in ``down`` don't answer."""
+    parser = Parser(WANTED)
+    out = []
+    for n in range(len(specs) // per_node):
+        node = f"node-{n}"
+        train = Target(f"http://10.0.0.{n + 1}:9520/metrics", pod=f"{JOB}-worker-{n}", node=node)
+        exp = Target(f"http://10.0.1.{n + 1}:9521/metrics", pod=f"fsdpmon-exporter-{n}",
+                     node=node)
+        if n in down:
+            out += [ScrapeResult(train, None, "timed out"), ScrapeResult(exp, None, "timed out")]
+            continue
+        mine = [s for s in specs if s.node == node]
+        gpus = [GpuSpec(gpu=s.local_rank, pod=f"{JOB}-worker-{n}", pid=4000 + s.rank,
+                        utilization_ratio=(gpu_util or {}).get((n, s.local_rank), 0.97))
+                for s in mine]
+        body = training_exposition(JOB, mine, specs)
+        out.append(ScrapeResult(train, parser.parse(body.decode())))
+        out.append(ScrapeResult(exp, parser.parse(exporter_exposition(node, gpus).decode())))
+    return out
+
+
+def snapshot(specs: list[RankSpec] | None = None, refreshes: int = 3, **kw) -> JobSnapshot:
+    """Several refreshes of the same job so history (sparklines) has points."""
+    specs = specs or ranks()
+    snap = None
+    for i in range(refreshes):
+        snap = aggregate(results(specs, **kw), now=T0 + 2 * i, source="targets", previous=snap)
+    assert snap is not None
+    return snap
