@@ -65,13 +65,13 @@ def parse_path(path: str) -> CgroupRef | None:
     path = path.rstrip("/")
     pod = _POD_UID.search(path)
     pod_uid = pod.group(1).replace("_", "-") if pod else ""
+    plain = _DOCKER_PLAIN.search(path)
+    if plain:
+        return CgroupRef(pod_uid, plain.group(1), "docker")
     container = _CONTAINER.search(path)
     if container:
         runtime = _RUNTIMES.get(container.group(1) or "", "")
         return CgroupRef(pod_uid, container.group(2), runtime)
-    plain = _DOCKER_PLAIN.search(path)
-    if plain:
-        return CgroupRef(pod_uid, plain.group(1), "docker")
     return CgroupRef(pod_uid) if pod_uid else None
 
 

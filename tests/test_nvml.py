@@ -1,0 +1,188 @@
+"""The NVML wrapper against a fake NVML that raises pynvml's real exceptions, and real pynvml."""
+
+from __future__ import annotations
+
+import time
+
+import pynvml
+import pytest
+
+from exporters.nvml import NvmlReader
+from exporters.sample import GpuSample
+from exporters.xid import XidWatcher
+from tests.fake_nvml import MIB, FakeGpu, FakeNvml
+
+
+def _gpus(n: int = 2, **kwargs) -> list[FakeGpu]:
+    return [FakeGpu(index=i, uuid=f"GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd", **kwargs)
+            for i in range(n)]
+
+
+def _open(fake: FakeNvml) -> NvmlReader:
+    reader = NvmlReader(fake)
+    assert reader.open()
+    return reader
+
+
+def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
+    fake = FakeNvml(_gpus(1, processes=[(4242, 5 * 1024 * MIB), (4243, None)],
+                          process_sm={4242: 73}))
+    reader = _open(fake)
+    ident = reader.identities[0]
+    assert (ident.model, ident.driver_version, ident.cuda_version) == (
+        "NVIDIA H100 80GB HBM3", "550.54.15", "12.4")
+    assert (ident.pci_bus_id, ident.mig_mode) == ("00000000:18:00.0", "disabled")
+    reading = reader.read()
+    assert reading.nvml_up and reading.errors == 0
+    gpu = reading.gpus[0]
+    v = gpu.values
+    assert gpu.up
+    assert v["fsdpmon_gpu_utilization_ratio"] == pytest.approx(0.97)
+    assert v["fsdpmon_gpu_memory_utilization_ratio"] == pytest.approx(0.41)
+    assert v["fsdpmon_gpu_memory_used_bytes"] == 69 * 1024 * MIB
+    assert v["fsdpmon_gpu_memory_reserved_bytes"] == 512 * MIB
+    assert v["fsdpmon_gpu_temperature_celsius"] == 64
+    assert v["fsdpmon_gpu_memory_temperature_celsius"] == 71
+    assert v["fsdpmon_gpu_power_watts"] == pytest.approx(612.0)
+    assert v["fsdpmon_gpu_power_limit_watts"] == pytest.approx(700.0)
+    assert v["fsdpmon_gpu_energy_joules_total"] == pytest.approx(9_876_543.21)
+    assert v["fsdpmon_gpu_sm_clock_hertz"] == 1755e6
+    assert v["fsdpmon_gpu_memory_clock_max_hertz"] == 2619e6
+    assert v["fsdpmon_gpu_pcie_replay_errors_total"] == 5
+    events = gpu.labelled["fsdpmon_gpu_clock_event_active"]
+    assert events["sw_power_cap"] == 1 and events["sw_thermal_slowdown"] == 1
+    assert events["hw_slowdown"] == 0 and len(events) == 9
+    assert gpu.labelled["fsdpmon_gpu_ecc_errors_total"] == {"corrected": 3, "uncorrected": 0}
+    assert gpu.labelled["fsdpmon_gpu_remapped_rows"]["correctable"] == 2
+    assert gpu.labelled["fsdpmon_gpu_pcie_bytes_per_second"] == {"tx": 1024000, "rx": 3072000}
+    # Rates from counters (NVLink) and GPM need two reads: absent first, never a fake 0.
+    assert "fsdpmon_gpu_nvlink_bytes_per_second" not in gpu.labelled
+    assert "fsdpmon_gpu_sm_activity_ratio" not in v
+    by_pid = {p.pid: p for p in gpu.processes}
+    assert by_pid[4242].memory_used_bytes == 5 * 1024 * MIB
+    assert by_pid[4242].sm_utilization_ratio == pytest.approx(0.73)
+    assert by_pid[4243].memory_used_bytes is None and by_pid[4243].sm_utilization_ratio is None
+
+
+def test_rates_and_gpm_appear_on_the_second_read() -> None:
+    fake = FakeNvml(_gpus(1))
+    reader = _open(fake)
+    reader.read()
+    time.sleep(0.05)
+    fake.gpus[0].nvlink_kib[:] = [1024 * 1024, 2 * 1024 * 1024]  # +1 GiB tx, +2 GiB rx
+    gpu = reader.read().gpus[0]
+    nvlink = gpu.labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
+    assert 0 < nvlink["tx"] < nvlink["rx"] <= 2 * 1024**3 / 0.05
+    assert gpu.values["fsdpmon_gpu_sm_activity_ratio"] == pytest.approx(0.88)
+    assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == pytest.approx(0.61)
+
+
+def test_not_supported_fields_are_absent_and_not_asked_again() -> None:
+    gpus = _gpus(2)
+    gpus[1].unsupported |= {"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPowerUsage",
+                            "memory_temp", "nvmlGpmQueryDeviceSupport"}
+    gpus[1].gpm_supported = False
+    fake = FakeNvml(gpus)
+    reader = _open(fake)
+    for _ in range(3):
+        reading = reader.read()
+    full, partial = reading.gpus
+    assert partial.up and reading.errors == 0
+    assert "fsdpmon_gpu_power_watts" not in partial.values
+    assert "fsdpmon_gpu_memory_temperature_celsius" not in partial.values
+    assert "fsdpmon_gpu_ecc_errors_total" not in partial.labelled
+    assert "fsdpmon_gpu_power_watts" in full.values
+    assert partial.values["fsdpmon_gpu_temperature_celsius"] == 64  # the rest still served
+    # NotSupported is permanent: asked once on GPU 1, three times on GPU 0.
+    assert fake.calls["nvmlDeviceGetPowerUsage"] == 4
+
+
+def test_function_not_found_degrades_to_older_calls_or_drops_the_field() -> None:
+    fake = FakeNvml(_gpus(2), missing_functions={
+        "nvmlDeviceGetMemoryInfo_v2", "nvmlDeviceGetCurrentClocksEventReasons",
+        "nvmlDeviceGetPcieReplayCounter",
+    })
+    reader = _open(fake)
+    reader.read()
+    gpu = reader.read().gpus[0]
+    assert gpu.values["fsdpmon_gpu_memory_used_bytes"] == 69 * 1024 * MIB  # v1 memory info
+    assert "fsdpmon_gpu_memory_reserved_bytes" not in gpu.values  # only v2 has it
+    assert gpu.labelled["fsdpmon_gpu_clock_event_active"]["sw_power_cap"] == 1  # old name
+    assert "fsdpmon_gpu_pcie_replay_errors_total" not in gpu.values
+    assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 1  # disabled on every GPU after one
+
+
+def test_lost_gpu_reads_down_and_the_others_go_on() -> None:
+    fake = FakeNvml(_gpus(3))
+    reader = _open(fake)
+    fake.gpus[1].lost = True
+    reading = reader.read()
+    up = [g.up for g in reading.gpus]
+    assert up == [True, False, True]
+    lost: GpuSample = reading.gpus[1]
+    assert lost.values == {} and lost.identity.uuid.startswith("GPU-00000001")
+    fake.gpus[1].lost = False  # a lost GPU needs a reset; the reader does not flap back
+    assert [g.up for g in reader.read().gpus] == [True, False, True]
+
+
+def test_gpu_lost_at_start_is_reported_down() -> None:
+    gpus = _gpus(2)
+    gpus[0].lost = True
+    reader = _open(FakeNvml(gpus))
+    reading = reader.read()
+    assert [g.up for g in reading.gpus] == [False, True]
+
+
+def test_nvml_library_missing_means_nvml_down_not_a_crash() -> None:
+    reader = NvmlReader(FakeNvml(_gpus(1), library_missing=True))
+    assert reader.open() is False
+    reading = reader.read()
+    assert reading.nvml_up is False and reading.gpus == ()
+
+
+def test_real_pynvml_without_a_driver_reports_nvml_down() -> None:
+    """This machine has no NVIDIA driver: the real library load fails and NVML reads down."""
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        pass
+    else:  # pragma: no cover - only on GPU machines
+        pynvml.nvmlShutdown()
+        pytest.skip("an NVIDIA driver is present")
+    reader = NvmlReader()
+    assert reader.open() is False
+    assert reader.read().nvml_up is False
+
+
+def test_unexpected_nvml_errors_are_counted_not_raised() -> None:
+    gpus = _gpus(1)
+    fake = FakeNvml(gpus)
+    reader = _open(fake)
+
+    def broken(gpu: FakeGpu) -> int:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_IRQ_ISSUE)
+
+    fake.nvmlDeviceGetPowerUsage = broken  # type: ignore[method-assign]
+    reading = reader.read()
+    assert reading.errors == 1 and reading.gpus[0].up
+    assert "fsdpmon_gpu_power_watts" not in reading.gpus[0].values
+
+
+def test_xid_events_are_counted_per_gpu_and_code() -> None:
+    fake = FakeNvml(_gpus(2))
+    reader = _open(fake)
+    watcher = XidWatcher(reader)
+    assert watcher.start()
+    try:
+        fake.emit_xid(1, 79)
+        fake.emit_xid(1, 79)
+        fake.emit_xid(0, 48)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and sum(
+            sum(reader.xid_counts(i).values()) for i in (0, 1)) < 3:
+            time.sleep(0.02)
+    finally:
+        watcher.stop()
+    reading = reader.read()
+    assert reading.gpus[1].labelled["fsdpmon_gpu_xid_errors_total"] == {"79": 2.0}
+    assert reading.gpus[0].labelled["fsdpmon_gpu_xid_errors_total"] == {"48": 1.0}
