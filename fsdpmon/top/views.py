@@ -51,18 +51,17 @@ def header_lines(snap: JobSnapshot) -> list[Text]:
     title = Text.assemble(
         ("fsdpmon top", "bold"), "  job ", (snap.job_name or "?", "bold"), "  ",
         (f" {snap.state.value} ", STATE_STYLE[snap.state]),
-        f"  targets {snap.targets_up}/{len(snap.targets)} up",
+        f"  {snap.model}" if snap.model else "",
         f"  world {snap.world_size or fmt.MISSING}",
-        f"  {snap.source} {_clock(snap.time)}",
+        f"  targets {snap.targets_up}/{len(snap.targets)} up",
+        f"  {_clock(snap.time)}",
     )
     progress = Text(f"step {fmt.MISSING if snap.step is None else snap.step}")
     if snap.total_steps:
         progress.append(f"/{snap.total_steps} ")
-        progress.append_text(fmt.bar(snap.progress, 22, "cyan"))
+        progress.append_text(fmt.bar(snap.progress, 20, "cyan"))
         progress.append(f" {fmt.pct(snap.progress, 1)}")
     progress.append(f"  ETA {fmt.duration(snap.eta_s)}  restarts {snap.restarts or 0}")
-    if snap.model:
-        progress.append(f"  model {snap.model}")
     hist = snap.history
     speed = Text.assemble(
         f"tok/s {fmt.si(snap.tokens_per_second)} ",

@@ -1,0 +1,34 @@
+"""The snapshot is frozen plain data with a strict JSON form (`--json`, the demo)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from top_snapshots import ranks, snapshot
+
+from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow
+
+
+def test_to_json_is_strict_and_complete():
+    snap = snapshot(ranks(r1={"loss": float("nan")}))
+    data = json.loads(snap.to_json())
+    assert data["state"] == "DEGRADED" and data["job_name"] == "llama"
+    assert data["progress"] == pytest.approx(0.1)
+    assert data["ranks"][1]["loss"] is None  # NaN is not JSON
+    assert {a["kind"] for a in data["alerts"]} >= {"loss_nonfinite"}
+    assert data["ranks"][0].keys() >= {"rank", "pod", "node", "step", "step_time_s", "stalled"}
+    assert data["gpus"][0]["utilization_history"] and data["history"]["tokens_per_second"]
+    assert data["targets"][0].keys() >= {"url", "up", "error", "kind"}
+    assert {t["kind"] for t in data["targets"]} == {"train", "exporter"}
+
+
+def test_frozen_and_derived_fields():
+    snap = JobSnapshot(time=0.0, source="targets", step=50, total_steps=200,
+                       ranks=(RankRow(rank=0, stalled=True), RankRow(rank=1)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        snap.step = 3  # type: ignore[misc]
+    assert snap.progress == 0.25 and snap.stalled_ranks == (0,)
+    assert snap.state is JobState.DOWN and snap.targets_up == 0
+    assert RankRow(rank=2, down=True, stalled=True, slowest=True).flags == "DOWN STALLED SLOWEST"

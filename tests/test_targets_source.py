@@ -1,0 +1,88 @@
+"""Scraping plain targets: concurrent, bounded, timed out; a bad target is marked down."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import pytest
+
+from fsdpmon.errors import ConfigError
+from fsdpmon.top.snapshot import JobState
+from fsdpmon.top.sources.targets import ScrapeError, TargetsSource, http_get, normalise_url
+from fsdpmon.top.synthetic import PayloadServer, job_expositions
+
+
+@pytest.fixture
+def server():
+    srv = PayloadServer(job_expositions("llama", 2, 2))
+    srv.payloads["/garbage"] = b"\x00\xff{{{ not an exposition\n" * 1000
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def silent_port():
+    """A port that accepts connections and never answers (a hung pod)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    yield sock.getsockname()[1]
+    sock.close()
+
+
+def _urls(srv: PayloadServer) -> list[str]:
+    return [srv.url(p) for p in ("/train/node-000", "/node/node-000", "/train/node-001",
+                                 "/node/node-001")]
+
+
+def test_scrapes_every_target_into_one_snapshot(server):
+    source = TargetsSource(_urls(server), timeout_s=2.0)
+    try:
+        snap = source.fetch()
+        assert snap.state is JobState.RUNNING and snap.targets_up == 4
+        assert len(snap.ranks) == 4 and len(snap.gpus) == 4 and len(snap.processes) == 4
+        assert [t.kind for t in snap.targets] == ["train", "exporter"] * 2
+        again = source.fetch()
+        assert len(again.history.tokens_per_second) == 2
+    finally:
+        source.close()
+
+
+def test_hung_refusing_erroring_and_garbage_targets_are_marked_down(server, silent_port):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        refused = s.getsockname()[1]
+    urls = [*_urls(server), f"127.0.0.1:{silent_port}", f"127.0.0.1:{refused}",
+            server.url("/missing"), server.url("/garbage")]
+    source = TargetsSource(urls, timeout_s=0.5)
+    try:
+        start = time.monotonic()
+        snap = source.fetch()
+        elapsed = time.monotonic() - start
+    finally:
+        source.close()
+    assert elapsed < 5.0  # the hung target costs one timeout, in parallel with the rest
+    by_url = {t.url: t for t in snap.targets}
+    assert by_url[f"http://127.0.0.1:{silent_port}/metrics"].error == "timed out"
+    assert by_url[f"http://127.0.0.1:{refused}/metrics"].error == "connection refused"
+    assert "HTTP 404" in by_url[server.url("/missing")].error
+    garbage = by_url[server.url("/garbage")]
+    assert garbage.up and garbage.samples == 0  # unreadable text: no samples, no crash
+    assert len(snap.ranks) == 4 and snap.state is JobState.DEGRADED
+
+
+def test_body_limit(server):
+    with pytest.raises(ScrapeError, match="larger than"):
+        http_get(server.url("/train/node-000"), 2.0, max_bytes=100)
+
+
+def test_url_validation():
+    assert normalise_url("10.0.0.1:9520") == "http://10.0.0.1:9520/metrics"
+    assert normalise_url("https://h:1/x/metrics") == "https://h:1/x/metrics"
+    with pytest.raises(ConfigError, match="--targets"):
+        normalise_url("ftp://h/x")
+    with pytest.raises(ConfigError, match="invalid port"):
+        normalise_url("h:99999")
+    with pytest.raises(ConfigError):
+        TargetsSource([])
