@@ -56,7 +56,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--checkpoint-every", type=int)
     a("--log-every", type=int)
     a("--train-arg", action="append", default=None, metavar="ARG",
-      help="extra argument for trainer.train (repeatable)")
+      help="extra argument for trainer.train, repeatable: --train-arg=--warmup-steps=100")
     a("--data-pvc", help="PersistentVolumeClaim for data, checkpoints and logs (e.g. FSx)")
     a("--data-mount", help="where the data volume is mounted (default /data)")
     a("--shm-size", help="size limit of the memory-backed /dev/shm (default 64Gi)")
