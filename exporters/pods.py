@@ -135,12 +135,13 @@ class PodIndex:
             except Exception as exc:  # the API can fail in many ways; the exporter must not
                 self.errors += 1
                 log.warning("listing pods on node %s failed: %s", self.node_name, exc)
-            self._wake.wait(self.refresh_s)
+            woken_early = self._wake.wait(self.refresh_s)
             self._wake.clear()
             # An unknown UID wakes us early, but never more often than MIN_EARLY_REFRESH_S.
             rest = MIN_EARLY_REFRESH_S - (time.monotonic() - self._last_list)
-            if rest > 0:
+            if woken_early and rest > 0:
                 self._stop.wait(rest)
+                self._wake.clear()
 
 
 def api_from_config(kubeconfig: str | None) -> Any | None:

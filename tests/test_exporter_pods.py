@@ -1,0 +1,175 @@
+"""Pod attribution through the official kubernetes client against a local API stand-in."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+from exporters.pods import PodIndex, api_from_config, index_pods
+from exporters.sample import PodRef
+from fsdpmon.errors import ConfigError
+
+UID = "5b9c2e3f-1d2a-4c6b-9e8f-0a1b2c3d4e5f"
+CID = "a" * 64
+
+
+def pod(uid: str, name: str, labels: dict[str, str] | None = None, ports: list | None = None,
+        containers: tuple[tuple[str, str], ...] = (("trainer", CID),)) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"uid": uid, "name": name, "namespace": "ml", "labels": labels or {}},
+        "spec": {"nodeName": "node-a",
+                 "containers": [{"name": n, "ports": ports or []} for n, _ in containers]},
+        "status": {"containerStatuses": [
+            {"name": n, "containerID": f"containerd://{c}"} for n, c in containers]},
+    }
+
+
+class FakeApi:
+    """Serves GET /api/v1/pods like the API server (PodList JSON), recording requests."""
+
+    def __init__(self) -> None:
+        self.pods: list[dict[str, Any]] = []
+        self.status = 200
+        self.requests: list[dict[str, Any]] = []
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                api.requests.append({"path": url.path, "query": parse_qs(url.query),
+                                     "auth": self.headers.get("Authorization")})
+                if api.status != 200:
+                    body = json.dumps({"kind": "Status", "status": "Failure",
+                                       "reason": "Forbidden", "code": api.status}).encode()
+                else:
+                    body = json.dumps({"kind": "PodList", "apiVersion": "v1",
+                                       "metadata": {"resourceVersion": "1"},
+                                       "items": api.pods}).encode()
+                self.send_response(api.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_api() -> Iterator[FakeApi]:
+    api = FakeApi()
+    try:
+        yield api
+    finally:
+        api.close()
+
+
+def write_kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "test",
+        "clusters": [{"name": "test", "cluster": {"server": server}}],
+        "users": [{"name": "test", "user": {"token": "s3cret-token"}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "test"}}],
+    }))
+    return path
+
+
+def _wait(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_index_pods_recognises_training_pods_and_strips_runtime_prefixes() -> None:
+    pods = [
+        pod(UID, "llama-worker-0", labels={"training.kubeflow.org/job-name": "llama"}),
+        pod("u2", "trainjob-node-0-0", labels={"jobset.sigs.k8s.io/jobset-name": "llama"}),
+        pod("u3", "custom", ports=[{"name": "fsdpmon-train", "containerPort": 9520}]),
+        pod("u4", "nginx"),
+        {"metadata": "not a mapping"},
+        {"spec": {}},
+    ]
+    index = index_pods(pods)
+    assert sorted(index) == [UID, "u2", "u3", "u4"]
+    assert [index[u].training for u in (UID, "u2", "u3", "u4")] == [True, True, True, False]
+    assert index[UID].containers == {CID: "trainer"}
+
+
+def test_pod_index_lists_this_node_through_the_official_client(
+        fake_api: FakeApi, tmp_path: Path) -> None:
+    fake_api.pods = [pod(UID, "llama-worker-0", labels={"training.kubeflow.org/job-name": "x"})]
+    api = api_from_config(str(write_kubeconfig(tmp_path / "kubeconfig", fake_api.url)))
+    index = PodIndex(api, "node-a", refresh_s=30)
+    index.start()
+    try:
+        assert _wait(lambda: index.lists >= 1)
+        assert index.lookup(UID, CID) == PodRef("ml", "llama-worker-0", "trainer", True)
+        assert index.lookup(UID, "f" * 64) == PodRef("ml", "llama-worker-0", "", True)
+        for _ in range(1000):  # lookups are served from the cache: never a request per scrape
+            index.lookup(UID, CID)
+        assert index.lists == 1
+        request = fake_api.requests[0]
+        assert request["path"] == "/api/v1/pods"
+        assert request["query"]["fieldSelector"] == ["spec.nodeName=node-a"]
+        assert request["auth"] == "Bearer s3cret-token"
+        # A pod the index has not seen yet wakes the refresh early (not after 30 s).
+        fake_api.pods.append(pod("new-uid", "llama-worker-1", containers=(("t", "b" * 64),)))
+        assert index.lookup("new-uid", "b" * 64) is None
+        assert _wait(lambda: index.lookup("new-uid", "b" * 64) is not None, timeout=6)
+        assert index.lists == 2
+    finally:
+        index.stop()
+
+
+def test_api_errors_keep_the_exporter_running(fake_api: FakeApi, tmp_path: Path) -> None:
+    fake_api.status = 403
+    api = api_from_config(str(write_kubeconfig(tmp_path / "kubeconfig", fake_api.url)))
+    index = PodIndex(api, "node-a", refresh_s=0.1)
+    index.start()
+    try:
+        assert _wait(lambda: index.errors >= 1)
+        assert index.lookup(UID, CID) is None
+        fake_api.status = 200
+        fake_api.pods = [pod(UID, "p")]
+        assert _wait(lambda: index.lookup(UID, CID) is not None, timeout=6)
+    finally:
+        index.stop()
+
+
+def test_bad_kubeconfig_is_a_config_error_naming_the_flag(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--kubeconfig"):
+        api_from_config(str(tmp_path / "missing"))
+    bad = tmp_path / "bad"
+    bad.write_text("apiVersion: v1\nkind: Config\n")
+    with pytest.raises(ConfigError, match="--kubeconfig"):
+        api_from_config(str(bad))
+
+
+def test_outside_kubernetes_there_is_no_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert api_from_config(None) is None
