@@ -1,0 +1,137 @@
+"""End to end: train `tiny` at world sizes 1 and 2 on CPU with the real trainer, then report.
+
+The table's tokens/s and step times must agree with figures this test recomputes from the raw
+JSONL records; the chart must be a valid PNG; damaged logs must give one-line errors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, LOG_EVERY = 30, 5
+
+
+def train(world_size: int, log: Path) -> None:
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={world_size}", "-m", "trainer.train", "--model", "tiny",
+        "--max-steps", str(STEPS), "--log-every", str(LOG_EVERY), "--batch-size", "4",
+        "--seq-len", "128", "--metrics-port", "0", "--log-jsonl", str(log),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too, if anything hung
+        proc.wait()
+    assert proc.returncode == 0, output[-3000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    for world_size in (1, 2):
+        train(world_size, root / f"tiny-n{world_size}.jsonl")
+    return root
+
+
+def recomputed(root: Path, name: str) -> dict[str, float]:
+    """The report's figures, recomputed from the records without fsdpmon's code."""
+    rates, step_times, world_size = [], [], None
+    for path in sorted(root.glob(f"{name}.rank*.jsonl")):
+        records = [json.loads(line) for line in path.read_text().splitlines()]
+        world_size = records[0]["world_size"]
+        steps = [r for r in records if r["kind"] == "step"]
+        assert [r["step"] for r in steps] == list(range(LOG_EVERY, STEPS + 1, LOG_EVERY))
+        warm, last = steps[0], steps[-1]  # the first log window is start-up
+        rates.append((last["tokens_total"] - warm["tokens_total"]) / (last["time"] - warm["time"]))
+        step_times += [r["step_time_s"] for r in steps[1:]]
+    assert world_size is not None and len(rates) == world_size
+    return {
+        "total": float(np.mean(rates)) * world_size,
+        "per_gpu": float(np.mean(rates)),
+        "median": float(np.percentile(step_times, 50)),
+        "p90": float(np.percentile(step_times, 90)),
+    }
+
+
+def fsdpmon(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fsdpmon.cli", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_report_agrees_with_the_logs(runs, tmp_path):
+    out = tmp_path / "report"
+    done = fsdpmon("report", str(runs / "tiny-n2.jsonl"), str(runs / "tiny-n1.jsonl"),
+                   "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    table = (out / "report.md").read_text()
+    rows = {line.split("|")[1].strip(" `"): [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| `")}
+    assert list(rows) == ["tiny-n1", "tiny-n2"]
+    for name, cells in rows.items():
+        want = recomputed(runs, name)
+        assert int(cells[0]) == int(name[-1])  # GPUs
+        assert float(cells[2].replace(",", "")) == pytest.approx(want["total"], abs=0.051)
+        assert float(cells[3].replace(",", "")) == pytest.approx(want["per_gpu"], abs=0.051)
+        assert float(cells[4]) == pytest.approx(want["median"], abs=5.1e-5)
+        assert float(cells[5]) == pytest.approx(want["p90"], abs=5.1e-5)
+    assert rows["tiny-n1"][-1] == "100.0%"
+    summary = json.loads((out / "report.json").read_text())
+    n2 = summary["runs"][1]
+    assert n2["scaling_efficiency"] == pytest.approx(
+        n2["tokens_per_second_per_gpu"] / summary["runs"][0]["tokens_per_second_per_gpu"])
+    with Image.open(out / "scaling.png") as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] >= 1200
+
+
+def test_directory_of_runs_is_one_argument(runs, tmp_path):
+    done = fsdpmon("report", str(runs), "--out", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert [r["world_size"] for r in json.loads((tmp_path / "report.json").read_text())["runs"]] \
+        == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("damage", "needle"),
+    [
+        ("missing", "no such log"),
+        ("empty", "empty log"),
+        ("corrupt", ":2: not a JSON record"),
+    ],
+)
+def test_damaged_logs_give_one_line_errors(runs, tmp_path, damage, needle):
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for path in runs.glob("tiny-n2.rank*.jsonl"):
+        (copy / path.name).write_text(path.read_text())
+    target = copy / "tiny-n2.rank1.jsonl"
+    if damage == "missing":
+        target = copy / "tiny-n3.jsonl"
+    elif damage == "empty":
+        target.write_text("")
+    else:
+        lines = target.read_text().splitlines(keepends=True)
+        target.write_text(lines[0] + lines[1][: len(lines[1]) // 2] + "\n" + "".join(lines[2:]))
+    arg = copy / ("tiny-n3.jsonl" if damage == "missing" else "tiny-n2.jsonl")
+    done = fsdpmon("report", str(arg), "--out", str(tmp_path / "out"))
+    assert done.returncode == 2
+    assert needle in done.stderr and str(target) in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
