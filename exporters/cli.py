@@ -104,6 +104,7 @@ class Exporter:
     gpus: GpuSource
     xid: XidWatcher | None
     pods: PodIndex | None
+    tls: bool = False
 
     def stop(self) -> None:
         self.server.stop()
@@ -148,13 +149,13 @@ def start(cfg: ExporterConfig) -> Exporter:
         sampler.stop()
         raise ConfigError("--port", f"cannot listen on {cfg.listen_address}:{cfg.port}: "
                           f"{exc.strerror or exc}") from None
-    return Exporter(sampler, server, gpus, xid, pods)
+    return Exporter(sampler, server, gpus, xid, pods, tls=web.tls is not None)
 
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     exporter = start(cfg)
-    scheme = "https" if cfg.web_config_file and load_web_config(cfg.web_config_file).tls else "http"
+    scheme = "https" if exporter.tls else "http"
     log.info("fsdpmon exporter on node %s serving %s://%s:%d/metrics (interval %.1fs%s)",
              cfg.node_name, scheme, cfg.listen_address, exporter.server.port, cfg.interval_s,
              f", {cfg.simulate_gpus} simulated GPUs" if cfg.simulate_gpus else "")
