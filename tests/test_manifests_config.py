@@ -49,6 +49,14 @@ def test_flags_win_over_env_file_and_unset_flags_do_not():
     assert cfg.efa_per_node == 32  # p5.48xlarge
 
 
+def test_rendezvous_in_the_env_file_means_elastic_for_pytorchjobs_only():
+    env = {**ENV, "RDZV_HOST": "etcd", "RDZV_PORT": "2379", "RDZV_BACKEND": "etcd"}
+    cfg = build(env=env)
+    assert (cfg.elastic, cfg.rdzv_backend, cfg.rdzv_host, cfg.rdzv_port) == (
+        True, "etcd", "etcd", 2379)
+    assert build(env=env, flags={"kind": "trainjob"}).elastic is False
+
+
 def test_unknown_instance_type_falls_back_to_8_gpus_no_efa():
     cfg = build(flags={"job_name": "a", "image": "img:1", "instance_type": "x9.large"})
     assert (cfg.gpus_per_node, cfg.efa_per_node) == (8, 0)
@@ -99,6 +107,8 @@ def test_exporter_image_defaults_next_to_the_trainer_image():
         ({"components": ("job", "grafana")}, "--components"),
         ({"elastic": True, "rdzv_backend": "etcd"}, "--rdzv-host"),
         ({"kind": "mpijob"}, "--kind"),
+        ({"kind": "trainjob", "elastic": True}, "--elastic"),
+        ({"elastic": True, "min_nodes": 3}, "--min-nodes"),
     ],
 )
 def test_bad_values_name_the_field(flags, field):

@@ -150,7 +150,9 @@ def check(cfg: ManifestConfig) -> None:
         raise ConfigError("--scrape-interval", "must be a duration such as 15s or 1m")
     validate.one_of("--rdzv-backend", cfg.rdzv_backend, RDZV_BACKENDS)
     validate.port("--rdzv-port", cfg.rdzv_port)
-    if cfg.elastic and not 0 <= cfg.min_nodes <= cfg.nodes:
+    if cfg.elastic and cfg.kind != "pytorchjob":
+        raise ConfigError("--elastic", "is a PyTorchJob feature; drop it or use --kind pytorchjob")
+    if not 0 <= cfg.min_nodes <= cfg.nodes:
         raise ConfigError("--min-nodes", f"must be in 1..--nodes ({cfg.nodes})")
     if cfg.elastic and cfg.rdzv_backend != "c10d" and not cfg.rdzv_host:
         raise ConfigError("--rdzv-host", f"is needed with --rdzv-backend {cfg.rdzv_backend}")
@@ -253,8 +255,6 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
         out["image"] = image
     if "model" in out:
         out["model"] = normalize_model(out["model"])
-    if "rdzv_host" in out or "rdzv_backend" in out:
-        out.setdefault("elastic", True)
     if "CMD" in env:
         log.info("env file: CMD is ignored; fsdpmon builds the torchrun command itself")
     return out
@@ -265,8 +265,12 @@ def build_config(flags: Mapping[str, Any], env: Mapping[str, str],
                  version: str) -> ManifestConfig:
     """Merge flags (set ones only) over env-file settings over defaults, then validate."""
     reject_tokens({k: v for k, v in env.items() if k != HF_TOKEN_VAR}, what="env file")
-    merged: dict[str, Any] = settings_from_env(env)
-    merged.update({k: v for k, v in flags.items() if v is not None})
+    from_file = settings_from_env(env)
+    merged: dict[str, Any] = {**from_file, **{k: v for k, v in flags.items() if v is not None}}
+    # aws-do-fsdp's env file names a rendezvous host because its PyTorchJob is elastic.
+    if ("rdzv_host" in from_file or "rdzv_backend" in from_file) and merged.get(
+            "kind", "pytorchjob") == "pytorchjob":
+        merged.setdefault("elastic", True)
     if "model" in merged:
         merged["model"] = normalize_model(merged["model"])
     gpus, efa = INSTANCE_TYPES.get(merged.get("instance_type") or "", (8, 0))

@@ -66,6 +66,7 @@ def exporter_container(cfg: ManifestConfig) -> Obj:
                           "periodSeconds": 30, "failureThreshold": 5},
         "resources": {"requests": {"cpu": "50m", "memory": "64Mi"},
                       "limits": {"cpu": "500m", "memory": "256Mi"}},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         "securityContext": {
             "readOnlyRootFilesystem": True,
             "allowPrivilegeEscalation": False,
@@ -82,12 +83,13 @@ def daemonset(cfg: ManifestConfig) -> Obj:
         # hostPID: NVML reports GPU processes by host PID, and pod attribution reads
         # /proc/<pid>/cgroup of the training processes; both need the host's PID namespace.
         "hostPID": True,
-        "priorityClassName": "system-node-critical",
         "affinity": gpu_node_affinity(cfg),
         "tolerations": [{"key": GPU, "operator": "Exists", "effect": "NoSchedule"},
                         {"operator": "Exists", "effect": "NoExecute"}],
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [exporter_container(cfg)],
+        # The root filesystem is read-only; Python and libraries may still want a scratch dir.
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
     return {
         "apiVersion": "apps/v1",

@@ -65,10 +65,28 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+# Comments for people reading the YAML, placed above the line they explain.
+LINE_COMMENTS = {
+    "hostPID: true": "hostPID: NVML reports GPU processes by host PID, and pod attribution "
+    "reads /proc/<pid>/cgroup of the training processes; both need the host's PID namespace.",
+}
+
+
+def _comment(text: str) -> str:
+    out = []
+    for line in text.splitlines(keepends=True):
+        comment = LINE_COMMENTS.get(line.strip())
+        if comment:
+            indent = line[: len(line) - len(line.lstrip())]
+            out.append(f"{indent}# {comment}\n")
+        out.append(line)
+    return "".join(out)
+
+
 def dump(objects: list[Obj]) -> str:
     return "".join(
-        "---\n" + yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100,
-                            default_flow_style=False)
+        "---\n" + _comment(yaml.dump(obj, Dumper=_Dumper, sort_keys=False, width=100,
+                                     default_flow_style=False))
         for obj in objects
     )
 
