@@ -164,9 +164,10 @@ def _rank_missing(b: RuleBounds) -> Rule:
         "FsdpmonTrainingRankMissing", expr, b.missing_for, "critical",
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} stopped reporting while its pod "
         "still exists",
-        "The training series of rank {{ $labels.rank }} ({{ $labels.namespace }}/"
-        "{{ $labels.pod }}) vanished although its pod is still running (or its metrics "
-        "endpoint still answers for the other ranks) and it had not reached its last step.",
+        "The training series of rank {{ $labels.rank }} {{ if $labels.pod }}(pod "
+        "{{ $labels.namespace }}/{{ $labels.pod }}) {{ end }}vanished from "
+        "{{ $labels.instance }} before its last step, although its pod still runs or the "
+        "endpoint still serves the other ranks.",
         "The rank's process died or hung so hard it cannot be scraped: check the pod's "
         "container restarts and logs (OOMKilled, segfault, NCCL error) and `dmesg` for XIDs.",
     )
@@ -247,8 +248,9 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
             f"({peak} / ({cap} > 0) > {b.memory_ratio:g})\nor\n"
             f"(fsdpmon_gpu:memory_used_bytes:ratio > {b.memory_ratio:g})",
             b.memory_for, "warning",
-            "GPU memory near capacity ({{ $labels.job_name }}{{ $labels.node }} "
-            "rank/GPU {{ $labels.rank }}{{ $labels.gpu }})",
+            "Device memory near capacity on {{ if $labels.rank }}rank {{ $labels.rank }} of "
+            "{{ $labels.job_name }}{{ else }}GPU {{ $labels.gpu }} of node {{ $labels.node }}"
+            "{{ end }}",
             "{{ $value | humanizePercentage }} of the device memory is in use; the next larger "
             "batch, sequence or checkpoint may run out of memory.",
             "Reduce the micro-batch or sequence length, enable activation checkpointing or CPU "
@@ -294,7 +296,8 @@ def gpu_alerts(b: RuleBounds) -> list[Rule]:
             "fsdpmon_gpu:dcgm_xid_errors:changes > 0",
             "", "critical",
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
-            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported XID {{ $labels.xid }} in the "
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
+            "{{ with $labels.xid }}XID {{ . }}{{ else }}XID errors{{ end }} in the "
             f"last {w}.",
             "Look the XID code up in NVIDIA's XID catalogue: 79 (fallen off the bus), 48/63/64 "
             "(ECC) and 94/95 (contained/uncontained memory errors) usually mean draining the "
@@ -346,7 +349,7 @@ def target_alerts(b: RuleBounds) -> list[Rule]:
             f"  group by (instance, job) (max_over_time({exporter}[{lb}])))\nor\n"
             f"{stale} == 1",
             b.exporter_down_for, "warning",
-            "fsdpmon exporter {{ $labels.instance }}{{ $labels.node }} is down or stale",
+            "fsdpmon exporter {{ $labels.instance }} is down or stale",
             "The per-node exporter cannot be scraped, or its background sampler has not "
             "finished a sample in time; GPU, host and process metrics of the node are missing.",
             "Check the exporter DaemonSet pod on the node (logs, restarts, resource limits) "
