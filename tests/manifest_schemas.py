@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +57,30 @@ def strict(schema: Any) -> Any:
     return schema
 
 
+class CelRuleError(ValueError):
+    """A CRD's x-kubernetes-validations rule on the object's name is violated."""
+
+
+def check_name_rules(schema: dict[str, Any], obj: dict[str, Any]) -> None:
+    """Evaluate the CEL rules at the CRD's root that constrain metadata.name (TrainJob: RFC 1035
+    label, at most 63 characters). Other CEL rules concern fields fsdpmon does not set."""
+    name = obj["metadata"]["name"]
+    for rule in schema.get("x-kubernetes-validations", []):
+        text = rule["rule"]
+        if m := re.fullmatch(r"self\.metadata\.name\.matches\('(.+)'\)", text):
+            ok = re.search(m.group(1), name) is not None
+        elif m := re.fullmatch(r"size\(self\.metadata\.name\) <= (\d+)", text):
+            ok = len(name) <= int(m.group(1))
+        else:
+            continue
+        if not ok:
+            raise CelRuleError(f"{obj['kind']} {name!r}: {rule['message']}")
+
+
 def validate_custom(obj: dict[str, Any]) -> None:
     schema = crd_schemas()[(obj["apiVersion"], obj["kind"])]
     jsonschema.Draft7Validator(schema).validate(obj)
+    check_name_rules(schema, obj)
     # The CRD schemas say only `metadata: {type: object}`; check it as a core ObjectMeta.
     validate_core({"apiVersion": "v1", "kind": "ConfigMap", "metadata": obj["metadata"]})
 

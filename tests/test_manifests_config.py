@@ -105,6 +105,7 @@ def test_exporter_image_defaults_next_to_the_trainer_image():
         ({"release_label": "kube prometheus"}, "--release-label"),
         ({"shm_size": "lots"}, "--shm-size"),
         ({"components": ("job", "grafana")}, "--components"),
+        ({"components": ()}, "--components"),
         ({"elastic": True, "rdzv_backend": "etcd"}, "--rdzv-host"),
         ({"kind": "mpijob"}, "--kind"),
         ({"kind": "trainjob", "elastic": True}, "--elastic"),

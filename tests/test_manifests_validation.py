@@ -13,6 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 from manifest_schemas import (
+    CelRuleError,
     crd_schemas,
     pytorchjob_admission_errors,
     validate_object,
@@ -77,6 +78,14 @@ def test_strict_crd_schema_rejects_unknown_fields():
     bad = copy.deepcopy(tj)
     bad["spec"]["trainer"]["ports"] = [{"containerPort": 9520}]  # not patchable in a TrainJob
     with pytest.raises(jsonschema.ValidationError, match="ports"):
+        validate_object(bad)
+
+
+def test_trainjob_name_rule_from_the_crd_is_checked():
+    tj = trainjob(config(kind="trainjob"))
+    bad = copy.deepcopy(tj)
+    bad["metadata"]["name"] = "7b-run"  # a DNS-1123 label, but not RFC 1035
+    with pytest.raises(CelRuleError, match="RFC 1035"):
         validate_object(bad)
 
 

@@ -158,6 +158,8 @@ def check(cfg: ManifestConfig) -> None:
         raise ConfigError("--rdzv-host", f"is needed with --rdzv-backend {cfg.rdzv_backend}")
     validate.non_negative("--max-restarts", cfg.max_restarts)
     validate.dns1123_label("--runtime-name", cfg.runtime_name)
+    if not cfg.components:
+        raise ConfigError("--components", f"name at least one of {', '.join(COMPONENTS)}")
     for component in cfg.components:
         validate.one_of("--components", component, COMPONENTS)
     if cfg.hf_token is not None and not cfg.hf_token.strip():
