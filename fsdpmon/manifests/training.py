@@ -22,6 +22,12 @@ FIELD_MANAGER = "fsdpmon.dev/manifests"
 GPU = "nvidia.com/gpu"
 EFA = "vpc.amazonaws.com/efa"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+TRAINER_UID = 1000  # the user trainer/Dockerfile runs as
+
+
+def pod_security() -> Obj:
+    # The image runs as a non-root user; fsGroup lets it write the data volume.
+    return {"fsGroup": TRAINER_UID, "fsGroupChangePolicy": "OnRootMismatch"}
 
 
 def common_labels(component: str, instance: str) -> dict[str, str]:
@@ -143,6 +149,7 @@ def training_pod_template(cfg: ManifestConfig) -> Obj:
         "containers": [training_container(cfg)],
         "volumes": volumes(cfg),
         "tolerations": gpu_tolerations(),
+        "securityContext": pod_security(),
     }
     if cfg.instance_type:
         spec["nodeSelector"] = node_selector(cfg)
@@ -219,6 +226,7 @@ def trainjob(cfg: ManifestConfig) -> Obj:
     pod_patch: Obj = {
         "volumes": volumes(cfg),
         "tolerations": gpu_tolerations(),
+        "securityContext": pod_security(),
         "containers": [{"name": TRAINJOB_CONTAINER, "volumeMounts": volume_mounts(cfg)}],
     }
     if cfg.instance_type:
