@@ -1,0 +1,133 @@
+"""`fsdpmon demo`: a monitored 2-rank FSDP training on this machine, with `top` watching it.
+
+Starts the per-node exporter and `torchrun -m trainer.train --model tiny` (CPU and gloo, or CUDA
+when there is a GPU per rank), waits until both serve metrics, then shows `fsdpmon top`'s live
+view of them. Ctrl-C, `q` or SIGTERM stops everything. ``--headless --duration S`` prints
+progress instead, then the final snapshot (``--json`` for top's JSON), for scripts and CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from fsdpmon.demo.session import DemoConfig, Session, describe, make_plan, real_gpu_count
+from fsdpmon.errors import ConfigError
+from fsdpmon.top.snapshot import JobSnapshot, JobState
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    d = DemoConfig()
+    parser.add_argument("--headless", action="store_true",
+                        help="no live view: print progress, then the final snapshot")
+    parser.add_argument("--duration", type=float, default=d.duration_s, metavar="SECONDS",
+                        help="with --headless: how long to train once ready (default: 30)")
+    parser.add_argument("--json", action="store_true",
+                        help="with --headless: print the final snapshot as top's JSON")
+    parser.add_argument("--nproc", type=int, default=d.nproc, help="ranks (default: 2)")
+    parser.add_argument("--model", default=d.model, help="trainer flavour (default: tiny)")
+    parser.add_argument("--max-steps", type=int, default=d.max_steps,
+                        help="stop training after this many steps (default: run until stopped)")
+    parser.add_argument("--interval", type=float, default=d.interval_s, metavar="SECONDS",
+                        help="refresh interval of the view (default: 2)")
+    parser.add_argument("--log-dir", type=Path, default=None,
+                        help="where the children's logs go (default: a new temporary directory)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help="training metrics port (default: a free port)")
+    parser.add_argument("--exporter-port", type=int, default=0,
+                        help="exporter port (default: a free port)")
+    parser.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s,
+                        metavar="SECONDS", help="give up if not ready by then (default: 180)")
+
+
+def config_from_args(args: argparse.Namespace) -> DemoConfig:
+    cfg = DemoConfig(
+        nproc=args.nproc, model=args.model, max_steps=args.max_steps, headless=args.headless,
+        duration_s=args.duration, json=args.json, interval_s=args.interval,
+        startup_timeout_s=args.startup_timeout, log_dir=args.log_dir,
+        metrics_port=args.metrics_port, exporter_port=args.exporter_port,
+    )
+    cfg.validate()
+    if not cfg.headless and not sys.stdin.isatty():
+        raise ConfigError("--headless", "no terminal for the live view; use --headless")
+    return cfg
+
+
+def say(message: str) -> None:
+    print(f"fsdpmon demo: {message}", file=sys.stderr, flush=True)
+
+
+def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    plan = make_plan(cfg, real_gpu_count())
+    for line in describe(plan, cfg):
+        say(line)
+    session = Session(plan, say)
+    # SIGTERM and SIGHUP end the demo like Ctrl-C: through the finally below.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
+    try:
+        session.start()
+        session.wait_ready(cfg.nproc, cfg.startup_timeout_s)
+        say(f"ready: {cfg.nproc} ranks training. In another terminal: "
+            f"fsdpmon top --targets {plan.metrics_url},{plan.exporter_url}")
+        if cfg.headless:
+            snap = _headless(session, cfg)
+        else:
+            return _live(session, cfg)
+    finally:
+        session.stop()
+        say(f"stopped. Logs: {plan.log_dir}  (scaling report: fsdpmon report {plan.jsonl_path})")
+    _print_snapshot(snap, cfg.json)
+    from fsdpmon.top.cli import check_health
+
+    check_health(snap)
+    return 0
+
+
+def _headless(session: Session, cfg: DemoConfig) -> JobSnapshot:
+    """Train for ``cfg.duration_s``, printing one progress line per interval; the last snapshot."""
+    end = time.monotonic() + cfg.duration_s
+    start = time.monotonic()
+    while True:
+        time.sleep(max(0.0, min(cfg.interval_s, end - time.monotonic())))
+        session.check_children()
+        snap = session.source.fetch()
+        say(progress_line(snap, time.monotonic() - start))
+        if time.monotonic() >= end or snap.state is JobState.DONE:
+            return snap
+
+
+def progress_line(snap: JobSnapshot, elapsed_s: float) -> str:
+    steps = " ".join(f"rank{r.rank}={r.step}" for r in snap.ranks)
+    rate = f"{snap.tokens_per_second:,.0f} tokens/s" if snap.tokens_per_second else "- tokens/s"
+    return f"t={elapsed_s:.0f}s state={snap.state.value} steps: {steps} | {rate}"
+
+
+def _print_snapshot(snap: JobSnapshot, as_json: bool) -> None:
+    if as_json:
+        sys.stdout.write(snap.to_json() + "\n")
+    else:
+        from rich.console import Console
+
+        from fsdpmon.top.views import once_frame
+
+        Console(soft_wrap=False).print(once_frame(snap))
+    sys.stdout.flush()
+
+
+def _live(session: Session, cfg: DemoConfig) -> int:
+    """`fsdpmon top`'s live view on the demo's two endpoints, until `q` or Ctrl-C."""
+    from fsdpmon.top.app import run_live
+
+    say("starting the live view (q or Ctrl-C to stop everything)")
+    time.sleep(1.0)
+    return run_live(session.source, cfg.interval_s)

@@ -1,0 +1,210 @@
+"""One demo session: plan it, start the exporter and the training, wait until both serve, stop.
+
+The plan is plain data (which commands, which ports, which logs), so it can be printed for the
+person watching and checked by tests without starting anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fsdpmon.conventions import SIMULATED_GPU_MODEL
+from fsdpmon.demo.processes import Child, spawn, stop_all
+from fsdpmon.errors import ConfigError, JobUnhealthyError
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.targets import TargetsSource
+
+JOB_NAME = "fsdpmon-demo"
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    nproc: int = 2
+    model: str = "tiny"
+    max_steps: int = 1_000_000  # effectively "until stopped"
+    log_every: int = 10
+    batch_size: int = 4
+    seq_len: int = 128
+    headless: bool = False
+    duration_s: float = 30.0
+    json: bool = False
+    interval_s: float = 2.0
+    startup_timeout_s: float = 180.0
+    log_dir: Path | None = None
+    metrics_port: int = 0  # 0: pick a free port
+    exporter_port: int = 0
+
+    def validate(self) -> None:
+        checks: list[tuple[str, bool, str]] = [
+            ("--nproc", self.nproc >= 1, "must be >= 1"),
+            ("--max-steps", self.max_steps >= 1, "must be >= 1"),
+            ("--duration", self.duration_s > 0, "must be > 0 seconds"),
+            ("--interval", self.interval_s > 0, "must be > 0 seconds"),
+            ("--startup-timeout", self.startup_timeout_s > 0, "must be > 0 seconds"),
+            ("--metrics-port", 0 <= self.metrics_port <= 65535, "must be a TCP port (0: free)"),
+            ("--exporter-port", 0 <= self.exporter_port <= 65535, "must be a TCP port (0: free)"),
+        ]
+        for name, ok, problem in checks:
+            if not ok:
+                raise ConfigError(name, problem)
+
+
+@dataclass(frozen=True)
+class Plan:
+    log_dir: Path
+    metrics_port: int
+    exporter_port: int
+    simulated_gpus: int  # 0: the exporter reads the real GPUs through NVML
+    cuda: bool  # the ranks train on CUDA GPUs (else CPU with gloo)
+    trainer_argv: list[str]
+    exporter_argv: list[str]
+    trainer_env: dict[str, str] = field(repr=False, default_factory=dict)
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.metrics_port}/metrics"
+
+    @property
+    def exporter_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.exporter_port}/metrics"
+
+    @property
+    def jsonl_path(self) -> Path:
+        return self.log_dir / "train.jsonl"
+
+
+def free_port() -> int:
+    """A port free on loopback right now (the child binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+def real_gpu_count() -> int:
+    """GPUs NVML can read here; 0 when there is no driver (the exporter owns pynvml)."""
+    from exporters.nvml import NvmlReader
+
+    logging.getLogger("exporters.nvml").setLevel(logging.ERROR)  # "NVML unavailable" is expected
+    reader = NvmlReader()
+    try:
+        return len(reader.identities) if reader.open() else 0
+    finally:
+        reader.close()
+
+
+def make_plan(cfg: DemoConfig, gpus: int) -> Plan:
+    log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="fsdpmon-demo-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    metrics_port = cfg.metrics_port or free_port()
+    exporter_port = cfg.exporter_port or free_port()
+    cuda = gpus >= cfg.nproc  # one GPU per rank, or all ranks on CPU
+    simulated = 0 if gpus else cfg.nproc
+    env = {**os.environ, "FSDPMON_LISTEN_ADDRESS": LOOPBACK, "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; oversubscription crawls
+    if not cuda:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: train on CPU (gloo)
+    trainer = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={cfg.nproc}", "-m", "trainer.train",
+        "--model", cfg.model, "--max-steps", str(cfg.max_steps),
+        "--log-every", str(cfg.log_every), "--batch-size", str(cfg.batch_size),
+        "--seq-len", str(cfg.seq_len), "--metrics-port", str(metrics_port),
+        "--job-name", JOB_NAME, "--log-jsonl", str(log_dir / "train.jsonl"),
+    ]
+    exporter = [
+        sys.executable, "-m", "fsdpmon.cli", "exporter", "--port", str(exporter_port),
+        "--listen-address", LOOPBACK, "--interval", "1",
+        *(["--simulate-gpus", str(simulated)] if simulated else []),
+    ]
+    return Plan(log_dir, metrics_port, exporter_port, simulated, cuda, trainer, exporter, env)
+
+
+def describe(plan: Plan, cfg: DemoConfig) -> list[str]:
+    """What the person is told before anything starts."""
+    gpus = (
+        f"{plan.simulated_gpus} SIMULATED GPUs (no NVML here; they report model "
+        f"{SIMULATED_GPU_MODEL!r})" if plan.simulated_gpus else "the real GPUs (NVML)"
+    )
+    device = "CUDA (NCCL)" if plan.cuda else "CPU (gloo)"
+    return [
+        f"logs: {plan.log_dir}/ (exporter.log, train.log, train.rank<k>.jsonl)",
+        f"exporter: {plan.exporter_url}  host and process metrics, {gpus}",
+        f"training: {cfg.nproc} ranks of model {cfg.model!r} on {device}, "
+        f"metrics at {plan.metrics_url}",
+    ]
+
+
+class Session:
+    """Owns the children; ``stop()`` is safe to call at any time, more than once."""
+
+    def __init__(self, plan: Plan, say: Callable[[str], None]) -> None:
+        self.plan = plan
+        self.say = say
+        self.children: list[Child] = []
+        self.source = TargetsSource([plan.metrics_url, plan.exporter_url], timeout_s=2.0,
+                                    job_name=JOB_NAME)
+
+    def start(self) -> None:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.say("starting exporter ...")
+        self.children.append(spawn("exporter", self.plan.exporter_argv,
+                                   self.plan.log_dir / "exporter.log", env))
+        self.say("starting training (torchrun) ...")
+        self.children.append(spawn("training", self.plan.trainer_argv,
+                                   self.plan.log_dir / "train.log", self.plan.trainer_env))
+
+    def check_children(self) -> None:
+        """Raise when a child has exited; the message points at its log."""
+        for child in self.children:
+            child.remember_tree()
+            code = child.exit_code()
+            if code is not None:
+                tail = child.log_tail()
+                raise JobUnhealthyError(
+                    f"{child.name} exited with status {code}; see {child.log_path}"
+                    + (f" (last lines: {tail})" if tail else "")
+                )
+
+    def wait_ready(self, nproc: int, timeout_s: float) -> JobSnapshot:
+        """Until every rank has reported a step and the exporter answers."""
+        deadline = time.monotonic() + timeout_s
+        last_said = 0.0
+        while True:
+            self.check_children()
+            snap = self.source.fetch()
+            stepping = [r for r in snap.ranks if r.step is not None and not r.down]
+            if len(stepping) >= nproc and all(t.up for t in snap.targets):
+                return snap
+            now = time.monotonic()
+            if now > deadline:
+                down = "; ".join(f"{t.url}: {t.error}" for t in snap.targets if not t.up)
+                raise JobUnhealthyError(
+                    f"not ready after {timeout_s:g}s ({len(stepping)} of {nproc} ranks "
+                    f"stepping{'; ' + down if down else ''}); logs in {self.plan.log_dir}"
+                )
+            if now - last_said > 10:
+                self.say(f"waiting for {nproc} ranks to take a step "
+                         f"({len(stepping)} so far) ...")
+                last_said = now
+            time.sleep(1.0)
+
+    def stop(self) -> None:
+        if not self.children:
+            return
+        self.say("stopping training and exporter ...")
+        killed = stop_all(self.children)
+        if killed:
+            self.say("had to SIGKILL: " + ", ".join(killed))
+        self.children = []
+        with contextlib.suppress(Exception):
+            self.source.close()
