@@ -83,7 +83,8 @@ class Refresher(threading.Thread):
         while not self.stop.is_set():
             started = time.monotonic()
             try:
-                snap, notice = self.source.fetch(), ""
+                snap = self.source.fetch()
+                notice = getattr(self.source, "notice", "")
                 failures = 0
             except FsdpmonError as exc:
                 failures += 1

@@ -1,0 +1,346 @@
+"""The Kubernetes source (`--job NAME` / `--selector SEL`): find the job's pods and the exporters
+on their nodes with the official client, scrape them, and tail a pod's training log.
+
+Outside the cluster every scrape goes through the API server's pod proxy (no port-forward, no
+network path to the pods needed); inside (in-cluster config) pods are scraped by IP. API errors
+become one line with a hint: 403 names the RBAC Role to apply, a missing job lists the jobs that
+do exist. Transient errors (timeouts, 5xx, 429) are retried with backoff before giving up.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import urllib3
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.watch.watch import iter_resp_lines
+
+from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
+from fsdpmon.errors import ConfigError, UnreachableError
+from fsdpmon.top import discovery
+from fsdpmon.top.aggregate import WANTED, Target, aggregate
+from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.targets import ScrapeError, http_get, scrape_all
+
+TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
+RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this namespace and "
+             "bind it to you (kubectl create rolebinding fsdpmon-top --role fsdpmon-top "
+             "--user YOU)")
+RETRIES = 3
+BACKOFF_S = 0.5
+LOG_IDLE_S = 600.0  # a followed log silent this long is reopened
+REDISCOVER_EVERY = 10  # refreshes between pod lists when nothing changed
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class KubeSourceConfig:
+    job: str = ""
+    selector: str = ""
+    namespace: str | None = None
+    context: str | None = None
+    kubeconfig: str | None = None
+    timeout_s: float = 3.0
+    in_cluster: bool | None = None  # None: in-cluster config when no kubeconfig is found
+    max_workers: int = 32
+    log_tail_lines: int = 200
+
+
+def _load(cfg: KubeSourceConfig) -> tuple[client.Configuration, str, bool]:
+    """Client configuration, the namespace to use, and whether we run inside the cluster."""
+    conf = client.Configuration()
+    try:
+        if cfg.in_cluster or (cfg.in_cluster is None and not cfg.kubeconfig and not cfg.context
+                              and _in_cluster_available()):
+            config.load_incluster_config(client_configuration=conf)
+            return conf, cfg.namespace or _incluster_namespace(), True
+        config.load_kube_config(config_file=cfg.kubeconfig, context=cfg.context,
+                                client_configuration=conf)
+        _, active = config.list_kube_config_contexts(config_file=cfg.kubeconfig)
+        if cfg.context:
+            contexts, _ = config.list_kube_config_contexts(config_file=cfg.kubeconfig)
+            active = next(c for c in contexts if c["name"] == cfg.context)
+        namespace = cfg.namespace or active.get("context", {}).get("namespace") or "default"
+        return conf, namespace, False
+    except (ConfigException, OSError, StopIteration, TypeError) as exc:
+        field = "--context" if cfg.context and "context" in str(exc).lower() else "--kubeconfig"
+        raise ConfigError(field, f"cannot load Kubernetes configuration: {exc}") from None
+
+
+def _in_cluster_available() -> bool:
+    import os
+
+    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.path.exists(
+        os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config")))
+
+
+def _incluster_namespace() -> str:
+    try:
+        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
+            return f.read().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def _transient(exc: BaseException) -> bool:
+    if isinstance(exc, ApiException):
+        return exc.status in (429, 500, 502, 503, 504) or exc.status == 0
+    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        return f"HTTP {exc.status} {exc.reason}".strip()
+    text = str(exc)
+    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
+        return "timed out"
+    if "refused" in text.lower():
+        return "connection refused"
+    return text.split(": ", 1)[-1][:160] or type(exc).__name__
+
+
+class LogFollower(threading.Thread):
+    """Streams one pod container's log (tail, then follow) into a bounded buffer."""
+
+    def __init__(self, open_stream: Callable[[], Any], pod: str, keep: int) -> None:
+        super().__init__(name=f"fsdpmon-logs-{pod}", daemon=True)
+        self.pod = pod
+        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
+        self._open = open_stream
+        self._stop = threading.Event()
+        self._response: Any = None
+
+    def run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self._response = self._open()
+                for line in iter_resp_lines(self._response):
+                    if self._stop.is_set():
+                        return
+                    self.lines.append(line)
+                failures = 0  # the stream ended (container restarted): open it again
+            except Exception as exc:  # any API or network failure: say so, back off, retry
+                failures += 1
+                self.lines.append(f"[fsdpmon top: log stream failed: {_describe(exc)}]")
+            self._stop.wait(min(30.0, BACKOFF_S * 2**failures))
+
+    def stop(self) -> None:
+        self._stop.set()
+        # Closing the response would wait for the reader thread's blocked read (it holds the
+        # buffer's lock); shutting the socket down ends that read at once.
+        sock = getattr(getattr(self._response, "connection", None), "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+class KubeSource:
+    """Finds and scrapes a job's pods through the Kubernetes API; ``fetch()`` → JobSnapshot."""
+
+    def __init__(self, cfg: KubeSourceConfig) -> None:
+        if not (cfg.job or cfg.selector):
+            raise ConfigError("--job", "give --job NAME or --selector SELECTOR")
+        if not cfg.timeout_s > 0:
+            raise ConfigError("--timeout", f"must be > 0, got {cfg.timeout_s!r}")
+        self.cfg = cfg
+        conf, self.namespace, self.inside = _load(cfg)
+        conf.retries = False  # we retry ourselves, with backoff and a clear final message
+        conf.connection_pool_maxsize = cfg.max_workers
+        self.host = conf.host
+        self.api = client.CoreV1Api(client.ApiClient(conf))
+        self._parser = Parser(WANTED)
+        self._pool = ThreadPoolExecutor(max_workers=cfg.max_workers,
+                                        thread_name_prefix="fsdpmon-kube")
+        self._targets: list[Target] = []
+        self._train_pods: list[dict[str, Any]] = []
+        self._refreshes = 0
+        self._previous: JobSnapshot | None = None
+        self._logs: LogFollower | None = None
+        self._notice = ""
+
+    @property
+    def description(self) -> str:
+        what = f"job {self.cfg.job}" if self.cfg.job else f"pods {self.cfg.selector}"
+        return f"{what} in namespace {self.namespace} ({self.host})"
+
+    # --- API calls -------------------------------------------------------------------------
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run an API call; retry transient failures with backoff; raise one clear line."""
+        for attempt in range(RETRIES):
+            try:
+                return fn()
+            except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
+                if isinstance(exc, ApiException) and exc.status in (401, 403):
+                    raise UnreachableError(self._denied(what, exc)) from None
+                if not _transient(exc) or attempt == RETRIES - 1:
+                    raise UnreachableError(
+                        f"Kubernetes API at {self.host}: {what}: {_describe(exc)}") from None
+                time.sleep(BACKOFF_S * 2**attempt)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _denied(self, what: str, exc: ApiException) -> str:
+        if exc.status == 401:
+            return (f"Kubernetes API at {self.host}: {what}: unauthorized (HTTP 401): the "
+                    "credentials in your kubeconfig were rejected")
+        return f"Kubernetes API: {what}: forbidden (HTTP 403): {RBAC_HINT}"
+
+    def _list(self, selector: str, namespace: str | None) -> list[dict[str, Any]]:
+        timeout = self.cfg.timeout_s
+        if namespace is None:
+            response = self._call("list pods in all namespaces", lambda: (
+                self.api.list_pod_for_all_namespaces(label_selector=selector,
+                                                     _preload_content=False,
+                                                     _request_timeout=timeout)))
+        else:
+            response = self._call(f"list pods in namespace {namespace}", lambda: (
+                self.api.list_namespaced_pod(namespace, label_selector=selector,
+                                             _preload_content=False, _request_timeout=timeout)))
+        try:
+            items = json.loads(response.data).get("items")
+        except (ValueError, AttributeError):
+            raise UnreachableError(f"Kubernetes API at {self.host}: malformed pod list") from None
+        return [p for p in items or [] if isinstance(p, dict)]
+
+    # --- discovery -------------------------------------------------------------------------
+
+    def _job_pods(self) -> list[dict[str, Any]]:
+        if self.cfg.selector:
+            pods = self._list(self.cfg.selector, self.namespace)
+            if not pods:
+                raise ConfigError("--selector", f"no pods match {self.cfg.selector!r} in "
+                                                f"namespace {self.namespace}")
+            return sorted(pods, key=discovery.pod_name)
+        for selector in discovery.label_selectors_for_job(self.cfg.job):
+            pods = self._list(selector, self.namespace)
+            if pods:
+                return discovery.find_job_pods(pods, self.cfg.job)
+        existing = discovery.job_names(self._list("", self.namespace))
+        listing = ", ".join(existing) if existing else "none"
+        raise ConfigError("--job", f"no PyTorchJob or TrainJob {self.cfg.job!r} has pods in "
+                                   f"namespace {self.namespace}; jobs there: {listing}")
+
+    def _exporter_pods(self, nodes: list[str]) -> list[dict[str, Any]]:
+        """Exporters usually live in a monitoring namespace; a namespaced Role may not see them."""
+        selector = f"{EXPORTER_APP_LABEL}={EXPORTER_APP_NAME}"
+        self._notice = ""
+        try:
+            return discovery.exporters_for_nodes(self._list(selector, None), nodes)
+        except UnreachableError as exc:
+            cluster_error = exc
+        try:
+            found = discovery.exporters_for_nodes(self._list(selector, self.namespace), nodes)
+        except UnreachableError as exc:
+            found, cluster_error = [], exc
+        if not found:
+            self._notice = f"no GPU data: exporter pods not visible ({cluster_error})"
+        return found
+
+    def _target(self, pod: dict[str, Any], port: int) -> Target:
+        name, namespace = discovery.pod_name(pod), pod["metadata"].get("namespace", self.namespace)
+        if self.inside:
+            url = f"http://{discovery.pod_ip(pod)}:{port}/metrics"
+        else:
+            url = f"{self.host}/api/v1/namespaces/{namespace}/pods/{name}:{port}/proxy/metrics"
+        return Target(url, pod=name, node=discovery.pod_node(pod), namespace=namespace)
+
+    def discover(self) -> list[Target]:
+        train = [p for p in self._job_pods() if discovery.is_running(p)]
+        targets = []
+        for pod in train:
+            port = discovery.training_metrics_port(pod)
+            if port is not None:
+                targets.append(self._target(pod, port))
+        nodes = sorted({discovery.pod_node(p) for p in train} - {""})
+        for pod in self._exporter_pods(nodes):
+            port = discovery.exporter_metrics_port(pod)
+            if port is not None and discovery.is_running(pod):
+                targets.append(self._target(pod, port))
+        self._train_pods = train
+        return targets
+
+    # --- scraping --------------------------------------------------------------------------
+
+    def _fetch_target(self, target: Target) -> bytes:
+        if self.inside:
+            return http_get(target.url, self.cfg.timeout_s)
+        port = target.url.rsplit(":", 1)[-1].split("/", 1)[0]
+        try:
+            response = self.api.connect_get_namespaced_pod_proxy_with_path(
+                f"{target.pod}:{port}", target.namespace, "metrics", _preload_content=False,
+                _request_timeout=self.cfg.timeout_s)
+            return bytes(response.data)
+        except ApiException as exc:
+            raise ScrapeError(_describe(exc)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ScrapeError(_describe(exc)) from None
+
+    def fetch(self) -> JobSnapshot:
+        previous = self._previous
+        stale = previous is not None and previous.targets_up < len(previous.targets)
+        if not self._targets or stale or self._refreshes % REDISCOVER_EVERY == 0:
+            self._targets = self.discover()
+        self._refreshes += 1
+        results = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
+        follower = self._logs
+        self._previous = aggregate(
+            results, now=time.time(), source="kubernetes", previous=previous,
+            job_name=self.cfg.job, logs=tuple(follower.lines) if follower else (),
+            log_pod=follower.pod if follower else "",
+        )
+        return self._previous
+
+    @property
+    def notice(self) -> str:
+        return self._notice
+
+    # --- logs ------------------------------------------------------------------------------
+
+    def follow_logs(self, index: int | None) -> None:
+        """Tail the training container of the job's ``index``-th pod; None stops following."""
+        pods = self._train_pods
+        if index is None or not pods:
+            self._stop_logs()
+            return
+        pod = pods[min(index, len(pods) - 1)]
+        name = discovery.pod_name(pod)
+        if self._logs is not None and self._logs.pod == name:
+            return
+        self._stop_logs()
+        namespace = pod["metadata"].get("namespace", self.namespace)
+        container = discovery.training_container(pod) or None
+
+        opened = []
+
+        def open_stream() -> Any:
+            # Reopening after a dropped stream must not repeat the tail already shown.
+            tail = 0 if opened else self.cfg.log_tail_lines
+            opened.append(True)
+            return self.api.read_namespaced_pod_log(
+                name, namespace, container=container, follow=True, tail_lines=tail,
+                _preload_content=False, _request_timeout=(self.cfg.timeout_s, LOG_IDLE_S))
+
+        self._logs = LogFollower(open_stream, name, keep=max(100, self.cfg.log_tail_lines))
+        self._logs.start()
+
+    def _stop_logs(self) -> None:
+        if self._logs is not None:
+            self._logs.stop()
+            self._logs = None
+
+    def close(self) -> None:
+        self._stop_logs()
+        self._pool.shutdown(wait=False, cancel_futures=True)
