@@ -227,3 +227,21 @@ def test_prometheus_rule_groups_pass_promtool(full_bundles, tmp_path):
     out = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_top_roles_grant_reads_only_where_top_looks():
+    roles = [o for o in generate(config(namespace="ml", components=("rbac",))).objects]
+    assert [(r["kind"], r["metadata"]["namespace"]) for r in roles] == [
+        ("Role", "ml"), ("Role", "monitoring")]
+    job_role, exporter_role = roles
+    grants = {(g, res, verb) for rule in job_role["rules"] for g in rule["apiGroups"]
+              for res in rule["resources"] for verb in rule["verbs"]}
+    assert grants == {
+        ("", "pods", "get"), ("", "pods", "list"), ("", "pods/proxy", "get"),
+        ("", "pods/log", "get"),
+        ("kubeflow.org", "pytorchjobs", "get"), ("kubeflow.org", "pytorchjobs", "list"),
+        ("trainer.kubeflow.org", "trainjobs", "get"), ("trainer.kubeflow.org", "trainjobs", "list"),
+    }
+    assert {v for rule in exporter_role["rules"] for v in rule["verbs"]} == {"get", "list"}
+    same_ns = generate(config(namespace="monitoring", components=("rbac",))).objects
+    assert len(same_ns) == 1

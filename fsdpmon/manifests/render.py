@@ -40,7 +40,7 @@ def generate(cfg: ManifestConfig) -> Bundle:
             files[SECRET_FILE] = [secret]
         files["training.yaml"] = training.training_objects(cfg)
     if "rbac" in cfg.components:
-        files["rbac.yaml"] = [rbac.top_role(cfg)]
+        files["rbac.yaml"] = rbac.top_roles(cfg)
     if "exporter" in cfg.components:
         files["exporter.yaml"] = exporter.exporter_objects(cfg)
     if "monitoring" in cfg.components:
