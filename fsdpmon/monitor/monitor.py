@@ -73,6 +73,7 @@ class Monitor:
         self._window_tokens = 0
         self._window_start: float | None = None
         self._spans: dict[str, _Span] = {}
+        self.auto_log = True  # log every config.log_interval steps; off when the loop decides
         self.pub: Publication | None = None
         self.jsonl: JsonlSink | None = None
         try:
@@ -190,7 +191,16 @@ class Monitor:
         except Exception as exc:
             self._fail("end_step", exc)
             return
-        if self.step_number % self.config.log_interval == 0 or self.step_number == self.total_steps:
+        if self.auto_log and (self.step_number % self.config.log_interval == 0
+                              or self.step_number == self.total_steps):
+            self._log_step()
+
+    def log_now(self) -> None:
+        """Run a log step now (for loops that decide themselves when to log, like HF's).
+
+        Every rank must call it at the same points: it takes part in one collective.
+        """
+        if self.steps_done > 0:
             self._log_step()
 
     def _phase(self, name: str, entering: bool) -> None:

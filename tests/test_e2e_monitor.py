@@ -1,0 +1,281 @@
+"""End to end: a real 2-rank FSDP2 job under torchrun, monitored, scraped over HTTP.
+
+One run (module fixture) checks truth (tokens/s vs the job's own clock, exact counters), the
+straggler (rank 1 slowed by a sleep in its data phase), the exposition (promtool, both ranks on
+one endpoint) and that a dead rank's series disappear. A second run freezes rank 1 with SIGSTOP
+and checks the stall flag, the heartbeat age, the stack dump and the recovery.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+STEPS, LOG_EVERY, BATCH, SEQ = 40, 10, 4, 64
+SLOW_SECONDS = 0.02
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def samples(text: str, name: str) -> dict[str, float]:
+    """rank label -> value for one metric (job-level ones under key "")."""
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name:
+                out[s.labels.get("rank", "")] = s.value
+    return out
+
+
+def wait_until(predicate: Callable[[], object], seconds: float, what: str) -> object:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {seconds}s waiting for {what}")
+
+
+@dataclass
+class Job:
+    control: Path
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+    jsonl: Path
+    seen: dict[str, object] = field(default_factory=dict)
+
+    def file(self, name: str) -> Path:
+        return self.control / name
+
+    def pid(self, rank: int) -> int:
+        path = self.file(f"pid.rank{rank}")
+        wait_until(path.exists, 60, f"rank {rank} to start")
+        return int(path.read_text())
+
+    def done(self, rank: int) -> dict:
+        path = self.file(f"done.rank{rank}")
+        wait_until(path.exists, 90, f"rank {rank} to finish training")
+        return json.loads(path.read_text())
+
+    def release(self, rank: int) -> None:
+        self.file(f"release.rank{rank}").touch()
+
+    def records(self, rank: int) -> list[dict]:
+        path = self.jsonl.with_name(f"run.rank{rank}.jsonl")
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def launch(tmp: Path, *job_args: str, **env_overrides: str) -> Job:
+    control = tmp / "control"
+    control.mkdir(parents=True)
+    port = free_port()
+    env = {
+        **os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
+        "FSDPMON_PORT": str(port), "FSDPMON_LISTEN_ADDRESS": "127.0.0.1",
+        "FSDPMON_JOB_NAME": "e2e", "FSDPMON_LOG_INTERVAL": str(LOG_EVERY),
+        "FSDPMON_JSONL": str(tmp / "run.jsonl"), "FSDPMON_STATE_DIR": str(tmp / "state"),
+        "FSDPMON_SERVER_RETRY_SECONDS": "0.5", **env_overrides,
+    }
+    log_path = tmp / "torchrun.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [str(TORCHRUN), "--standalone", "--nproc_per_node", "2",
+             str(ROOT / "tests" / "monitor_job.py"), "--control-dir", str(control),
+             "--batch", str(BATCH), "--seq-len", str(SEQ), *job_args],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    return Job(control, port, proc, log_path, tmp / "run.jsonl")
+
+
+def finish(job: Job) -> None:
+    """Let every rank go, wait for a clean exit, and never leave a process behind."""
+    try:
+        job.release(0)
+        job.release(1)
+        job.proc.wait(timeout=60)
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def main_run(tmp_path_factory) -> Iterator[Job]:
+    job = launch(tmp_path_factory.mktemp("main"), "--steps", str(STEPS),
+                 "--slow-rank", "1", "--slow-seconds", str(SLOW_SECONDS))
+    try:
+        job.seen["done"] = {r: job.done(r) for r in (0, 1)}
+        job.seen["both"] = scrape(job.port)
+        job.release(1)  # rank 1 exits abruptly, leaving its state files behind
+        rank1 = job.pid(1)
+        wait_until(lambda: not _alive(rank1), 30, "rank 1 to exit")
+        job.seen["after"] = scrape(job.port)
+        finish(job)
+        yield job
+    finally:
+        if job.proc.poll() is None:
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait(timeout=10)
+
+
+def _alive(pid: int) -> bool:
+    from fsdpmon.monitor.state import pid_alive
+
+    return pid_alive(pid)
+
+
+def test_job_ran_to_completion(main_run: Job):
+    assert main_run.proc.returncode == 0, main_run.output()[-3000:]
+
+
+def test_counters_equal_the_jobs_own_counts(main_run: Job):
+    both = main_run.seen["both"]
+    steps = samples(both, "fsdpmon_train_steps_total")
+    tokens = samples(both, "fsdpmon_train_tokens_total")
+    for rank in (0, 1):
+        done = main_run.seen["done"][rank]
+        assert steps[str(rank)] == done["steps"] == STEPS
+        assert tokens[str(rank)] == done["tokens"] == STEPS * BATCH * SEQ
+        assert main_run.records(rank)[-1]["tokens_total"] == done["tokens"]
+    assert samples(both, "fsdpmon_train_step") == {"0": STEPS, "1": STEPS}
+
+
+def test_tokens_per_second_agrees_with_the_jobs_wall_clock(main_run: Job):
+    for rank in (0, 1):
+        marks = main_run.seen["done"][rank]["marks"]
+        records = [r for r in main_run.records(rank) if r["kind"] == "step"]
+        assert [r["step"] for r in records] == [m[0] for m in marks[1:]]
+        for (s0, t0), (s1, t1), record in zip(marks, marks[1:], records, strict=False):
+            truth = (s1 - s0) * BATCH * SEQ / (t1 - t0)
+            assert record["tokens_per_second"] == pytest.approx(truth, rel=0.03), record
+    published = samples(main_run.seen["both"], "fsdpmon_train_tokens_per_second")
+    assert published["0"] == pytest.approx(main_run.records(0)[-1]["tokens_per_second"])
+
+
+def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job):
+    rank0, rank1 = main_run.records(0)[1:], main_run.records(1)[1:]
+    for mine, theirs in zip(rank0, rank1, strict=True):
+        assert mine["job"]["slowest_rank"] == 1
+        assert mine["job"]["slowest_rank_step_time_s"] == pytest.approx(theirs["step_time_s"])
+        assert theirs["data_wait_ratio"] > mine["data_wait_ratio"]
+        # Synchronous FSDP: the step time itself includes the wait, so it is >= the sleep.
+        assert theirs["step_time_s"] >= SLOW_SECONDS
+    assert "job" not in rank1[-1]
+    assert samples(main_run.seen["both"], "fsdpmon_job_slowest_rank") == {"": 1.0}
+
+
+def test_exposition_passes_promtool_and_carries_both_ranks(main_run: Job, tmp_path):
+    both = main_run.seen["both"]
+    exposition = tmp_path / "metrics.txt"
+    exposition.write_text(both)
+    with open(exposition) as fh:
+        result = subprocess.run(["promtool", "check", "metrics"], stdin=fh, capture_output=True,
+                                text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("fsdpmon_train_info", "fsdpmon_train_loss", "fsdpmon_train_step_time_seconds",
+                 "fsdpmon_train_heartbeat_age_seconds", "fsdpmon_train_process_rss_bytes",
+                 "fsdpmon_train_model_flops_per_token"):
+        assert set(samples(both, name)) == {"0", "1"}, name
+    # CPU: no peak FLOPs, so no MFU series at all rather than a wrong one.
+    assert "fsdpmon_train_mfu_ratio" not in both
+    assert samples(both, "fsdpmon_train_stalled") == {"0": 0.0, "1": 0.0}
+
+
+def test_a_dead_ranks_series_disappear(main_run: Job):
+    after = main_run.seen["after"]
+    assert set(samples(after, "fsdpmon_train_steps_total")) == {"0"}
+    assert set(samples(after, "fsdpmon_train_loss")) == {"0"}
+    assert 'rank="1"' not in after
+
+
+# ---- stall -----------------------------------------------------------------------------------
+
+STALL_FLOOR = 2.0
+
+
+def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
+    job = launch(tmp_path, "--steps", "100000", FSDPMON_STALL_FLOOR_SECONDS=str(STALL_FLOOR),
+                 FSDPMON_STALL_FACTOR="3", FSDPMON_LOG_INTERVAL="5")
+    try:
+        frozen = job.pid(1)
+        wait_until(lambda: min(samples(scrape(job.port), "fsdpmon_train_step").values(),
+                               default=0) >= 10 and
+                   len(samples(scrape(job.port), "fsdpmon_train_step")) == 2, 60, "10 steps")
+        os.kill(frozen, signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            text = wait_until(lambda: _stalled_text(job.port, "0", 1.0), 20, "rank 0 stalled")
+            detected = time.monotonic() - stopped_at
+            threshold = samples(text, "fsdpmon_train_stall_threshold_seconds")["0"]
+            assert threshold >= STALL_FLOOR
+            # Bound: the threshold plus the watchdog's tick plus scrape polling on a busy box.
+            assert detected <= threshold + 3.0
+            # The frozen rank's own watchdog cannot run, yet its age is computed per scrape.
+            age = samples(text, "fsdpmon_train_heartbeat_age_seconds")
+            assert age["1"] >= threshold
+            assert samples(text, "fsdpmon_train_stalled")["1"] == 1.0
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        wait_until(lambda: _stalled_text(job.port, "0", 0.0), 20, "rank 0 to recover")
+        wait_until(lambda: _stalled_text(job.port, "1", 0.0), 20, "rank 1 to recover")
+        step_now = max(samples(scrape(job.port), "fsdpmon_train_step").values())
+        job.file("stop").write_text(str(int(step_now) + 10))
+        job.done(0)
+        finish(job)
+        log = job.output()
+        assert "stalled; stacks of all threads follow" in log
+        assert "most recent call first" in log  # faulthandler's dump of every thread
+        assert "steps resumed after a stall" in log
+        # (Once per stall episode: tests/test_monitor_watchdog.py; here rank 1 may also report
+        # one on waking, and a loaded box may stretch a warm-up step past the floor.)
+    finally:
+        if job.proc.poll() is None:
+            with _suppress():
+                os.kill(job.pid(1), signal.SIGCONT)
+            os.killpg(job.proc.pid, signal.SIGKILL)
+            job.proc.wait(timeout=10)
+
+
+def _stalled_text(port: int, rank: str, value: float) -> str | None:
+    text = scrape(port)
+    return text if samples(text, "fsdpmon_train_stalled").get(rank) == value else None
+
+
+class _suppress:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> bool:
+        return True
