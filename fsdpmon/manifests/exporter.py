@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from fsdpmon import conventions as conv
 from fsdpmon.manifests.config import INSTANCE_TYPES, ManifestConfig
-from fsdpmon.manifests.training import GPU, INSTANCE_TYPE_LABEL, Obj, common_labels
+from fsdpmon.manifests.meta import Obj, common_labels
+from fsdpmon.manifests.training import GPU, INSTANCE_TYPE_LABEL
 
 NAME = conv.EXPORTER_APP_NAME
 SCRAPE_INTERVAL_S = 5

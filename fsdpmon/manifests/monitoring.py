@@ -9,7 +9,7 @@ from typing import Any
 from fsdpmon import conventions as conv
 from fsdpmon.manifests import exporter
 from fsdpmon.manifests.config import ManifestConfig
-from fsdpmon.manifests.training import Obj, common_labels
+from fsdpmon.manifests.meta import Obj, common_labels
 
 TRAINING_MONITOR = "fsdpmon-training"
 RULES_NAME = "fsdpmon-rules"

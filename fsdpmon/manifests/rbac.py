@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fsdpmon.manifests.config import ManifestConfig
-from fsdpmon.manifests.training import Obj, common_labels
+from fsdpmon.manifests.meta import Obj, common_labels
 
 TOP_ROLE = "fsdpmon-top"
 

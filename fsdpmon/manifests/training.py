@@ -9,12 +9,10 @@ a reference to a Secret.
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 from fsdpmon import conventions as conv
 from fsdpmon.manifests.config import HF_TOKEN_VAR, ManifestConfig
-
-Obj = dict[str, Any]
+from fsdpmon.manifests.meta import Obj, common_labels
 
 CONTAINER = "pytorch"  # the PyTorchJob webhook requires this name
 TRAINJOB_CONTAINER = "node"  # the container name of the torch-distributed runtime
@@ -28,16 +26,6 @@ TRAINER_UID = 1000  # the user trainer/Dockerfile runs as
 def pod_security() -> Obj:
     # The image runs as a non-root user; fsGroup lets it write the data volume.
     return {"fsGroup": TRAINER_UID, "fsGroupChangePolicy": "OnRootMismatch"}
-
-
-def common_labels(component: str, instance: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": f"fsdpmon-{component}",
-        "app.kubernetes.io/instance": instance,
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/part-of": "fsdpmon",
-        "app.kubernetes.io/managed-by": "fsdpmon",
-    }
 
 
 def training_labels(cfg: ManifestConfig) -> dict[str, str]:
