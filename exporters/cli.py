@@ -14,9 +14,7 @@ import socket
 import threading
 from dataclasses import dataclass
 
-from prometheus_client.registry import CollectorRegistry
-
-from exporters.collector import ExporterCollector
+from exporters.exposition import CachedExposition
 from exporters.host import HostReader
 from exporters.nvml import NvmlReader
 from exporters.pods import PodIndex, api_from_config
@@ -140,11 +138,10 @@ def start(cfg: ExporterConfig) -> Exporter:
     procs = ProcessScanner(cfg.proc_root, pods.lookup if pods else None, cfg.max_processes)
     sampler = Sampler(cfg.node_name, cfg.interval_s, gpus, HostReader(cfg.proc_root), procs)
     sampler.start()
-    registry = CollectorRegistry()
-    registry.register(ExporterCollector(sampler, __version__, bool(cfg.simulate_gpus)))
+    metrics = CachedExposition(sampler, __version__, simulated=bool(cfg.simulate_gpus))
 
     try:
-        server = serve(registry, cfg.listen_address, cfg.port, web, sampler.health)
+        server = serve(metrics, cfg.listen_address, cfg.port, web, sampler.health)
     except OSError as exc:
         sampler.stop()
         raise ConfigError("--port", f"cannot listen on {cfg.listen_address}:{cfg.port}: "

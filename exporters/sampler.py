@@ -59,19 +59,21 @@ class Sampler:
     def stale_after_s(self) -> float:
         return 2 * self.interval_s + self.gpu_timeout_s + 1.0
 
-    def is_stale(self, sample: NodeSample | None, now: float | None = None) -> bool:
+    def age_s(self, sample: NodeSample) -> float:
+        return max(0.0, self._clock() - sample.taken_at)
+
+    def is_stale(self, sample: NodeSample | None) -> bool:
         """No sample, an old one (the sampler is stuck), or one whose GPU part is old."""
         if sample is None:
             return True
-        age = (self._clock() if now is None else now) - sample.taken_at
-        return sample.gpu_stale or age > self.stale_after_s()
+        return sample.gpu_stale or self.age_s(sample) > self.stale_after_s()
 
     def health(self) -> tuple[bool, str]:
         """For /healthz: the sampler thread runs and its last sample is recent."""
         latest = self._latest
         if not self.alive() or latest is None:
             return False, "sampler not running"
-        age = self._clock() - latest.taken_at
+        age = self.age_s(latest)
         if age > self.stale_after_s():
             return False, f"last sample is {age:.0f}s old"
         return True, "ok"

@@ -1,8 +1,9 @@
-"""Serving: prometheus_client's WSGI app and threading server, plus ``/healthz`` and basic auth.
+"""Serving: prometheus_client's threading WSGI server, plus ``/healthz`` and basic auth.
 
 prometheus_client's ``start_http_server`` supports TLS but not basic auth or extra paths, so we
-assemble the same parts it uses (``make_wsgi_app``, ``ThreadingWSGIServer``, wsgiref's
-``make_server``) with a thin WSGI wrapper in front. ``/healthz`` is left outside basic auth so
+assemble the same parts it uses (``ThreadingWSGIServer``, wsgiref's ``make_server``) around the
+metrics WSGI app (``exporters.exposition`` or prometheus_client's ``make_wsgi_app``) with a thin
+WSGI wrapper in front. ``/healthz`` is left outside basic auth so
 kubelet probes work without credentials; it reveals nothing but liveness.
 """
 
@@ -19,14 +20,13 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import bcrypt
-from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import ThreadingWSGIServer
-from prometheus_client.registry import CollectorRegistry
 
 from exporters.webconfig import WebConfig
 
 Health = Callable[[], tuple[bool, str]]
 StartResponse = Callable[..., Any]
+WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -64,9 +64,7 @@ class BasicAuth:
         return True
 
 
-def build_app(registry: CollectorRegistry, health: Health, auth: BasicAuth | None) -> Callable:
-    metrics = make_wsgi_app(registry)
-
+def build_app(metrics: WsgiApp, health: Health, auth: BasicAuth | None) -> WsgiApp:
     def app(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") == "/healthz":
             ok, reason = health()
@@ -97,8 +95,7 @@ class Server:
         self.thread.join(5)
 
 
-def serve(registry: CollectorRegistry, address: str, port: int, web: WebConfig,
-          health: Health) -> Server:
+def serve(metrics: WsgiApp, address: str, port: int, web: WebConfig, health: Health) -> Server:
     """Start serving in a daemon thread; port 0 picks a free port (see ``Server.port``)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
 
@@ -106,7 +103,7 @@ def serve(registry: CollectorRegistry, address: str, port: int, web: WebConfig,
         address_family = family
 
     auth = BasicAuth(dict(web.users)) if web.users else None
-    httpd = make_server(address, port, build_app(registry, health, auth), _Server,
+    httpd = make_server(address, port, build_app(metrics, health, auth), _Server,
                         handler_class=_QuietHandler)
     if web.tls is not None:
         httpd.socket = web.tls.ssl_context().wrap_socket(httpd.socket, server_side=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 import yaml
-from prometheus_client import Gauge
+from prometheus_client import Gauge, make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
 from exporters.server import Server, serve
@@ -45,7 +45,7 @@ def server_factory() -> Iterator:
     started: list[Server] = []
 
     def start(web: WebConfig, healthy: bool = True) -> Server:
-        server = serve(_registry(), "127.0.0.1", 0, web,
+        server = serve(make_wsgi_app(_registry()), "127.0.0.1", 0, web,
                        lambda: (healthy, "ok" if healthy else "last sample is 99s old"))
         started.append(server)
         return server

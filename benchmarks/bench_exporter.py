@@ -1,0 +1,180 @@
+"""Benchmark the per-node exporter: scrape latency, sampler CPU, memory, and the exposition floor.
+
+Runs the real `fsdpmon exporter --simulate-gpus 8 --interval 1` as its own process, with 200 real
+(sleeping) processes marked as training processes (FSDPMON_JOB_NAME in their environment), so the
+exporter serves 8 GPUs and 200 processes, the simulated GPUs shared out among them. Measures:
+
+- scrape latency p50/p99 over HTTP (median over rounds); target p50 <= 5 ms;
+- the exporter's CPU share of one core while idle between scrapes at a 1 s interval (this is
+  the sampler's cost; median over windows); target <= 2%;
+- the exporter's resident memory; target <= 80 MB;
+- the floor: the same series, pre-built, served by prometheus_client's own start_http_server in
+  a separate process and scraped the same way; the ratio of our p50 to that p50.
+
+Usage: .venv/bin/python benchmarks/bench_exporter.py [--rounds 5] [--scrapes 200] [--windows 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import platform
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psutil
+
+PROCESSES = 200
+GPUS = 8
+SERVING = re.compile(r"serving https?://[\d.]+:(\d+)/metrics")
+
+FLOOR_SERVER = """
+import sys, time
+from prometheus_client import start_http_server
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import Collector, CollectorRegistry
+families = list(text_string_to_metric_families(open(sys.argv[1]).read()))
+class Static(Collector):
+    def collect(self):
+        return iter(families)
+registry = CollectorRegistry()
+registry.register(Static())
+server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+print(server.server_address[1], flush=True)
+time.sleep(3600)
+"""
+
+
+@contextmanager
+def sleepers(count: int) -> Iterator[list[subprocess.Popen]]:
+    env = {**os.environ, "FSDPMON_JOB_NAME": "bench"}
+    procs = [subprocess.Popen(["sleep", "3600"], env=env, start_new_session=True)
+             for _ in range(count)]
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+        for p in procs:
+            p.wait(10)
+
+
+@contextmanager
+def process(args: list[str], ready: re.Pattern[str]) -> Iterator[tuple[subprocess.Popen, int]]:
+    """Start a server process and yield it with the port its first matching output line names."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 60
+        for line in proc.stdout:
+            match = ready.search(line)
+            if match:
+                yield proc, int(match.group(1))
+                return
+            if time.monotonic() > deadline:
+                break
+        raise RuntimeError(f"{args[0]} did not start")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def scrape(port: int) -> tuple[float, bytes]:
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    conn.request("GET", "/metrics")
+    body = conn.getresponse().read()
+    conn.close()
+    return time.perf_counter() - t0, body
+
+
+def latency_rounds(port: int, rounds: int, scrapes: int) -> tuple[float, float]:
+    """Median over rounds of each round's p50 and p99, in seconds."""
+    p50s, p99s = [], []
+    for _ in range(rounds):
+        times = sorted(scrape(port)[0] for _ in range(scrapes))
+        p50s.append(times[len(times) // 2])
+        p99s.append(times[min(len(times) - 1, int(len(times) * 0.99))])
+    return statistics.median(p50s), statistics.median(p99s)
+
+
+def cpu_share(pid: int, windows: int, seconds: float) -> float:
+    proc = psutil.Process(pid)
+    shares = []
+    for _ in range(windows):
+        before, t0 = proc.cpu_times(), time.monotonic()
+        time.sleep(seconds)
+        after, t1 = proc.cpu_times(), time.monotonic()
+        used = (after.user + after.system) - (before.user + before.system)
+        shares.append(used / (t1 - t0))
+    return statistics.median(shares)
+
+
+def wait_for_processes(port: int, want: int, timeout: float = 30.0) -> bytes:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        body = scrape(port)[1]
+        if body.count(b"fsdpmon_process_info{") >= want:
+            return body
+        time.sleep(0.5)
+    raise RuntimeError(f"exporter never covered {want} processes")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--scrapes", type=int, default=200)
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--window-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    exporter_cmd = [sys.executable, "-m", "fsdpmon.cli", "exporter", "--simulate-gpus", str(GPUS),
+                    "--interval", "1", "--port", "0", "--listen-address", "127.0.0.1",
+                    "--node-name", "bench"]
+    with sleepers(PROCESSES), process(exporter_cmd, SERVING) as (exporter, port):
+        body = wait_for_processes(port, PROCESSES)
+        series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
+        share = cpu_share(exporter.pid, args.windows, args.window_seconds)
+        p50, p99 = latency_rounds(port, args.rounds, args.scrapes)
+        rss = psutil.Process(exporter.pid).memory_info().rss
+        with tempfile.NamedTemporaryFile("wb", suffix=".prom", delete=False) as f:
+            f.write(body)
+        try:
+            floor_cmd = [sys.executable, "-c", FLOOR_SERVER, f.name]
+            with process(floor_cmd, re.compile(r"^(\d+)$")) as (_, floor_port):
+                floor_p50, floor_p99 = latency_rounds(floor_port, args.rounds, args.scrapes)
+        finally:
+            os.unlink(f.name)
+    covered = body.count(b"fsdpmon_process_info{")
+    print(f"machine: {platform.machine()}, {psutil.cpu_count()} CPUs, no GPU "
+          f"(simulated GPUs); python {platform.python_version()}")
+    print(f"setup: {GPUS} simulated GPUs, {covered} processes covered, {series} series, "
+          f"{len(body) / 1024:.0f} KiB per scrape, interval 1 s")
+    print(f"{'measure':<44}{'value':>12}{'target':>12}")
+    rows = [
+        ("scrape latency p50 (ms)", p50 * 1e3, "<= 5"),
+        ("scrape latency p99 (ms)", p99 * 1e3, ""),
+        ("sampler CPU share of one core, idle (%)", share * 100, "<= 2"),
+        ("exporter resident memory (MB)", rss / 1e6, "<= 80"),
+        ("floor: prometheus_client same series p50 (ms)", floor_p50 * 1e3, ""),
+        ("floor: prometheus_client same series p99 (ms)", floor_p99 * 1e3, ""),
+        ("ratio scrape p50 / floor p50", p50 / floor_p50, ""),
+    ]
+    for name, value, target in rows:
+        print(f"{name:<44}{value:>12.2f}{target:>12}")
+    print(f"(median of {args.rounds} rounds x {args.scrapes} scrapes; CPU: median of "
+          f"{args.windows} windows x {args.window_seconds:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
