@@ -212,6 +212,24 @@ def variable_selector(definition: str) -> tuple[str, str]:
     return match["selector"], match["label"]
 
 
+# Grafana's built-in interval variables, with values a dashboard typically gets.
+BUILTIN_DEFAULTS = {"__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
+
+
+def substitute(expr: str, values: Mapping[str, str]) -> str:
+    """Replace ``$name`` / ``${name}`` as Grafana does, before the query reaches Prometheus.
+
+    ``values`` maps variable names (``job``, ``__range``...) to their rendered text; a variable
+    with no value raises KeyError, so no ``$`` ever reaches Prometheus unnoticed.
+    """
+    merged = {**BUILTIN_DEFAULTS, **values}
+
+    def one(match: re.Match[str]) -> str:
+        return merged[match["braced"] or match["plain"]]
+
+    return re.sub(r"\$(?:\{(?P<braced>\w+)\}|(?P<plain>[A-Za-z_]\w*))", one, expr)
+
+
 def expressions(dash: Json) -> list[tuple[str, str]]:
     """(where, PromQL) for every panel query and variable selector of a dashboard JSON."""
     found = [(f"variable {v['name']}", variable_selector(v["definition"])[0])

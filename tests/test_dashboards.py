@@ -9,15 +9,17 @@ in the catalog), or Prometheus' own ``ALERTS``.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from dashboards import build, generate, promql
 from dashboards.build import all_dashboards
-from dashboards.panels import expressions, variable_selector
+from dashboards.panels import expressions, substitute, variable_selector
 from dashboards.promql import metric_names
 from dashboards.rules import recorded_names
 from fsdpmon import catalog
@@ -93,6 +95,27 @@ def test_histograms_must_be_selected_by_series():
         'fsdpmon_train_step_duration_seconds_bucket{rank="1"}')
     with pytest.raises(ValueError, match="not a histogram"):
         promql.bucket("fsdpmon_train_loss")
+
+
+def test_every_query_parses_in_prometheus_after_variable_substitution(tmp_path):
+    """promtool parses each query (as a recording rule) with "All" selected everywhere."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool missing: run scripts/setup.sh --test")
+    values = {"namespace": ".*", "job": ".*", "node": ".*", "rank": ".*"}
+    rules = [{"record": f"panel:query_{i}:check", "expr": substitute(expr, values)}
+             for i, (_, expr) in enumerate(all_expressions())]
+    path = tmp_path / "queries.yaml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "queries", "rules": rules}]}))
+    out = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_substitution_follows_grafana_syntax():
+    assert substitute('x{job=~"$job", node=~"${node}"}[$__rate_interval]',
+                      {"job": "a|b", "node": ".*"}) == 'x{job=~"a|b", node=~".*"}[1m]'
+    with pytest.raises(KeyError):
+        substitute("x{rank=~\"$rank\"}", {})
 
 
 # --- committed output ------------------------------------------------------------------------
