@@ -1,0 +1,173 @@
+"""End to end: `fsdpmon demo` runs real training, a real exporter and top; nothing outlives it.
+
+Every process the demo starts (torchrun's workers run in sessions of their own) is recorded while
+it runs, by walking its process tree, and must be gone once the demo has exited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fsdpmon.conventions import SIMULATED_GPU_MODEL
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = re.compile(r"steps: rank0=(\d+) rank1=(\d+)")
+
+
+class TreeWatcher:
+    """Records every descendant of ``pid`` (polling), so none can slip away unchecked."""
+
+    def __init__(self, pid: int) -> None:
+        self.root = psutil.Process(pid)
+        self.seen: dict[int, psutil.Process] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.2):
+            with contextlib.suppress(psutil.Error):
+                for proc in self.root.children(recursive=True):
+                    self.seen.setdefault(proc.pid, proc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def survivors(self) -> list[str]:
+        alive = []
+        for proc in self.seen.values():
+            with contextlib.suppress(psutil.Error):
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(f"{proc.pid} {' '.join(proc.cmdline()[:6])}")
+        return alive
+
+    def kill_all(self) -> None:
+        for proc in self.seen.values():
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+
+
+def start_demo(*args: str, log_dir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "fsdpmon.cli", "demo", *args, "--log-dir", str(log_dir)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+@contextlib.contextmanager
+def watched(proc: subprocess.Popen):
+    watcher = TreeWatcher(proc.pid)
+    try:
+        yield watcher
+    finally:
+        watcher.stop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        survivors = watcher.survivors()
+        watcher.kill_all()  # never leave anything behind, even when the test fails
+        proc.wait(timeout=30)
+        assert not survivors, f"outlived the demo: {survivors}"
+
+
+def test_headless_demo_trains_two_ranks_and_leaves_nothing_behind(tmp_path):
+    proc = start_demo("--headless", "--duration", "30", "--json", log_dir=tmp_path)
+    with watched(proc) as watcher:
+        out, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err[-3000:]
+        assert len(watcher.seen) >= 4  # exporter, torchrun and its two workers
+    snap = json.loads(out)
+    assert snap["world_size"] == 2 and snap["state"] == "RUNNING"
+    assert sorted(r["rank"] for r in snap["ranks"]) == [0, 1]
+    progress = [tuple(map(int, m.groups())) for m in STEPS.finditer(err)]
+    assert len(progress) >= 5, err
+    first, last = progress[0], progress[-1]
+    assert all(b > a for a, b in zip(first, last, strict=True)), progress  # steps advanced
+    assert [r["step"] for r in sorted(snap["ranks"], key=lambda r: r["rank"])] == list(last)
+    assert all(t["up"] for t in snap["targets"]) and len(snap["targets"]) == 2
+    models = {g["model"] for g in snap["gpus"]}
+    if "SIMULATED GPUs" in err:  # no NVML here: said plainly at start-up, and marked per GPU
+        assert len(snap["gpus"]) == 2 and models == {SIMULATED_GPU_MODEL}
+    else:
+        assert SIMULATED_GPU_MODEL not in models
+    assert (tmp_path / "train.rank0.jsonl").is_file() and (tmp_path / "exporter.log").is_file()
+
+
+def test_sigterm_during_startup_stops_everything(tmp_path):
+    proc = start_demo("--headless", "--duration", "300", log_dir=tmp_path)
+    with watched(proc) as watcher:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until torchrun has started both workers
+            if sum("trainer.train" in " ".join(p.cmdline()) for p in _alive(watcher)) >= 3:
+                break
+            time.sleep(0.3)
+        else:
+            pytest.fail("the demo never started training")
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130, err
+        assert "stopping training and exporter" in err and "Traceback" not in err
+
+
+def _alive(watcher: TreeWatcher) -> list[psutil.Process]:
+    alive = []
+    for p in list(watcher.seen.values()):
+        with contextlib.suppress(psutil.Error):
+            p.cmdline()
+            alive.append(p)
+    return alive
+
+
+@pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux (scripts/setup.sh --test)")
+def test_ctrl_c_in_the_live_view_stops_everything(tmp_path):
+    """A person at a terminal: the live view appears, Ctrl-C ends the demo and its children."""
+    socket_name = f"fsdpmon-demo-test-{os.getpid()}"
+    tmux = ["tmux", "-L", socket_name]
+    script = (f"cd {ROOT} && OMP_NUM_THREADS=1 {sys.executable} -m fsdpmon.cli demo "
+              f"--log-dir {tmp_path}; echo DEMO-EXIT=$?; sleep 60")
+    subprocess.run([*tmux, "new-session", "-d", "-x", "130", "-y", "40", "bash", "-c", script],
+                   check=True, timeout=30)
+    try:
+        pane = int(subprocess.run([*tmux, "list-panes", "-F", "#{pane_pid}"], check=True,
+                                  capture_output=True, text=True, timeout=10).stdout.split()[0])
+        watcher = TreeWatcher(pane)
+        try:
+            screen = _wait_for_screen(tmux, "RANK", 150)
+            assert re.search(r"^\s+1\s.*vm", screen, re.M), screen  # both ranks listed
+            subprocess.run([*tmux, "send-keys", "C-c"], check=True, timeout=10)
+            screen = _wait_for_screen(tmux, "DEMO-EXIT=", 60)
+            assert "DEMO-EXIT=130" in screen and "Traceback" not in screen
+        finally:
+            watcher.stop()
+        survivors = [s for s in watcher.survivors() if "sleep 60" not in s]
+        watcher.kill_all()
+        assert not survivors, f"outlived the demo: {survivors}"
+    finally:
+        subprocess.run([*tmux, "kill-server"], timeout=10, check=False)
+
+
+def _wait_for_screen(tmux: list[str], needle: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    screen = ""
+    while time.monotonic() < deadline:
+        screen = subprocess.run([*tmux, "capture-pane", "-p"], capture_output=True, text=True,
+                                timeout=10).stdout
+        if needle in screen:
+            return screen
+        time.sleep(0.5)
+    pytest.fail(f"{needle!r} never appeared; screen:\n{screen}")
