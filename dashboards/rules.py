@@ -47,7 +47,7 @@ class RuleBounds:
     straggler_factor: float = 1.25
     straggler_data_share: float = 0.10
     straggler_for: str = "15m"
-    memory_ratio: float = 0.95  # peak active (rank) or used (GPU) over capacity
+    memory_ratio: float = 0.95  # a rank's peak active memory over its device's capacity
     memory_for: str = "5m"
     allocator_window: str = "15m"
     low_util_ratio: float = 0.30
@@ -245,14 +245,13 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
     return [
         _alert(
             "FsdpmonGPUMemoryNearCapacity",
-            f"({peak} / ({cap} > 0) > {b.memory_ratio:g})\nor\n"
-            f"(fsdpmon_gpu:memory_used_bytes:ratio > {b.memory_ratio:g})",
+            # Peak *active* memory, not what the GPU reports used: PyTorch's caching allocator
+            # keeps most of the device reserved in a healthy run.
+            f"{peak} / ({cap} > 0) > {b.memory_ratio:g}",
             b.memory_for, "warning",
-            "Device memory near capacity on {{ if $labels.rank }}rank {{ $labels.rank }} of "
-            "{{ $labels.job_name }}{{ else }}GPU {{ $labels.gpu }} of node {{ $labels.node }}"
-            "{{ end }}",
-            "{{ $value | humanizePercentage }} of the device memory is in use; the next larger "
-            "batch, sequence or checkpoint may run out of memory.",
+            "Device memory near capacity on rank {{ $labels.rank }} of {{ $labels.job_name }}",
+            "Peak active memory reached {{ $value | humanizePercentage }} of the device; the "
+            "next larger batch, sequence or checkpoint may run out of memory.",
             "Reduce the micro-batch or sequence length, enable activation checkpointing or CPU "
             "offload, or shard over more ranks; check for fragmentation (reserved far above "
             "active on the Ranks dashboard).",
