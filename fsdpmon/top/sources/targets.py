@@ -41,8 +41,14 @@ def normalise_url(url: str, field: str = "--targets") -> str:
     return text if parts.path not in ("", "/") else f"{parts.scheme}://{parts.netloc}/metrics"
 
 
-def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> bytes:
-    """GET ``url``; raises ScrapeError with a short reason on any failure."""
+def http_get(
+    url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES, error_body: bool = False
+) -> bytes:
+    """GET ``url``; raises ScrapeError with a short reason on any failure.
+
+    With ``error_body`` the start of a non-200 answer's body joins the reason (APIs that
+    explain their errors, like Prometheus).
+    """
     parts = urlsplit(url)
     https = parts.scheme == "https"
     conn_cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
@@ -53,7 +59,9 @@ def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> byt
         conn.request("GET", path or "/", headers={"Accept": "text/plain"})
         response = conn.getresponse()
         if response.status != 200:
-            raise ScrapeError(f"HTTP {response.status} {response.reason}")
+            detail = response.read(300).decode("utf-8", "replace").strip() if error_body else ""
+            raise ScrapeError(f"HTTP {response.status} {response.reason}"
+                              + (f": {detail}" if detail else ""))
         chunks, size = [], 0
         while chunk := response.read(_CHUNK):
             size += len(chunk)

@@ -1,0 +1,138 @@
+"""The Prometheus source (`--prometheus URL`): a handful of instant PromQL queries per refresh,
+for jobs too large to scrape pod by pod. The results are turned back into per-target samples
+and go through the same aggregation as a direct scrape, so the views cannot tell the difference.
+
+Queries per refresh (independent of the job's size): the job's training series; which targets
+(and nodes) belonged to the job in the last 10 minutes; the node series on those nodes; which
+exporters served those nodes; and `up` for all of them, so a target that stopped answering is
+shown as down rather than silently missing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterable
+from typing import Any
+from urllib.parse import urlencode
+
+from fsdpmon.errors import ConfigError, UnreachableError
+from fsdpmon.top.aggregate import (
+    EXPORTER_INFO,
+    JOB_METRICS,
+    RANK_METRICS,
+    TRAIN_INFO,
+    WANTED,
+    ScrapeResult,
+    Target,
+    aggregate,
+)
+from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.targets import ScrapeError, http_get, normalise_url
+
+LOOKBACK = "10m"  # a target seen within this window and silent now is reported down
+TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO})
+NODE_NAMES = sorted(WANTED - set(TRAINING_NAMES))
+Key = tuple[str, str]  # (scrape job, instance): one scrape target in Prometheus
+
+
+def _names_regex(names: Iterable[str]) -> str:
+    return "|".join(re.escape(n) for n in names)
+
+
+def _quote(value: str) -> str:
+    return json.dumps(value)  # PromQL string literals accept JSON escaping
+
+
+def _alternatives(values: Iterable[str]) -> str:
+    return "|".join(re.escape(v) for v in sorted(set(values))) or "$^"
+
+
+class PrometheusSource:
+    """Reads the job from Prometheus; ``fetch()`` → JobSnapshot."""
+
+    def __init__(self, url: str, job_name: str = "", timeout_s: float = 5.0) -> None:
+        base = normalise_url(url, field="--prometheus")
+        self.base = base[: -len("/metrics")] if base.endswith("/metrics") else base.rstrip("/")
+        if not timeout_s > 0:
+            raise ConfigError("--timeout", f"must be > 0, got {timeout_s!r}")
+        self.job_name, self.timeout_s = job_name, timeout_s
+        self.queries = 0
+        self._previous: JobSnapshot | None = None
+
+    @property
+    def description(self) -> str:
+        return f"Prometheus at {self.base}"
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """One instant query → its vector result; one clear error line otherwise."""
+        url = f"{self.base}/api/v1/query?" + urlencode({"query": promql})
+        self.queries += 1
+        try:
+            body = json.loads(http_get(url, self.timeout_s, max_bytes=512 * 1024 * 1024,
+                                       error_body=True))
+        except ScrapeError as exc:
+            raise UnreachableError(f"Prometheus at {self.base}: {exc}") from None
+        except ValueError:
+            raise UnreachableError(f"Prometheus at {self.base}: answer is not JSON") from None
+        if not isinstance(body, dict) or body.get("status") != "success":
+            error = body.get("error", "query failed") if isinstance(body, dict) else "bad answer"
+            raise UnreachableError(f"Prometheus at {self.base}: {error}")
+        result = (body.get("data") or {}).get("result") or []
+        return [r for r in result if isinstance(r, dict)]
+
+    def _job_filter(self) -> str:
+        return f",job_name={_quote(self.job_name)}" if self.job_name else ""
+
+    def fetch(self) -> JobSnapshot:
+        job = self._job_filter()
+        training = self.query(f"{{__name__=~{_quote(_names_regex(TRAINING_NAMES))}{job}}}")
+        members = self.query(f"last_over_time({TRAIN_INFO}{{{job[1:]}}}[{LOOKBACK}])")
+        nodes = {r["metric"].get("node", "") for r in members} - {""}
+        node_match = f"node=~{_quote(_alternatives(nodes))}"
+        node_series = self.query(f"{{__name__=~{_quote(_names_regex(NODE_NAMES))},{node_match}}}")
+        exporters = self.query(f"last_over_time({EXPORTER_INFO}{{{node_match}}}[{LOOKBACK}])")
+        known = {_key(r["metric"]): r["metric"] for r in (*members, *exporters)}
+        instances = _quote(_alternatives(k[1] for k in known))
+        up = {_key(r["metric"]): _value(r) for r in self.query(f"up{{instance=~{instances}}}")}
+        results = _results(known, up, [*training, *node_series])
+        self._previous = aggregate(results, now=time.time(), source="prometheus",
+                                   previous=self._previous, job_name=self.job_name)
+        return self._previous
+
+    def close(self) -> None:
+        pass
+
+
+def _key(metric: dict[str, str]) -> Key:
+    return metric.get("job", ""), metric.get("instance", "")
+
+
+def _value(result: dict[str, Any]) -> float:
+    try:
+        return float(result["value"][1])
+    except (KeyError, IndexError, TypeError, ValueError):
+        return float("nan")
+
+
+def _results(known: dict[Key, dict[str, str]], up: dict[Key, float],
+             series: list[dict[str, Any]]) -> list[ScrapeResult]:
+    """Query results regrouped per scrape target, as if each had been scraped directly."""
+    samples: dict[Key, list[Sample]] = {}
+    for r in series:
+        metric = r.get("metric") or {}
+        name = metric.get("__name__", "")
+        labels = {k: v for k, v in metric.items() if k != "__name__"}
+        samples.setdefault(_key(metric), []).append(Sample(name, labels, _value(r)))
+    out = []
+    for key in sorted(set(known) | set(samples)):
+        meta = known.get(key, {})
+        target = Target(url=f"{key[1]} ({key[0]})", pod=meta.get("pod", ""),
+                        node=meta.get("node", ""), namespace=meta.get("namespace", ""))
+        if up.get(key, 1.0) != 1.0 or (key not in samples and key in known):
+            out.append(ScrapeResult(target, None, "down (Prometheus up != 1 or no samples)"))
+        else:
+            out.append(ScrapeResult(target, samples.get(key, [])))
+    return out

@@ -1,0 +1,112 @@
+"""The Prometheus source against a real Prometheus scraping catalog-shaped stand-in pods:
+the same snapshot as a direct scrape, a fixed handful of queries, and a pod that stops
+answering shown as down."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from fsdpmon.errors import UnreachableError
+from fsdpmon.top.snapshot import JobState
+from fsdpmon.top.sources.prometheus import PrometheusSource
+from fsdpmon.top.synthetic import PayloadServer, job_expositions
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("prometheus") is None,
+                                 reason="needs the prometheus binary (scripts/setup.sh --test)")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prom")
+    pods = PayloadServer(job_expositions("llama", 2, 2))
+    scrape = [{"job_name": path.strip("/").replace("/", "-"), "honor_labels": True,
+               "scrape_interval": "1s", "scrape_timeout": "1s", "metrics_path": path,
+               "static_configs": [{"targets": [f"127.0.0.1:{pods.port}"]}]}
+              for path in sorted(pods.payloads)]
+    (tmp / "prometheus.yml").write_text(yaml.safe_dump({"scrape_configs": scrape}))
+    port = _free_port()
+    log = open(tmp / "prometheus.log", "w")  # noqa: SIM115 - closed in the finally below
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+         f"--storage.tsdb.path={tmp / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        source = PrometheusSource(url, job_name="llama")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                snap = source.fetch()
+                if len(snap.ranks) == 4 and len(snap.gpus) == 4:
+                    break
+            except UnreachableError:
+                pass
+            time.sleep(0.5)
+        else:
+            pytest.fail("Prometheus never had the job's series: " +
+                        (tmp / "prometheus.log").read_text()[-2000:])
+        yield url, pods
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+        pods.close()
+
+
+def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
+    url, _ = stack
+    source = PrometheusSource(url, job_name="llama")
+    snap = source.fetch()
+    assert source.queries == 5  # fixed per refresh, whatever the job's size
+    assert snap.state is JobState.RUNNING and snap.source == "prometheus"
+    assert [r.rank for r in snap.ranks] == [0, 1, 2, 3] and snap.world_size == 4
+    assert snap.tokens_per_second == pytest.approx(4 * 8192.0)
+    assert len(snap.gpus) == 4 and len(snap.processes) == 4 and len(snap.nodes) == 2
+    assert snap.targets_up == 4 and {t.kind for t in snap.targets} == {"train", "exporter"}
+
+
+def test_other_job_names_find_nothing(stack):
+    url, _ = stack
+    snap = PrometheusSource(url, job_name="not-this-one").fetch()
+    assert snap.ranks == () and snap.gpus == ()
+
+
+def test_a_pod_that_stops_answering_is_down(stack):
+    url, pods = stack
+    source = PrometheusSource(url, job_name="llama")
+    removed = pods.payloads.pop("/train/node-001")
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            snap = source.fetch()
+            if snap.targets_up == 3:
+                break
+            time.sleep(0.5)
+        assert snap.targets_up == 3 and snap.state is JobState.DEGRADED
+        assert [r.rank for r in snap.ranks if r.down] == [2, 3]
+        assert "train-node-001" in next(t.url for t in snap.targets if not t.up)
+    finally:
+        pods.payloads["/train/node-001"] = removed
+
+
+def test_unreachable_prometheus_is_one_line():
+    with pytest.raises(UnreachableError, match="connection refused"):
+        PrometheusSource(f"http://127.0.0.1:{_free_port()}").fetch()
