@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from dashboards import dcgm
+from dashboards.build import all_dashboards
 from dashboards.generate import GENERATED, RULES_FILE, rules_yaml
 from dashboards.promql import metric_names
 from dashboards.rules import RuleBounds, alert_names, recorded_names, rule_groups
@@ -154,3 +155,9 @@ def test_every_bound_changes_the_rules(field):
     changed = "7m" if isinstance(default, str) else default * 3 + 0.5
     variant = dataclasses.replace(RuleBounds(), **{field: changed})
     assert rule_groups(variant) != rule_groups(), f"RuleBounds.{field} is not used"
+
+
+def test_readme_lists_every_alert_and_dashboard():
+    readme = (ROOT / "dashboards" / "README.md").read_text()
+    for name in [*alert_names(), *all_dashboards()]:
+        assert f"`{name}`" in readme, name
