@@ -1,0 +1,111 @@
+"""The generated pod really trains: run its container command and environment on this machine.
+
+No cluster here, so this plays the kubelet and the training operator for one Master pod: it
+resolves the container's env (downward API values, the optional HF token Secret absent), adds
+the PET_* variables the operator sets, and runs the command as written (real torchrun, 2 CPU
+ranks, the tiny model). The only change is the metrics port: tests run side by side, so the
+fixed 9520 becomes a free port. Then: the monitor serves the job's series on the declared port,
+and the JSONL logs and the checkpoint land on the data volume where the manifests put them.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsdpmon import conventions as conv
+from fsdpmon.manifests import ManifestConfig
+from fsdpmon.manifests.training import pytorchjob
+
+JOB = "tiny-e2e"
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pod_env(container: dict, pod_name: str) -> dict[str, str]:
+    """What the kubelet would put in the environment (Secrets absent: optional refs drop)."""
+    downward = {"metadata.name": pod_name, "spec.nodeName": "node-a"}
+    env = {}
+    for var in container["env"]:
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif "fieldRef" in var["valueFrom"]:
+            env[var["name"]] = downward[var["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            assert var["valueFrom"]["secretKeyRef"]["optional"] is True
+    return env
+
+
+def scrape(url: str, deadline: float) -> str:
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                text = response.read().decode()
+            if 'job_name="' + JOB + '"' in text and 'rank="1"' in text:
+                return text
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError(f"no training series at {url} before the deadline")
+
+
+def test_generated_master_pod_trains_and_serves_metrics(tmp_path):
+    cfg = ManifestConfig(job_name=JOB, image="local/fsdp:test", exporter_image="local/e:test",
+                         nodes=1, gpus_per_node=2, model="tiny", max_steps=150, seq_len=32,
+                         batch_size=2, log_every=5, checkpoint_every=0, data_mount=str(tmp_path))
+    job = pytorchjob(cfg)
+    assert list(job["spec"]["pytorchReplicaSpecs"]) == ["Master"]
+    (container,) = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"]
+    (port,) = container["ports"]
+    assert port["name"] == conv.TRAINING_PORT_NAME
+
+    metrics_port = free_port()
+    command = list(container["command"])
+    command[command.index("--metrics-port") + 1] = str(metrics_port)
+    assert command[0] == "torchrun"
+    command[0:1] = [sys.executable, "-m", "torch.distributed.run"]
+    env = {**os.environ, **pod_env(container, f"{JOB}-master-0"),
+           "FSDPMON_PORT": str(metrics_port), "OMP_NUM_THREADS": "1",
+           # What the training operator adds for a PyTorchJob with one Master:
+           "PET_NNODES": "1", "PET_NODE_RANK": "0", "PET_NPROC_PER_NODE":
+               job["spec"]["nprocPerNode"], "PET_MASTER_ADDR": "127.0.0.1",
+           "PET_MASTER_PORT": str(free_port())}
+    env.pop("HF_TOKEN", None)
+
+    proc = subprocess.Popen(command, env=env, cwd=Path(__file__).resolve().parents[1],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        text = scrape(f"http://127.0.0.1:{metrics_port}/metrics", time.monotonic() + 150)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, output[-3000:]
+
+    ranks = {s.labels.get("rank") for fam in text_string_to_metric_families(text)
+             for s in fam.samples if s.labels.get("job_name") == JOB}
+    assert {"0", "1"} <= ranks
+
+    runs = tmp_path / "runs" / JOB
+    for rank in (0, 1):
+        lines = (runs / f"train.rank{rank}.jsonl").read_text().splitlines()
+        first = json.loads(lines[0])
+        assert (first["kind"], first["job_name"], first["world_size"]) == ("run", JOB, 2)
+        assert json.loads(lines[-1])["kind"] == "step"
+    checkpoints = tmp_path / "checkpoints" / JOB
+    assert checkpoints.is_dir() and any(checkpoints.iterdir())
