@@ -109,3 +109,43 @@ def test_generated_master_pod_trains_and_serves_metrics(tmp_path):
         assert json.loads(lines[-1])["kind"] == "step"
     checkpoints = tmp_path / "checkpoints" / JOB
     assert checkpoints.is_dir() and any(checkpoints.iterdir())
+
+
+def test_generated_exporter_container_serves_its_probes_and_metrics():
+    """The DaemonSet's command and args, run here: only the port/address (tests run side by
+    side) and simulated GPUs (no NVML here) are added; the probes' path must answer."""
+    from fsdpmon.manifests import generate
+
+    cfg = ManifestConfig(job_name=JOB, image="local/fsdp:test", exporter_image="local/e:test",
+                         components=("exporter",))
+    ds = next(o for o in generate(cfg).objects if o["kind"] == "DaemonSet")
+    (container,) = ds["spec"]["template"]["spec"]["containers"]
+    port = free_port()
+    args = [a.replace("$(NODE_NAME)", "node-a") for a in container["args"]]
+    args[args.index("--port") + 1] = str(port)
+    args[args.index("--listen-address") + 1] = "127.0.0.1"
+    assert container["command"] == ["fsdpmon"]
+    env = {**os.environ, "NODE_NAME": "node-a", "KUBECONFIG": "/nonexistent"}
+    proc = subprocess.Popen([sys.executable, "-m", "fsdpmon.cli", *args, "--simulate-gpus", "2"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        probe = container["readinessProbe"]["httpGet"]
+        assert probe["port"] == conv.EXPORTER_PORT_NAME == container["ports"][0]["name"]
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{probe['path']}",
+                                            timeout=2) as response:
+                    assert response.status == 200
+                    break
+            except OSError:
+                assert proc.poll() is None, proc.communicate()[0][-2000:]
+                assert time.monotonic() < deadline, "exporter never became ready"
+                time.sleep(0.1)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        assert 'node="node-a"' in text
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
