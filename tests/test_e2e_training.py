@@ -1,0 +1,149 @@
+"""End to end under real torchrun with 2 CPU ranks: training, JSONL logs, and recovery.
+
+Three runs of the same 30-step job (same seed): an uninterrupted reference; one whose rank 1
+is killed with SIGKILL from outside at step 15 under ``--max-restarts 1``; one whose last rank
+dies in the middle of the step-20 checkpoint save. Both faulty runs must resume from the
+step-10 checkpoint and end with exactly the reference's model and optimiser state.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from trainer_launch import child_env, launched, run, torchrun_args
+
+from trainer.checkpoint import MARKER, complete_checkpoints
+from trainer.faults import CRASH_IN_SAVE, PAUSE_AT_STEP, PAUSE_DIR
+
+pytestmark = pytest.mark.slow
+
+SECRET = "hf_e2eSecretTokenValue123"
+STEPS = 30
+
+
+def job_args(workdir: Path) -> list[str]:
+    return ["-m", "trainer.train", "--model", "tiny", "--max-steps", str(STEPS),
+            "--batch-size", "4", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "3",
+            "--seed", "7", "--log-every", "5", "--metrics-port", "0",
+            "--checkpoint-dir", str(workdir / "ckpt"), "--checkpoint-every", "10",
+            "--keep-checkpoints", "3", "--log-jsonl", str(workdir / "logs" / "run.jsonl"),
+            "--job-name", "e2e"]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    work = tmp_path_factory.mktemp("reference")
+    code, log = run(torchrun_args(2, job_args(work)), work / "out.txt", timeout=120,
+                    HF_TOKEN=SECRET)
+    assert code == 0, log[-4000:]
+    return {"work": work, "log": log}
+
+
+def final_state(work: Path) -> dict:
+    out = work / "final.pt"
+    dcp_to_torch_save(str(work / "ckpt" / f"step_{STEPS:08d}"), str(out))
+    return torch.load(out, weights_only=False)
+
+
+def assert_same_state(actual: dict, expected: dict) -> None:
+    flat_a, flat_e = flatten(actual), flatten(expected)
+    assert flat_a.keys() == flat_e.keys()
+    for key, value in flat_e.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(flat_a[key], value, rtol=0, atol=0, msg=key)
+        else:
+            assert flat_a[key] == value, key
+
+
+def flatten(tree: object, prefix: str = "") -> dict[str, object]:
+    if isinstance(tree, dict):
+        out: dict[str, object] = {}
+        for key, value in tree.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+        return out
+    if isinstance(tree, (list, tuple)):
+        return flatten(dict(enumerate(tree)), prefix)
+    return {prefix: tree}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_two_rank_run_finishes_and_loss_falls(reference):
+    steps = [r for r in read_jsonl(reference["work"] / "logs" / "run.rank0.jsonl")
+             if r["kind"] == "step"]
+    assert [r["step"] for r in steps] == [5, 10, 15, 20, 25, 30]
+    losses = [r["job"]["loss_mean"] for r in steps]
+    assert losses[-1] < 0.7 * losses[0], losses
+    assert "finished: 30 steps" in reference["log"]
+    console = [line for line in reference["log"].splitlines() if line.startswith("step ")]
+    assert len(console) == 6 and "tok/s" in console[0] and "mem" in console[0]
+
+
+def test_jsonl_per_rank_with_run_record_first(reference):
+    for rank in (0, 1):
+        records = read_jsonl(reference["work"] / "logs" / f"run.rank{rank}.jsonl")
+        first = records[0]
+        assert first["kind"] == "run" and first["rank"] == rank and first["world_size"] == 2
+        assert first["model"] == "tiny" and first["config"]["max_steps"] == STEPS
+        for record in records[1:]:
+            assert record["rank"] == rank
+            assert record["tokens_per_second"] > 0 and record["step_time_s"] > 0
+
+
+def test_checkpoints_complete_and_pruned_to_keep(reference):
+    ckpt = reference["work"] / "ckpt"
+    assert [step for step, _ in complete_checkpoints(ckpt)] == [10, 20, 30]
+    assert not list(ckpt.glob(".tmp-*"))
+
+
+def test_hf_token_never_reaches_logs(reference):
+    assert SECRET not in reference["log"]
+    for path in (reference["work"] / "logs").iterdir():
+        assert SECRET not in path.read_text()
+
+
+def wait_for(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout}s"
+        time.sleep(0.1)
+
+
+def test_kill_9_one_rank_resumes_and_matches_uninterrupted_run(reference, tmp_path):
+    pause_dir = tmp_path / "pause"
+    pause_dir.mkdir()
+    env = child_env(**{PAUSE_AT_STEP: "15", PAUSE_DIR: str(pause_dir)})
+    args = torchrun_args(2, job_args(tmp_path), max_restarts=1)
+    with launched(args, env, tmp_path / "out.txt") as proc:
+        wait_for(pause_dir / "pause.rank1", timeout=120)
+        os.kill(int((pause_dir / "pause.rank1").read_text()), signal.SIGKILL)
+        try:
+            code = proc.wait(timeout=150)
+        except subprocess.TimeoutExpired:
+            pytest.fail("restarted job did not finish:\n" + (tmp_path / "out.txt").read_text())
+    log = (tmp_path / "out.txt").read_text()
+    assert code == 0, log[-4000:]
+    assert "resumed from" in log and "step_00000010 (step 10, restart 1)" in log, log[-4000:]
+    assert_same_state(final_state(tmp_path), final_state(reference["work"]))
+
+
+def test_crash_during_checkpoint_save_is_never_resumed_from(reference, tmp_path):
+    args = torchrun_args(2, job_args(tmp_path), max_restarts=1)
+    code, log = run(args, tmp_path / "out.txt", timeout=200, **{CRASH_IN_SAVE: "20"})
+    assert code == 0, log[-4000:]
+    # The first attempt died with the step-20 files written but not committed ...
+    assert "removing incomplete checkpoint" in log and ".tmp-step_00000020" in log, log[-4000:]
+    # ... so the restart went back to step 10, and redid 11..30 identically.
+    assert "step_00000010 (step 10, restart 1)" in log, log[-4000:]
+    assert (tmp_path / "ckpt" / "step_00000020" / MARKER).is_file()
+    assert_same_state(final_state(tmp_path), final_state(reference["work"]))

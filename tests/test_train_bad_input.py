@@ -1,0 +1,50 @@
+"""`python -m trainer.train` with bad input: one line naming the problem, non-zero, no traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from trainer_launch import REPO, child_env, kill_tree
+
+pytestmark = pytest.mark.slow
+
+
+def cases(tmp) -> dict[str, tuple[list[str], str]]:
+    (tmp / "tok").mkdir()
+    return {
+        "missing data": (["--data", str(tmp / "missing.jsonl")], "--data: "),
+        "tokenizer without tokenizer.json": (
+            ["--data", "synthetic", "--tokenizer", str(tmp / "tok")], "has no tokenizer.json"),
+        "seq-len 0": (["--seq-len", "0"], "--seq-len: must be > 0"),
+        "unknown model": (["--model", "llama9-1t"], "--model: unknown value 'llama9-1t'"),
+    }
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("bad_input")
+    procs = {}
+    try:  # all four at once: each is mostly `import torch`
+        for name, (argv, _) in cases(tmp).items():
+            procs[name] = subprocess.Popen(
+                [sys.executable, "-m", "trainer.train", "--metrics-port", "0", *argv],
+                cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, start_new_session=True)
+        return {name: (p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            kill_tree(p)
+
+
+@pytest.mark.parametrize("name", ["missing data", "tokenizer without tokenizer.json",
+                                  "seq-len 0", "unknown model"])
+def test_one_line_error_and_exit_code_2(outcomes, tmp_path, name):
+    code, stdout, stderr = outcomes[name]
+    expected = cases(tmp_path)[name][1]
+    assert code == 2, stderr
+    assert "Traceback" not in stderr + stdout
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("trainer: error: ") and expected in lines[0]
