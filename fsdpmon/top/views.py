@@ -182,7 +182,10 @@ def _gpu_summary(gpus: Sequence[GpuRow]) -> Text:
     power = sum(g.power_watts for g in gpus if g.power_watts is not None)
     nodes = len({g.node for g in gpus})
     models = sorted({g.model for g in gpus if g.model})
-    text = f"{len(gpus)} GPUs on {nodes} nodes"
+    text = f"{len(gpus)} GPUs"
+    if models:
+        text += f" ({', '.join(models)})"
+    text += f" on {nodes} node{'s' if nodes != 1 else ''}"
     if utils:
         text += f" · util avg {fmt.pct(sum(utils) / len(utils))} min {fmt.pct(min(utils))}"
     if mems:
@@ -190,8 +193,6 @@ def _gpu_summary(gpus: Sequence[GpuRow]) -> Text:
     if temps:
         text += f" · temp max {max(temps):.0f}C"
     text += f" · {power / 1000:.1f}kW"
-    if models:
-        text += f" · {', '.join(models)}"
     return Text(text, no_wrap=True, overflow="ellipsis")
 
 
