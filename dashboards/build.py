@@ -11,7 +11,6 @@ same dashboards work for Kubernetes scrapes (with ``namespace``) and local runs 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from dashboards.panels import (
@@ -77,114 +76,146 @@ def _peak_memory(sel: str) -> str:
             f" or {m('fsdpmon_train_process_rss_bytes', sel)}")
 
 
-def job_overview() -> Json:
-    per_job = "{{namespace}} {{job_name}}"
+PER_JOB = "{{namespace}} {{job_name}}"
+PER_RANK = "rank {{rank}}"
+
+
+def _job(recorded: str, legend: str = PER_JOB) -> Target:
+    """A job-level recorded figure for the selected jobs."""
+    return Target(f"{recorded}{{{JOB}}}", legend)
+
+
+def _job_max(name: str) -> Target:
+    return Target(f"max by ({JOB_KEYS}) ({m(name, JOB)})", PER_JOB)
+
+
+def _job_now() -> list[Panel | Row]:
     stalled = m("fsdpmon_train_stalled", JOB)
-    items: list[Panel | Row] = [
+    return [
         Row("Now"),
-        stat("Tokens/s", Target(f"fsdpmon_job:tokens_per_second:sum{{{JOB}}}", per_job)),
-        stat("Tokens/s per GPU",
-             Target(f"fsdpmon_job:tokens_per_second_per_rank:avg{{{JOB}}}", per_job)),
-        stat("MFU", Target(f"fsdpmon_job:mfu_ratio:avg{{{JOB}}}", per_job), unit="percentunit",
+        stat("Tokens/s", _job("fsdpmon_job:tokens_per_second:sum")),
+        stat("Tokens/s per GPU", _job("fsdpmon_job:tokens_per_second_per_rank:avg")),
+        stat("MFU", _job("fsdpmon_job:mfu_ratio:avg"), unit="percentunit",
              description="Model FLOPs utilisation, mean over ranks; absent on unknown devices."),
         stat("Progress", Target(f"fsdpmon_job:step:max{{{JOB}}}"
-                                f" / fsdpmon_job:total_steps:max{{{JOB}}}", per_job),
+                                f" / fsdpmon_job:total_steps:max{{{JOB}}}", PER_JOB),
              unit="percentunit"),
-        stat("ETA", Target(f"fsdpmon_job:eta_seconds:estimate{{{JOB}}}", per_job), unit="s",
+        stat("ETA", _job("fsdpmon_job:eta_seconds:estimate"), unit="s",
              description="Remaining steps over the step rate of the last 5 minutes."),
-        stat("Stalled ranks", Target(f"sum by ({JOB_KEYS}) ({stalled})", per_job),
+        stat("Stalled ranks", Target(f"sum by ({JOB_KEYS}) ({stalled})", PER_JOB),
              thresholds=((None, "green"), (1, "red")),
              description="Ranks whose heartbeat is older than the monitor's stall threshold."),
+    ]
+
+
+def _job_speed() -> list[Panel | Row]:
+    steps = m("fsdpmon_train_steps_total", JOB)
+    return [
         Row("Throughput and speed"),
-        timeseries("Tokens/s (job)", Target(f"fsdpmon_job:tokens_per_second:sum{{{JOB}}}",
-                                            per_job), unit="short"),
-        timeseries("Tokens/s per GPU",
-                   Target(f"fsdpmon_job:tokens_per_second_per_rank:avg{{{JOB}}}", per_job)),
+        timeseries("Tokens/s (job)", _job("fsdpmon_job:tokens_per_second:sum")),
+        timeseries("Tokens/s per GPU", _job("fsdpmon_job:tokens_per_second_per_rank:avg")),
         timeseries("Step time (median and slowest rank)",
-                   Target(f"fsdpmon_job:step_time_seconds:p50{{{JOB}}}", "median {{job_name}}"),
-                   Target(f"fsdpmon_job:step_time_seconds:max{{{JOB}}}", "max {{job_name}}"),
-                   unit="s"),
-        timeseries("MFU", Target(f"fsdpmon_job:mfu_ratio:avg{{{JOB}}}", per_job),
-                   unit="percentunit", min=0),
-        timeseries("Heartbeat age (oldest rank)",
-                   Target(f"fsdpmon_job:heartbeat_age_seconds:max{{{JOB}}}", per_job), unit="s",
-                   description="Seconds since the slowest rank completed a step."),
+                   _job("fsdpmon_job:step_time_seconds:p50", "median {{job_name}}"),
+                   _job("fsdpmon_job:step_time_seconds:max", "max {{job_name}}"), unit="s"),
+        timeseries("MFU", _job("fsdpmon_job:mfu_ratio:avg"), unit="percentunit", min=0),
+        timeseries("Heartbeat age (oldest rank)", _job("fsdpmon_job:heartbeat_age_seconds:max"),
+                   unit="s", description="Seconds since the slowest rank completed a step."),
         timeseries("Steps per second",
-                   Target(f"max by ({JOB_KEYS}) "
-                          f"(rate({m('fsdpmon_train_steps_total', JOB)}[{RATE}]))", per_job)),
+                   Target(f"max by ({JOB_KEYS}) (rate({steps}[{RATE}]))", PER_JOB)),
+    ]
+
+
+def _job_quality_and_health() -> list[Panel | Row]:
+    return [
         Row("Training quality"),
         timeseries("Loss (mean and max over ranks)",
-                   Target(f"fsdpmon_job:loss:avg{{{JOB}}}", "mean {{job_name}}"),
-                   Target(f"fsdpmon_job:loss:max{{{JOB}}}", "max {{job_name}}")),
-        timeseries("Learning rate", Target(f"max by ({JOB_KEYS}) "
-                                           f"({m('fsdpmon_train_learning_rate', JOB)})", per_job)),
-        timeseries("Gradient norm", Target(f"max by ({JOB_KEYS}) "
-                                           f"({m('fsdpmon_train_grad_norm', JOB)})", per_job)),
+                   _job("fsdpmon_job:loss:avg", "mean {{job_name}}"),
+                   _job("fsdpmon_job:loss:max", "max {{job_name}}")),
+        timeseries("Learning rate", _job_max("fsdpmon_train_learning_rate")),
+        timeseries("Gradient norm", _job_max("fsdpmon_train_grad_norm")),
         Row("Health"),
-        timeseries("Restarts", Target(f"max by ({JOB_KEYS}) "
-                                      f"({m('fsdpmon_train_restarts', JOB)})", per_job),
+        timeseries("Restarts", _job_max("fsdpmon_train_restarts"),
                    description="Elastic restarts of the job (TORCHELASTIC_RESTART_COUNT)."),
-        timeseries("Ranks reporting", Target(f"fsdpmon_job:ranks:count{{{JOB}}}", per_job)),
-        table("Firing alerts",
-              Target(f'ALERTS{{alertstate="firing", {JOB}}}'), width=8,
+        timeseries("Ranks reporting", _job("fsdpmon_job:ranks:count")),
+        table("Firing alerts", Target(f'ALERTS{{alertstate="firing", {JOB}}}'), width=8,
               description="fsdpmon alerts firing for the selected jobs."),
     ]
+
+
+def job_overview() -> Json:
+    items = [*_job_now(), *_job_speed(), *_job_quality_and_health()]
     return dashboard("fsdpmon-job", "fsdpmon / Job overview",
                      "Throughput, speed, progress, quality and health of FSDP training jobs.",
                      items, _vars("namespace", "job"), LINKS)
 
 
-def ranks() -> Json:
-    per_rank = "rank {{rank}}"
+def _rank_step_times() -> list[Panel | Row]:
     step = m("fsdpmon_train_step_time_seconds", RANK)
     hist = bucket("fsdpmon_train_step_duration_seconds", RANK)
-    items: list[Panel | Row] = [
+
+    def quantile(q: float) -> Target:
+        return Target(f"histogram_quantile({q:g}, sum by ({RANK_KEYS}, le) "
+                      f"(rate({hist}[{RATE}])))", f"p{q * 100:g} {PER_RANK}")
+
+    return [
         Row("Step time per rank"),
-        heatmap("Step time per rank", Target(step, per_rank), unit="s"),
-        timeseries("Step time per rank", Target(step, per_rank), unit="s", width=12),
+        heatmap("Step time per rank", Target(step, PER_RANK), unit="s"),
+        timeseries("Step time per rank", Target(step, PER_RANK), unit="s", width=12),
         timeseries("Step time spread (rank 0's view of the job)",
                    *(Target(m(f"fsdpmon_job_step_time_{k}_seconds", JOB), f"{k} {{{{job_name}}}}")
                      for k in ("min", "median", "max")), unit="s", width=12),
-        timeseries("Step duration p50 / p99 per rank",
-                   Target(f"histogram_quantile(0.5, sum by ({RANK_KEYS}, le) "
-                          f"(rate({hist}[{RATE}])))", "p50 " + per_rank),
-                   Target(f"histogram_quantile(0.99, sum by ({RANK_KEYS}, le) "
-                          f"(rate({hist}[{RATE}])))", "p99 " + per_rank), unit="s", width=12),
+        timeseries("Step duration p50 / p99 per rank", quantile(0.5), quantile(0.99), unit="s",
+                   width=12),
+    ]
+
+
+def _rank_stragglers() -> list[Panel | Row]:
+    return [
         Row("Stragglers"),
-        timeseries("Slowest rank", Target(m("fsdpmon_job_slowest_rank", JOB), "{{job_name}}"),
-                   description="Rank with the most busy time (step time minus collective wait).",
-                   width=6),
+        timeseries("Slowest rank and highest-memory rank",
+                   Target(m("fsdpmon_job_slowest_rank", JOB), "slowest {{job_name}}"),
+                   Target(m("fsdpmon_job_peak_memory_max_rank", JOB), "most memory {{job_name}}"),
+                   description="Slowest: the rank with the most busy time (step time minus "
+                               "collective wait), as rank 0 computes it.", width=6),
         timeseries("Data-wait share per rank",
-                   Target(m("fsdpmon_train_data_wait_ratio", RANK), per_rank),
+                   Target(m("fsdpmon_train_data_wait_ratio", RANK), PER_RANK),
                    unit="percentunit", width=9),
         timeseries("Time per step by phase",
                    Target(f"avg by (phase) ({m('fsdpmon_train_phase_duration_seconds', RANK)})",
                           "{{phase}}"), unit="s", stack=True, width=9),
         timeseries("Heartbeat age per rank",
-                   Target(m("fsdpmon_train_heartbeat_age_seconds", RANK), per_rank),
+                   Target(m("fsdpmon_train_heartbeat_age_seconds", RANK), PER_RANK),
                    Target(m("fsdpmon_train_stall_threshold_seconds", RANK),
-                          "stall threshold " + per_rank), unit="s", width=12),
+                          "stall threshold " + PER_RANK), unit="s", width=12),
         timeseries("Tokens/s per rank",
-                   Target(m("fsdpmon_train_tokens_per_second", RANK), per_rank), width=12),
+                   Target(m("fsdpmon_train_tokens_per_second", RANK), PER_RANK), width=12),
+    ]
+
+
+def _rank_memory() -> list[Panel | Row]:
+    return [
         Row("Memory"),
-        timeseries("Peak memory per rank", Target(_peak_memory(RANK), per_rank), unit="bytes",
+        timeseries("Peak memory per rank", Target(_peak_memory(RANK), PER_RANK), unit="bytes",
                    description="Peak active device memory in the log window (process RSS for "
                                "ranks without a GPU).", width=8),
-        timeseries("Highest peak memory (rank 0's view of the job)",
+        timeseries("Highest peak memory over ranks",
                    Target(m("fsdpmon_job_peak_memory_max_bytes", JOB), "{{job_name}}"),
-                   Target(m("fsdpmon_job_peak_memory_max_rank", JOB), "rank {{job_name}}"),
                    unit="bytes", width=8),
         timeseries("Allocator retries and OOMs",
                    Target(f"increase({m('fsdpmon_train_alloc_retries_total', RANK)}[{RATE}])",
-                          "retries " + per_rank),
+                          "retries " + PER_RANK),
                    Target(f"increase({m('fsdpmon_train_ooms_total', RANK)}[{RATE}])",
-                          "OOMs " + per_rank), width=8),
+                          "OOMs " + PER_RANK), width=8),
         table("Ranks now",
-              Target(step), Target(m("fsdpmon_train_data_wait_ratio", RANK)),
-              Target(m("fsdpmon_train_tokens_per_second", RANK)),
-              Target(m("fsdpmon_train_heartbeat_age_seconds", RANK)),
-              Target(m("fsdpmon_train_step", RANK)), height=10),
+              *(Target(m(name, RANK)) for name in (
+                  "fsdpmon_train_step_time_seconds", "fsdpmon_train_data_wait_ratio",
+                  "fsdpmon_train_tokens_per_second", "fsdpmon_train_heartbeat_age_seconds",
+                  "fsdpmon_train_step")), height=10),
     ]
+
+
+def ranks() -> Json:
+    items = [*_rank_step_times(), *_rank_stragglers(), *_rank_memory()]
     return dashboard("fsdpmon-ranks", "fsdpmon / Ranks and stragglers",
                      "Per-rank step time, phases, data wait and memory: find the slow rank.",
                      items, _vars("namespace", "job", "rank"), LINKS)
@@ -194,17 +225,12 @@ def _gpu(name: str, legend_extra: str = "") -> Target:
     return Target(m(name, NODE), "{{node}} GPU {{gpu}}" + legend_extra)
 
 
-def nodes() -> Json:
-    gpu_base = f"0 * {m('fsdpmon_gpu_utilization_ratio', NODE)}"
-    xid = (f"sum by (node, gpu, xid) "
-           f"(increase({m('fsdpmon_gpu_xid_errors_total', NODE)}[{RATE}]))"
-           f"\nor on (node, gpu) sum by (node, gpu) (fsdpmon_gpu:dcgm_xid_errors:changes{{{NODE}}})"
-           f"\nor on (node, gpu) sum by (node, gpu) ({gpu_base})")
+def _gpu_use() -> list[Panel | Row]:
     in_pods = m("fsdpmon_gpu_memory_used_bytes", f'{NODE}, pod!=""')  # dcgm-exporter's view
     pod_mem = (f"sum by (node, namespace, pod) "
                f"({m('fsdpmon_gpu_process_memory_used_bytes', NODE)})\nor "
                f"sum by (node, namespace, pod) ({in_pods})")
-    items: list[Panel | Row] = [
+    return [
         Row("Utilisation"),
         timeseries("GPU utilisation", _gpu("fsdpmon_gpu_utilization_ratio"),
                    unit="percentunit", min=0, max=1),
@@ -223,6 +249,11 @@ def nodes() -> Json:
                    unit="bytes",
                    description="Device memory of each pod's processes (empty pod: processes "
                                "outside Kubernetes pods)."),
+    ]
+
+
+def _gpu_physics() -> list[Panel | Row]:
+    return [
         Row("Thermals, power and clocks"),
         timeseries("Temperature", _gpu("fsdpmon_gpu_temperature_celsius"),
                    _gpu("fsdpmon_gpu_memory_temperature_celsius", " HBM"), unit="celsius"),
@@ -239,6 +270,18 @@ def nodes() -> Json:
             f"rate({m('fsdpmon_gpu_energy_joules_total', NODE)}[{RATE}])",
             "{{node}} GPU {{gpu}}"), unit="watt", width=12,
             description="Average power from the energy counter."),
+    ]
+
+
+def _gpu_errors_and_links() -> list[Panel | Row]:
+    # Every GPU gets a 0 line while it has no XID: the exporter serves XID series only once
+    # one occurred, and "no data" would read as "not monitored".
+    every_gpu = f"0 * {m('fsdpmon_gpu_utilization_ratio', NODE)}"
+    xid = (f"sum by (node, gpu, xid) "
+           f"(increase({m('fsdpmon_gpu_xid_errors_total', NODE)}[{RATE}]))"
+           f"\nor on (node, gpu) sum by (node, gpu) (fsdpmon_gpu:dcgm_xid_errors:changes{{{NODE}}})"
+           f"\nor on (node, gpu) sum by (node, gpu) ({every_gpu})")
+    return [
         Row("Errors and interconnect"),
         timeseries("XID errors", Target(xid, "{{node}} GPU {{gpu}} XID {{xid}}"),
                    description="XID errors per scrape interval; 0 while none occurred."),
@@ -255,6 +298,11 @@ def nodes() -> Json:
         timeseries("NVLink traffic",
                    _gpu("fsdpmon_gpu_nvlink_bytes_per_second", " {{direction}}"),
                    unit="Bps", width=12),
+    ]
+
+
+def _host() -> list[Panel | Row]:
+    return [
         Row("Host and processes"),
         timeseries("Host CPU", Target(m("fsdpmon_host_cpu_utilization_ratio",
                                         f'{NODE}, cpu="all"'), "{{node}}"),
@@ -268,6 +316,10 @@ def nodes() -> Json:
               Target(f"topk(20, {m('fsdpmon_process_cpu_utilization_ratio', NODE)})"),
               Target(m("fsdpmon_process_resident_memory_bytes", NODE))),
     ]
+
+
+def nodes() -> Json:
+    items = [*_gpu_use(), *_gpu_physics(), *_gpu_errors_and_links(), *_host()]
     return dashboard("fsdpmon-nodes", "fsdpmon / Nodes and GPUs",
                      "GPU utilisation, memory, thermals, power, clocks, errors and interconnect, "
                      "host and processes, per node.", items, _vars("namespace", "node"), LINKS)
@@ -280,15 +332,21 @@ def _by_world_size(expr: str) -> str:
             f"(world_size)\n  max by ({JOB_KEYS}, world_size) ({info})\n)")
 
 
+def _median_over_range(recorded: str) -> str:
+    """Steady state of a job figure over the dashboard's range (robust to warm-up and stalls)."""
+    return f"quantile_over_time(0.5, {recorded}{{{JOB}}}[{RANGE}])"
+
+
+def _peak_over_range(recorded: str) -> str:
+    return f"max_over_time({recorded}{{{JOB}}}[{RANGE}])"
+
+
 def runs() -> Json:
     legend = "{{job_name}} · {{world_size}} ranks"
-    median: Callable[[str], str] = lambda rec: (  # noqa: E731
-        f"quantile_over_time(0.5, {rec}{{{JOB}}}[{RANGE}])")
-    peak: Callable[[str], str] = lambda rec: f"max_over_time({rec}{{{JOB}}}[{RANGE}])"  # noqa: E731
-    per_gpu = _by_world_size(median("fsdpmon_job:tokens_per_second_per_rank:avg"))
-    total = _by_world_size(median("fsdpmon_job:tokens_per_second:sum"))
-    memory = _by_world_size(peak("fsdpmon_job:peak_memory_bytes:max"))
-    step = _by_world_size(median("fsdpmon_job:step_time_seconds:p50"))
+    per_gpu = _by_world_size(_median_over_range("fsdpmon_job:tokens_per_second_per_rank:avg"))
+    total = _by_world_size(_median_over_range("fsdpmon_job:tokens_per_second:sum"))
+    memory = _by_world_size(_peak_over_range("fsdpmon_job:peak_memory_bytes:max"))
+    step = _by_world_size(_median_over_range("fsdpmon_job:step_time_seconds:p50"))
     items: list[Panel | Row] = [
         Row("Scaling across jobs (over the dashboard's time range)"),
         bars("Tokens/s per GPU by world size", Target(per_gpu, legend),

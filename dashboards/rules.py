@@ -272,11 +272,14 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
 
 
 def gpu_alerts(b: RuleBounds) -> list[Rule]:
-    w = b.error_window
+    return [*_gpu_use_alerts(b), *_gpu_fault_alerts(b)]
+
+
+def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
+    # Power capping (sw_power_cap) is routine under full load; these reasons cost clock speed
+    # because something is wrong with cooling or power delivery.
     hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
     throttled = m("fsdpmon_gpu_clock_event_active", f'reason=~"{hot}"')
-    uncorrected = m("fsdpmon_gpu_ecc_errors_total", 'type="uncorrected"')
-    failed_remap = m("fsdpmon_gpu_remapped_rows", 'cause="failure"')
     return [
         _alert(
             "FsdpmonGPULowUtilization",
@@ -289,6 +292,24 @@ def gpu_alerts(b: RuleBounds) -> list[Rule]:
             "Check data wait and step phases on the Ranks dashboard (input pipeline, CPU "
             "offload, checkpointing), and whether the job is stalled.",
         ),
+        _alert(
+            "FsdpmonGPUThrottling",
+            f"{throttled} == 1",
+            b.throttle_for, "warning",
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
+            "Clock-event reason {{ $labels.reason }} has been active for " + b.throttle_for
+            + "; a throttled GPU makes its rank a straggler.",
+            "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
+            "and power supply; hw_slowdown with normal temperature can mean a failing board.",
+        ),
+    ]
+
+
+def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
+    w = b.error_window
+    uncorrected = m("fsdpmon_gpu_ecc_errors_total", 'type="uncorrected"')
+    failed_remap = m("fsdpmon_gpu_remapped_rows", 'cause="failure"')
+    return [
         _alert(
             "FsdpmonGPUXidErrors",
             f"increase({m('fsdpmon_gpu_xid_errors_total')}[{w}]) > 0\nor\n"
@@ -311,16 +332,6 @@ def gpu_alerts(b: RuleBounds) -> list[Rule]:
             "failed row remapping.",
             "Drain the node; the GPU needs a reset to remap rows, or replacement if remapping "
             "failed.",
-        ),
-        _alert(
-            "FsdpmonGPUThrottling",
-            f"{throttled} == 1",
-            b.throttle_for, "warning",
-            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
-            "Clock-event reason {{ $labels.reason }} has been active for " + b.throttle_for
-            + "; a throttled GPU makes its rank a straggler.",
-            "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
-            "and power supply; hw_slowdown with normal temperature can mean a failing board.",
         ),
     ]
 
