@@ -48,7 +48,7 @@ def test_parses_the_workflows_env_file():
 
 
 def test_later_assignment_wins_and_unknown_reference_is_empty():
-    env = parse_env_text("A=1\nA=2\nB=${A}-$NOPE-x\n", environ={})
+    env = parse_env_text("A=1\nA=2\nexport A NOPE\nB=${A}-$NOPE-x\n", environ={})
     assert env == {"A": "2", "B": "2--x"}
 
 

@@ -32,10 +32,13 @@ def parse_env_text(text: str, source: str = "env file",
         if not line or line.startswith("#"):
             continue
         where = f"{source}:{number}"
-        if line.startswith("export ") or line.startswith("export\t"):
+        exported = line.startswith(("export ", "export\t"))
+        if exported:
             line = line[len("export"):].lstrip()
         key, sep, rest = line.partition("=")
         key = key.strip()
+        if exported and not sep and all(_KEY.fullmatch(k) for k in key.split()):
+            continue  # `export A B`: marks existing variables, assigns nothing
         if not sep or not _KEY.fullmatch(key):
             raise InputError(f"{where}: expected KEY=value (optionally after 'export')")
         lookup = {**environ, **values}
