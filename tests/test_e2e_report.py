@@ -1,7 +1,8 @@
 """End to end: train `tiny` at world sizes 1 and 2 on CPU with the real trainer, then report.
 
 The table's tokens/s and step times must agree with figures this test recomputes from the raw
-JSONL records; the chart must be a valid PNG; damaged logs must give one-line errors.
+JSONL records; the chart must be a valid PNG; damaged logs must give one-line errors. A real
+Prometheus scrapes both runs as they train, and `--prometheus --jobs` must tell the same story.
 """
 
 from __future__ import annotations
@@ -9,9 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -21,17 +26,25 @@ from PIL import Image
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS, LOG_EVERY = 30, 5
+STEPS, LOG_EVERY = 120, 5
+HAVE_PROMETHEUS = bool(shutil.which("prometheus"))
 
 
-def train(world_size: int, log: Path) -> None:
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train(world_size: int, log: Path, port: int) -> None:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={world_size}", "-m", "trainer.train", "--model", "tiny",
         "--max-steps", str(STEPS), "--log-every", str(LOG_EVERY), "--batch-size", "4",
-        "--seq-len", "128", "--metrics-port", "0", "--log-jsonl", str(log),
+        "--seq-len", "128", "--metrics-port", str(port), "--log-jsonl", str(log),
+        "--job-name", log.name.removesuffix(".jsonl"),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FSDPMON_LISTEN_ADDRESS": "127.0.0.1"}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -43,12 +56,49 @@ def train(world_size: int, log: Path) -> None:
     assert proc.returncode == 0, output[-3000:]
 
 
+@contextlib.contextmanager
+def prometheus_scraping(ports: list[int], root: Path):
+    """A real Prometheus scraping the training endpoints every 250 ms; yields its URL."""
+    if not HAVE_PROMETHEUS:
+        yield None
+        return
+    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
+    (root / "prometheus.yml").write_text(
+        "global: {scrape_interval: 250ms, scrape_timeout: 200ms}\n"
+        f"scrape_configs: [{{job_name: train, static_configs: [{{targets: [{targets}]}}]}}]\n")
+    port = free_port()
+    log = (root / "prometheus.log").open("w")
+    proc = subprocess.Popen(
+        ["prometheus", f"--config.file={root / 'prometheus.yml'}",
+         f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(url + "/-/ready", timeout=2).close()
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, "prometheus not ready"
+            time.sleep(0.3)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
+def runs(tmp_path_factory):
+    """(directory of the two runs' logs, URL of the Prometheus that scraped them or None)."""
     root = tmp_path_factory.mktemp("runs")
-    for world_size in (1, 2):
-        train(world_size, root / f"tiny-n{world_size}.jsonl")
-    return root
+    ports = [free_port(), free_port()]
+    with prometheus_scraping(ports, root) as url:
+        for world_size, port in zip((1, 2), ports, strict=True):
+            train(world_size, root / f"tiny-n{world_size}.jsonl", port)
+        time.sleep(1.0)  # let the last scrapes land
+        yield root, url
 
 
 def recomputed(root: Path, name: str) -> dict[str, float]:
@@ -77,6 +127,7 @@ def fsdpmon(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_report_agrees_with_the_logs(runs, tmp_path):
+    runs, _ = runs
     out = tmp_path / "report"
     done = fsdpmon("report", str(runs / "tiny-n2.jsonl"), str(runs / "tiny-n1.jsonl"),
                    "--out", str(out))
@@ -103,6 +154,7 @@ def test_report_agrees_with_the_logs(runs, tmp_path):
 
 
 def test_directory_of_runs_is_one_argument(runs, tmp_path):
+    runs, _ = runs
     done = fsdpmon("report", str(runs), "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     assert [r["world_size"] for r in json.loads((tmp_path / "report.json").read_text())["runs"]] \
@@ -118,6 +170,7 @@ def test_directory_of_runs_is_one_argument(runs, tmp_path):
     ],
 )
 def test_damaged_logs_give_one_line_errors(runs, tmp_path, damage, needle):
+    runs, _ = runs
     copy = tmp_path / "copy"
     copy.mkdir()
     for path in runs.glob("tiny-n2.rank*.jsonl"):
@@ -135,3 +188,23 @@ def test_damaged_logs_give_one_line_errors(runs, tmp_path, damage, needle):
     assert done.returncode == 2
     assert needle in done.stderr and str(target) in done.stderr
     assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(not HAVE_PROMETHEUS, reason="needs Debian's prometheus")
+def test_prometheus_source_tells_the_same_story_as_the_logs(runs, tmp_path):
+    """The same two runs, read back from the Prometheus that scraped their monitors."""
+    root, url = runs
+    from_logs = fsdpmon("report", str(root), "--out", str(tmp_path / "logs"))
+    from_prom = fsdpmon("report", "--prometheus", url, "--jobs", "tiny-n1,tiny-n2",
+                        "--since", "1h", "--out", str(tmp_path / "prom"))
+    assert from_logs.returncode == 0 and from_prom.returncode == 0, from_prom.stderr
+    logs, prom = (json.loads((tmp_path / d / "report.json").read_text())["runs"]
+                  for d in ("logs", "prom"))
+    for a, b in zip(logs, prom, strict=True):
+        assert (a["world_size"], a["ranks_seen"], a["model"], a["memory_source"]) == \
+            (b["world_size"], b["ranks_seen"], b["model"], b["memory_source"]), (a, b)
+        # sampled every 250 ms rather than logged every step window: close, not identical
+        assert b["tokens_per_second"] == pytest.approx(a["tokens_per_second"], rel=0.35)
+        assert b["step_time_median_s"] == pytest.approx(a["step_time_median_s"], rel=0.35)
+        assert b["peak_memory_bytes_per_gpu"] == pytest.approx(a["peak_memory_bytes_per_gpu"],
+                                                               rel=0.2)

@@ -140,7 +140,7 @@ def fsdpmon(*args: str) -> subprocess.CompletedProcess:
 
 def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
     done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "scale-2,scale-1",
-                   "--since", "6h", "--out", str(tmp_path))
+                   "--since", "6h", "--step", "2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     runs = {r["name"]: r for r in json.loads((tmp_path / "report.json").read_text())["runs"]}
     assert list(runs) == ["scale-1", "scale-2"]  # sorted by world size

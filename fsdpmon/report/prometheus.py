@@ -95,7 +95,8 @@ def selector(job: str) -> str:
 
 
 def _step_for(start: float, end: float) -> float:
-    return max(1.0, math.ceil((end - start) / MAX_POINTS))
+    """Query resolution: MAX_POINTS evaluations over the span, but no finer than 100 ms."""
+    return max(0.1, round((end - start) / MAX_POINTS, 1))
 
 
 def _values(series: dict[str, Any]) -> Series:
@@ -108,16 +109,21 @@ def _values(series: dict[str, Any]) -> Series:
 
 
 def job_window(api: PrometheusAPI, job: str, since: float, until: float) -> tuple[float, float]:
-    """The span in [since, until] during which the job had training series."""
-    coarse = _step_for(since, until)
-    result = api.query_range(f"max({RANK_SERIES['step']}{selector(job)})", since, until, coarse)
+    """The span in [since, until] during which the job had training series.
+
+    Each coarse evaluation looks back over the whole step before it (max_over_time), so a job
+    shorter than the coarse step is still found.
+    """
+    coarse = max(1, math.ceil((until - since) / MAX_POINTS))
+    query = f"max(max_over_time({RANK_SERIES['step']}{selector(job)}[{coarse}s]))"
+    result = api.query_range(query, since, until, coarse)
     stamps = sorted(t for series in result for t in _values(series))
     if not stamps:
         raise InputError(
             f"job {job!r}: no {RANK_SERIES['step']} series in {api.base_url} in the "
             "queried time range (check --jobs and --since)"
         )
-    return max(since, stamps[0] - coarse), min(until, stamps[-1] + coarse)
+    return max(since, stamps[0] - coarse), min(until, stamps[-1])
 
 
 def _per_rank(api: PrometheusAPI, metric: str, job: str, window: tuple[float, float, float]):
