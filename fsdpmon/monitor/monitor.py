@@ -11,13 +11,14 @@ once and counts it in ``fsdpmon_monitor_internal_errors_total``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -25,7 +26,7 @@ from torch import nn
 
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
-from fsdpmon.monitor.gather import gather_rows, topology
+from fsdpmon.monitor.gather import Topology, gather_rows, topology
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.publish import Publication
@@ -76,17 +77,23 @@ class Monitor:
         self.auto_log = True  # log every config.log_interval steps; off when the loop decides
         self.pub: Publication | None = None
         self.jsonl: JsonlSink | None = None
-        try:
-            self._setup(model, flops_per_token, seq_len, run_info or {})
-        except Exception as exc:
-            self._fail("setup", exc)
-            self._timer = StepTimer(HostClock())
+        # Safe defaults, so that a failure in any part of set-up leaves the rest working.
+        self.topo = Topology(0, 0, 1, 1)
+        self._timer = StepTimer(HostClock())
+        self.device, self.peak_flops = "cpu", None
+        self.flops_per_token = float(flops_per_token or 0.0)
+        self._memory: MemoryReader | None = None
+        self.run_record: dict[str, Any] = {}
+        self._guarded("setup", lambda: self._setup_core(model, flops_per_token, seq_len,
+                                                        run_info or {}))
+        self._guarded("jsonl", self._open_jsonl)
+        self._guarded("publication", self._start_publication)
         self._step_span = _Span(self.begin_step, self.end_step)
 
     # ---- set-up -------------------------------------------------------------------------
 
-    def _setup(self, model: nn.Module | None, flops: float | None, seq_len: int | None,
-               run_info: dict[str, Any]) -> None:
+    def _setup_core(self, model: nn.Module | None, flops: float | None, seq_len: int | None,
+                    run_info: dict[str, Any]) -> None:
         self.topo = topology()
         cuda = _uses_cuda(model)
         clock: HostClock | CudaClock = CudaClock() if cuda else HostClock()
@@ -96,15 +103,15 @@ class Monitor:
         if flops is None and model is not None and seq_len:
             flops = model_flops_per_token(model, seq_len)
         self.flops_per_token = float(flops or 0.0)
-        self._memory = MemoryReader(cuda)
         self.run_record = self._run_record(model, run_info)
+        self._memory = MemoryReader(cuda)
+
+    def _open_jsonl(self) -> None:
         if self.config.jsonl_path:
-            try:
-                self.jsonl = JsonlSink(self.config.jsonl_path, self.topo.rank)
-                self.jsonl.write(self.run_record)
-            except OSError as exc:
-                self.jsonl = None
-                self._fail("jsonl", exc)
+            self.jsonl = JsonlSink(self.config.jsonl_path, self.topo.rank)
+            self.jsonl.write(self.run_record)
+
+    def _start_publication(self) -> None:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
         if self.pub is not None:
             self.pub.static_values(self._static_values())
@@ -129,8 +136,8 @@ class Monitor:
             "fsdpmon_train_model_flops_per_token": self.flops_per_token or None,
             "fsdpmon_train_device_peak_flops": self.peak_flops,
             "fsdpmon_train_total_steps": self.total_steps,
-            "fsdpmon_train_restarts": self.run_record["restarts"],
-            "fsdpmon_train_device_memory_capacity_bytes": self._memory.capacity,
+            "fsdpmon_train_restarts": self.run_record.get("restarts"),
+            "fsdpmon_train_device_memory_capacity_bytes": self._memory and self._memory.capacity,
             "fsdpmon_monitor_internal_errors_total": self.internal_errors,
         }
 
@@ -185,12 +192,15 @@ class Monitor:
             self.step_number += 1
             self.tokens_done += tokens
             self._window_tokens += tokens
-            if self.pub is not None:
-                self.pub.step_done(self.step_number, self.steps_done, self.tokens_done,
-                                   host_seconds)
         except Exception as exc:
             self._fail("end_step", exc)
             return
+        if self.pub is not None:
+            try:
+                self.pub.step_done(self.step_number, self.steps_done, self.tokens_done,
+                                   host_seconds)
+            except Exception as exc:
+                self._fail("heartbeat", exc)
         if self.auto_log and (self.step_number % self.config.log_interval == 0
                               or self.step_number == self.total_steps):
             self._log_step()
@@ -209,45 +219,54 @@ class Monitor:
                 self._timer.begin_phase(name)
             else:
                 self._timer.end_phase(name)
+                if name == "checkpoint" and self.pub is not None:
+                    self.pub.progress()  # a long save is progress, not a stall
         except Exception as exc:
             self._fail("phase", exc)
 
     # ---- log steps ----------------------------------------------------------------------
 
     def _log_step(self) -> None:
-        stats, quality, peak_memory = None, {}, math.nan
-        try:
-            stats, quality, peak_memory, memory_values = self._measure_window()
-        except Exception as exc:
-            self._fail("measure", exc)
-            memory_values = {}
+        # Log steps are where the monitor syncs on purpose (timers, loss, the gather), so a
+        # loop checking for stray syncs with torch.cuda.set_sync_debug_mode sees none of ours.
+        with _intended_syncs(self.device != "cpu"):
+            self._log_step_unguarded()
+
+    def _log_step_unguarded(self) -> None:
+        stats = self._guarded("measure", self._measure_window)
+        quality = self._guarded("values", self._read_values) or {}
+        memory = self._guarded("memory", self._memory.read) if self._memory else None
+        peak_memory = memory.peak_bytes if memory else math.nan
+        loss = quality.get("loss")
         local = [stats.step_time_s if stats else math.nan,
                  stats.local_seconds_per_step if stats else math.nan,
-                 peak_memory, _as_float(quality.get("loss"))]
-        rows = self._gather(local)
-        try:
-            job = job_figures(rows) if rows is not None and self.topo.rank == 0 else None
-            record = self._step_record(stats, quality, peak_memory, job)
-            if self.pub is not None and stats is not None:
-                self.pub.log_step(stats, record, memory_values, self._timer_window,
-                                  self.internal_errors, job)
-        except Exception as exc:
-            self._fail("publish", exc)
+                 peak_memory, math.nan if loss is None else loss]
+        rows = self._gather(local)  # every rank, every log step, whatever failed above
+        job = self._guarded("job figures", lambda: job_figures(rows)
+                            if rows is not None and self.topo.rank == 0 else None)
+        record = self._guarded("record", lambda: self._step_record(stats, quality, peak_memory,
+                                                                   job))
+        if record is None:
             return
+        if self.pub is not None and stats is not None:
+            pub = self.pub
+            self._guarded("publish", lambda: pub.log_step(
+                stats, record, memory.values if memory else {}, self._timer_window,
+                self.internal_errors, job))
         self._emit(record)
 
-    def _measure_window(self) -> tuple[WindowStats, dict[str, Any], float, dict[str, float]]:
+    def _measure_window(self) -> WindowStats:
         times = self._timer.drain()
         now = time.perf_counter()
         start = self._window_start if self._window_start is not None else now
         self._window_start = now
         tokens, self._window_tokens = self._window_tokens, 0
         self._timer_window = times
-        stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops)
+        return window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops)
+
+    def _read_values(self) -> dict[str, float | None]:
         pending, self._pending = self._pending, {}
-        quality = {k: _as_float(v) for k, v in pending.items() if k != "tokens"}
-        memory = self._memory.read()
-        return stats, quality, memory.peak_bytes, memory.values
+        return {k: _as_float(v) for k, v in pending.items() if k != "tokens"}
 
     def _gather(self, local: list[float]) -> list[list[float]] | None:
         if not self._gather_ok:
@@ -297,6 +316,13 @@ class Monitor:
 
     # ---- failures and shutdown ----------------------------------------------------------
 
+    def _guarded(self, where: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except Exception as exc:
+            self._fail(where, exc)
+            return None
+
     def _fail(self, where: str, exc: BaseException) -> None:
         """Log a failure kind once, count every occurrence, never re-raise."""
         self.internal_errors += 1
@@ -325,6 +351,19 @@ class Monitor:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@contextlib.contextmanager
+def _intended_syncs(cuda: bool) -> Iterator[None]:
+    if not cuda:
+        yield
+        return
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
 
 
 def _uses_cuda(model: nn.Module | None) -> bool:

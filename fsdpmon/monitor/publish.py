@@ -67,7 +67,10 @@ class Publication:
         except OSError as exc:
             self._fail("state directory", exc)
             return
-        self._beat()
+        try:
+            self._beat()
+        except Exception as exc:
+            self._fail("heartbeat", exc)  # serve anyway: the snapshot may still be good
         # Local rank 0 binds at once; the others wait a retry period, then take over if needed.
         delay = 0.0 if topo.local_rank == 0 else config.server_retry_seconds
         self.keeper = PortKeeper(directory, config.listen_address, config.port, delay,
@@ -84,6 +87,10 @@ class Publication:
         self._progress = (time.time(), float(step), float(steps), float(tokens))
         if self.writer is not None:
             self._beat()
+
+    def progress(self) -> None:
+        """Progress other than a completed step (a checkpoint saved): resets the stall clock."""
+        self.watchdog.step_done(None)
 
     def _beat(self) -> None:
         with self._lock:

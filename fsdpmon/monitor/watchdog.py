@@ -53,9 +53,11 @@ class StallWatchdog:
             self._last_progress = time.monotonic()
             self._armed = True
 
-    def step_done(self, seconds: float) -> None:
-        # Called from the training thread: appends and two stores, no locking needed.
-        self._durations.append(seconds)
+    def step_done(self, seconds: float | None) -> None:
+        """Progress: a step of ``seconds`` completed (None: progress that is not a step)."""
+        # Called from the training thread: an append and a store, no locking needed.
+        if seconds is not None:
+            self._durations.append(seconds)
         self._last_progress = time.monotonic()
 
     def compute_threshold(self) -> float:

@@ -1,0 +1,91 @@
+"""FLOPs per token and the peak-FLOPs table behind MFU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+
+from fsdpmon.monitor.flops import (
+    ModelShape,
+    flops_per_token,
+    mfu,
+    model_flops_per_token,
+    model_shape,
+    parameter_counts,
+    peak_flops_for,
+)
+from trainer.model import FLAVOURS, Transformer
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA GH200 480GB", 989e12),
+    ("NVIDIA B200", 2.25e15),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA L40", 181e12),
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA A10", 125e12),
+])
+def test_known_devices_have_their_dense_bf16_peak(name, peak):
+    assert peak_flops_for(name) == peak
+
+
+@pytest.mark.parametrize("name", ["NVIDIA A10G", "Tesla T4", "SIMULATED", "cpu", "", None,
+                                  "NVIDIA GeForce RTX 4090"])
+def test_unknown_devices_have_no_peak_and_so_no_mfu(name):
+    assert peak_flops_for(name) is None
+    assert mfu(1000.0, 1e9, peak_flops_for(name)) is None
+
+
+def test_mfu_is_achieved_over_peak():
+    assert mfu(2000.0, 1e9, 4e12) == pytest.approx(0.5)
+
+
+def test_formula_terms():
+    shape = ModelShape(n_layers=2, n_heads=4, head_dim=16)
+    assert flops_per_token(1000, 200, shape, 128) == 6 * 800 + 12 * 2 * 4 * 16 * 128
+    assert flops_per_token(1000, 200, None, 128) == 6 * 800
+
+
+def test_shape_from_our_model_args_and_from_hf_config():
+    ours = model_shape(FLAVOURS["llama2-7b"])
+    assert ours == ModelShape(n_layers=32, n_heads=32, head_dim=128)
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.LlamaConfig(hidden_size=256, num_hidden_layers=3, num_attention_heads=8,
+                                  num_key_value_heads=2, intermediate_size=512)
+    assert model_shape(hf) == ModelShape(n_layers=3, n_heads=8, head_dim=32)
+    assert model_shape(object()) is None
+
+
+def test_embedding_parameters_are_counted_separately():
+    model = Transformer(FLAVOURS["tiny"])
+    total, embedding = parameter_counts(model)
+    args = FLAVOURS["tiny"]
+    assert embedding == args.vocab_size * args.dim
+    assert total == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("seq_len", [64, 512])
+def test_formula_agrees_with_torch_flop_counter_on_the_tiny_model(seq_len):
+    torch.manual_seed(0)
+    model = Transformer(FLAVOURS["tiny"])
+    batch = 2
+    tokens = torch.randint(0, FLAVOURS["tiny"].vocab_size, (batch, seq_len + 1))
+    # The math backend runs attention as plain matmuls the counter sees (CPU's fused kernel
+    # has no FLOP formula). Like the formula, it computes the full S x S scores.
+    with FlopCounterMode(display=False) as counter, sdpa_kernel(SDPBackend.MATH):
+        logits = model(tokens[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+        loss.backward()
+    measured = counter.get_total_flops() / (batch * seq_len)
+    assert model_flops_per_token(model, seq_len) == pytest.approx(measured, rel=0.15)
+    print(f"seq {seq_len}: formula {model_flops_per_token(model, seq_len):.0f}, "
+          f"FlopCounterMode {measured:.0f} FLOPs/token")

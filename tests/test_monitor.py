@@ -1,0 +1,228 @@
+"""The Monitor in one process: the contract's records, and that it never breaks training."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import time
+import urllib.request
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fsdpmon.monitor import Monitor, MonitorConfig
+from fsdpmon.monitor import gather as gather_mod
+from fsdpmon.monitor import memory as memory_mod
+from fsdpmon.monitor import monitor as monitor_mod
+from fsdpmon.monitor import state as state_mod
+from fsdpmon.monitor.jsonl import JsonlSink
+
+STEP_KEYS = {"kind", "time", "rank", "local_rank", "world_size", "step", "loss", "lr",
+             "grad_norm", "tokens_per_second", "step_time_s", "data_wait_ratio", "mfu",
+             "peak_memory_bytes", "tokens_total", "loss_nonfinite"}
+RUN_KEYS = {"kind", "time", "rank", "local_rank", "world_size", "nodes", "model", "config",
+            "flops_per_token", "device", "peak_flops", "job_name"}
+JOB_KEYS = {"step_time_min_s", "step_time_median_s", "step_time_max_s", "slowest_rank",
+            "peak_memory_max_bytes", "peak_memory_max_rank", "loss_mean", "loss_max"}
+SEQ, BATCH = 16, 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def config(tmp_path, **kw) -> MonitorConfig:
+    base = {"port": 0, "job_name": "unit", "log_interval": 5, "listen_address": "127.0.0.1",
+            "state_dir": str(tmp_path / "state"), "jsonl_path": str(tmp_path / "run.jsonl"),
+            "server_retry_seconds": 0.2}
+    return MonitorConfig(**{**base, **kw})
+
+
+def train(mon: Monitor | None, steps: int = 12) -> float:
+    """A small deterministic LM loop; returns the final loss."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(64, 32), torch.nn.Linear(32, 64))
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    gen = torch.Generator().manual_seed(1)
+    loss = torch.tensor(0.0)
+    for _ in range(steps):
+        ctx = mon.step() if mon else _null()
+        with ctx:
+            with mon.phase("data") if mon else _null():
+                batch = torch.randint(0, 64, (BATCH, SEQ + 1), generator=gen)
+            with mon.phase("forward") if mon else _null():
+                logits = model(batch[:, :-1])
+                loss = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+            with mon.phase("backward") if mon else _null():
+                loss.backward()
+            with mon.phase("optimizer") if mon else _null():
+                opt.step()
+                opt.zero_grad()
+            if mon:
+                mon.record(loss=loss.detach(), lr=0.5, grad_norm=torch.tensor(1.5))
+    return float(loss.detach())
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def monitor(cfg: MonitorConfig, **kw) -> Monitor:
+    args = {"flops_per_token": 1e6, "tokens_per_step": BATCH * SEQ, "total_steps": 12,
+            "run_info": {"model": "toy", "config": {"lr": 0.5}}}
+    return Monitor(cfg, **{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def baseline() -> float:
+    return train(None)
+
+
+def test_records_follow_the_contract(tmp_path, baseline):
+    mon = monitor(config(tmp_path))
+    seen: list[dict] = []
+    mon.add_log_listener(seen.append)
+    assert train(mon) == baseline
+    mon.close()
+    lines = [json.loads(x) for x in (tmp_path / "run.rank0.jsonl").read_text().splitlines()]
+    run, steps = lines[0], lines[1:]
+    assert set(run) >= RUN_KEYS and run["kind"] == "run" and run["model"] == "toy"
+    assert run["device"] == "cpu" and run["peak_flops"] is None
+    assert steps == seen  # listeners get the very records the file holds
+    assert [s["step"] for s in steps] == [5, 10, 12]  # every 5 and the last planned step
+    for record in steps:
+        assert set(record) >= STEP_KEYS
+        assert set(record["job"]) >= JOB_KEYS
+        assert record["mfu"] is None  # CPU: unknown peak
+        assert record["grad_norm"] == 1.5 and record["lr"] == 0.5
+        assert record["peak_memory_bytes"] > 0  # RSS on CPU
+    assert steps[-1]["loss"] == pytest.approx(baseline)
+    assert steps[-1]["tokens_total"] == 12 * BATCH * SEQ
+    assert steps[0]["job"]["slowest_rank"] == 0 and steps[0]["job"]["loss_max"] == steps[0]["loss"]
+
+
+def test_resumed_run_counts_from_its_start_step_and_variable_tokens(tmp_path):
+    mon = monitor(config(tmp_path, jsonl_path=None), total_steps=None, start_step=100)
+    seen: list[dict] = []
+    mon.add_log_listener(seen.append)
+    for i in range(10):
+        with mon.step():
+            mon.record(tokens=i)
+    with mon.phase("checkpoint"):  # outside a step: lands in the next window
+        time.sleep(0.01)
+    mon.log_now()
+    mon.close()
+    assert [r["step"] for r in seen] == [105, 110, 110]
+    assert [r["tokens_total"] for r in seen] == [10, 45, 45]
+    assert seen[-1]["phase_seconds"] == {}  # no step in that window
+    assert mon.steps_done == 10
+
+
+def test_disabled_monitor_still_logs_but_serves_nothing(tmp_path, baseline):
+    port = free_port()
+    mon = monitor(config(tmp_path, disabled=True, port=port))
+    seen: list[dict] = []
+    mon.add_log_listener(seen.append)
+    assert train(mon) == baseline
+    mon.close()
+    assert len(seen) == 3 and (tmp_path / "run.rank0.jsonl").exists()
+    assert not (tmp_path / "state").exists()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # nobody took it
+
+
+def test_port_in_use_training_goes_on(tmp_path, baseline):
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        mon = monitor(config(tmp_path, port=blocker.getsockname()[1]))
+        assert train(mon) == baseline
+        mon.close()
+    assert mon.internal_errors == 0
+    assert len((tmp_path / "run.rank0.jsonl").read_text().splitlines()) == 4
+
+
+def test_unwritable_directories_training_goes_on(tmp_path, baseline):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cfg = config(tmp_path, port=free_port(), state_dir=str(blocker / "state"),
+                 jsonl_path=str(blocker / "run.jsonl"))
+    mon = monitor(cfg)
+    assert train(mon) == baseline
+    mon.close()
+    assert mon.internal_errors == 2  # the state directory and the JSONL file, once each
+
+
+def test_internals_that_throw_never_reach_training(tmp_path, baseline, monkeypatch, caplog):
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(state_mod.RankStateWriter, "heartbeat", boom)
+    monkeypatch.setattr(memory_mod.MemoryReader, "read", boom)
+    monkeypatch.setattr(monitor_mod, "gather_rows", boom)
+    monkeypatch.setattr(JsonlSink, "write", boom)
+    monkeypatch.setattr(monitor_mod.StepTimer, "begin_phase", boom)
+    mon = monitor(config(tmp_path, port=free_port()))
+    mon.add_log_listener(boom)
+    with caplog.at_level(logging.WARNING, logger="fsdpmon.monitor"):
+        assert train(mon) == baseline
+    mon.close()
+    assert mon.internal_errors > 12  # every step's heartbeat and phases, every log step
+    # Each kind of failure is logged once, however often it happens.
+    messages = [r.getMessage() for r in caplog.records if "internal error" in r.getMessage()]
+    assert len(messages) == len(set(m.split(" (")[0] for m in messages))
+    assert any("heartbeat" in m for m in messages)
+
+
+def test_internal_errors_are_published(tmp_path, monkeypatch):
+    def boom(*args, **kwargs):
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(memory_mod.MemoryReader, "read", boom)
+    port = free_port()
+    mon = monitor(config(tmp_path, port=port))
+    train(mon)
+    deadline, body = time.monotonic() + 10, ""
+    while time.monotonic() < deadline and "internal_errors" not in body:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                body = r.read().decode()
+        except OSError:
+            time.sleep(0.05)
+    mon.close()
+    line = next(x for x in body.splitlines()
+                if x.startswith("fsdpmon_monitor_internal_errors_total{"))
+    assert float(line.split()[-1]) == mon.internal_errors == 3
+    assert "fsdpmon_train_steps_total" in body
+
+
+def test_gather_failure_stays_off(tmp_path, monkeypatch):
+    calls = []
+
+    def broken(values, topo):
+        calls.append(values)
+        raise RuntimeError("collective broke")
+
+    monkeypatch.setattr(monitor_mod, "gather_rows", broken)
+    mon = monitor(config(tmp_path, jsonl_path=None))
+    train(mon)
+    mon.close()
+    assert len(calls) == 1  # not retried at every log step
+
+
+def test_topology_from_torchrun_variables(monkeypatch):
+    monkeypatch.setenv("RANK", "5")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    topo = gather_mod.topology()
+    assert (topo.rank, topo.local_rank, topo.world_size, topo.nodes) == (5, 1, 16, 2)
+    assert not topo.distributed  # no process group: no collective attempted

@@ -1,0 +1,108 @@
+"""The collector turns the ranks' state into catalogued metric families, per scrape."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fsdpmon import catalog
+from fsdpmon.monitor.collector import JobStateCollector, build_families
+from fsdpmon.monitor.state import Heartbeat, RankState, RankStateWriter
+
+NOW = 1_800_000_000.0
+BUCKETS = len(catalog.get("fsdpmon_train_step_duration_seconds").buckets)
+
+
+def _state(rank: int, last_step: float, threshold: float = 10.0, stalled: float = 0.0,
+           **extra) -> RankState:
+    snapshot = {
+        "pid": 1, "rank": rank, "local_rank": rank, "job_name": "j", "started_unix": NOW - 100,
+        "info": {"model": "tiny", "world_size": 2, "nodes": 1, "dtype": "float32",
+                 "torch_version": "2.x", "node": "n", "device": "cpu"},
+        "values": {"fsdpmon_train_loss": 2.5, "fsdpmon_monitor_internal_errors_total": 0},
+        "phase_totals": {"data": 1.5}, "phase_means": {"data": 0.01},
+        "histogram": {"counts": [1] * (BUCKETS + 1), "sum": 3.0},
+        **extra,
+    }
+    return RankState(rank, snapshot, Heartbeat(1, last_step, 7, 7, 700, stalled, threshold))
+
+
+def _exposition(states) -> str:
+    registry = CollectorRegistry(auto_describe=False)
+
+    class Fixed:
+        def collect(self):
+            return build_families(states, NOW)
+
+    registry.register(Fixed())
+    return generate_latest(registry).decode()
+
+
+def _values(text: str, name: str) -> dict[str, float]:
+    return {s.labels.get("rank", ""): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples if s.name == name}
+
+
+def test_exposition_passes_promtool(tmp_path):
+    job = {"fsdpmon_job_slowest_rank": 1, "fsdpmon_job_loss_max": 2.5}
+    text = _exposition([_state(0, NOW - 1, job=job), _state(1, NOW - 2)])
+    path = tmp_path / "m.txt"
+    path.write_text(text)
+    with open(path) as fh:
+        result = subprocess.run(["promtool", "check", "metrics"], stdin=fh,
+                                capture_output=True, text=True, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert _values(text, "fsdpmon_job_slowest_rank") == {"": 1.0}
+    assert _values(text, "fsdpmon_train_steps_total") == {"0": 7.0, "1": 7.0}
+    assert _values(text, "fsdpmon_train_step_duration_seconds_count") == {"0": BUCKETS + 1,
+                                                                        "1": BUCKETS + 1}
+    assert 'phase="data"' in text
+
+
+def test_heartbeat_age_and_stall_are_computed_at_scrape_time():
+    # Rank 1's own watchdog is frozen (stalled flag 0) but its heartbeat is 30 s old.
+    text = _exposition([_state(0, NOW - 1), _state(1, NOW - 30)])
+    assert _values(text, "fsdpmon_train_heartbeat_age_seconds") == {"0": 1.0, "1": 30.0}
+    assert _values(text, "fsdpmon_train_stalled") == {"0": 0.0, "1": 1.0}
+    # The watchdog's own flag is honoured as well.
+    text = _exposition([_state(0, NOW - 1, stalled=1.0)])
+    assert _values(text, "fsdpmon_train_stalled") == {"0": 1.0}
+
+
+def test_before_the_first_step_age_counts_from_start_and_no_timestamp_is_invented():
+    text = _exposition([_state(0, 0.0, threshold=1000.0)])
+    assert _values(text, "fsdpmon_train_heartbeat_age_seconds") == {"0": 100.0}
+    assert "fsdpmon_train_last_step_timestamp_seconds" not in text
+
+
+def test_untrusted_snapshot_content_is_ignored_not_fatal():
+    state = _state(0, NOW - 1)
+    state.snapshot["values"].update({"evil_metric": 1, "fsdpmon_train_loss": "NaN-ish",
+                                     "fsdpmon_train_grad_norm": [1]})
+    state.snapshot["histogram"] = {"counts": [1, 2], "sum": "x"}
+    state.snapshot["info"] = None
+    text = _exposition([state])
+    assert "evil_metric" not in text
+    assert "fsdpmon_train_loss" not in text and "fsdpmon_train_grad_norm" not in text
+    assert "fsdpmon_train_step_duration_seconds" not in text
+    assert _values(text, "fsdpmon_train_steps_total") == {"0": 7.0}
+
+
+def test_mfu_is_absent_unless_published():
+    assert "fsdpmon_train_mfu_ratio" not in _exposition([_state(0, NOW)])
+
+
+def test_collector_reads_live_state_files(tmp_path):
+    writer = RankStateWriter(tmp_path, 0)
+    writer.snapshot({"pid": os.getpid(), "rank": 0, "local_rank": 0, "job_name": "j",
+                     "values": {"fsdpmon_train_loss": 1.25}})
+    writer.heartbeat(NOW, 3, 3, 30, 0, 60)
+    families = list(JobStateCollector(tmp_path, clock=lambda: NOW + 5).collect())
+    by_name = {f.name: f for f in families}
+    assert by_name["fsdpmon_train_loss"].samples[0].value == 1.25
+    assert by_name["fsdpmon_train_heartbeat_age_seconds"].samples[0].value == 5.0
+    writer.close()
+    assert list(JobStateCollector(tmp_path).collect()) == []

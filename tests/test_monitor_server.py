@@ -1,0 +1,72 @@
+"""One endpoint per pod: whoever holds the port serves; another rank takes over when it goes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import urllib.request
+
+from fsdpmon.monitor.server import PortKeeper
+from fsdpmon.monitor.state import RankStateWriter
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return resp.read().decode()
+
+
+def _wait(predicate, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_second_keeper_takes_the_port_over_when_the_first_closes(tmp_path):
+    writer = RankStateWriter(tmp_path, 0)
+    writer.snapshot({"pid": os.getpid(), "rank": 0, "local_rank": 0, "job_name": "j",
+                     "values": {"fsdpmon_train_loss": 3.5}})
+    writer.heartbeat(time.time(), 1, 1, 1, 0, 60)
+    port = _free_port()
+    first = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0, retry_seconds=0.2)
+    second = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0.3, retry_seconds=0.2)
+    try:
+        first.start()
+        assert _wait(lambda: first.serving)
+        second.start()
+        time.sleep(0.6)
+        assert not second.serving  # the port is held
+        assert 'fsdpmon_train_loss{job_name="j",local_rank="0",rank="0"} 3.5' in _get(port)
+        first.close()
+        assert _wait(lambda: second.serving)
+        assert "fsdpmon_train_loss" in _get(port)
+    finally:
+        first.close()
+        second.close()
+        writer.close()
+
+
+def test_a_port_held_by_another_process_is_retried_not_fatal(tmp_path):
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    keeper = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0, retry_seconds=0.1)
+    try:
+        keeper.start()
+        time.sleep(0.3)
+        assert not keeper.serving
+        blocker.close()
+        assert _wait(lambda: keeper.serving)
+    finally:
+        keeper.close()
+        blocker.close()

@@ -1,0 +1,82 @@
+"""The per-rank state files the pod's endpoint is served from."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from fsdpmon.monitor.state import (
+    RankStateWriter,
+    job_state_dir,
+    pid_alive,
+    read_heartbeat,
+    read_job_states,
+)
+
+
+def _snapshot(rank: int, pid: int | None = None) -> dict:
+    return {"pid": pid or os.getpid(), "rank": rank, "local_rank": rank, "job_name": "j"}
+
+
+def test_heartbeat_and_snapshot_round_trip(tmp_path):
+    writer = RankStateWriter(tmp_path, 1)
+    writer.snapshot(_snapshot(1))
+    writer.heartbeat(1700000000.5, 12, 10, 40960, 0.0, 120.0)
+    [state] = read_job_states(tmp_path)
+    assert state.rank == 1
+    hb = state.heartbeat
+    assert (hb.pid, hb.last_step_unix, hb.step, hb.steps_total, hb.tokens_total) == (
+        os.getpid(), 1700000000.5, 12, 10, 40960)
+    assert (hb.stalled, hb.stall_threshold) == (0.0, 120.0)
+    writer.close()
+    assert read_job_states(tmp_path) == []
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_torn_heartbeat_is_not_trusted(tmp_path):
+    writer = RankStateWriter(tmp_path, 0)
+    writer.heartbeat(1.0, 1, 1, 1, 0, 1)
+    raw = bytearray(writer.hb_path.read_bytes())
+    raw[0] ^= 0xFF  # the leading sequence number no longer matches the trailing one
+    writer.hb_path.write_bytes(bytes(raw))
+    assert read_heartbeat(writer.hb_path) is None
+
+
+def test_dead_and_zombie_ranks_are_dropped_and_their_files_removed(tmp_path):
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # reaped: the PID is gone
+    zombie = subprocess.Popen(["true"])
+    try:
+        zombie_pid = zombie.pid
+        for _ in range(200):  # until it has exited (but is not reaped)
+            if not pid_alive(zombie_pid):
+                break
+            os.sched_yield()
+        assert not pid_alive(exited.pid)
+        assert not pid_alive(zombie_pid)
+        for rank, pid in ((0, os.getpid()), (1, exited.pid), (2, zombie_pid)):
+            writer = RankStateWriter(tmp_path, rank)
+            writer.pid = pid
+            writer.heartbeat(1.0, 1, 1, 1, 0, 1)
+            writer.snapshot(_snapshot(rank, pid))
+        assert [s.rank for s in read_job_states(tmp_path)] == [0]
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.hb", "rank0.json"]
+    finally:
+        zombie.wait()
+
+
+def test_garbage_files_are_skipped(tmp_path):
+    (tmp_path / "rank0.json").write_text("{not json")
+    (tmp_path / "rank1.json").write_text(json.dumps([1, 2]))
+    (tmp_path / "rank2.json").write_text(json.dumps(_snapshot(2)))  # no heartbeat file
+    assert read_job_states(tmp_path) == []
+    assert read_job_states(tmp_path / "missing") == []
+
+
+def test_state_dir_is_per_job_and_port(tmp_path):
+    a = job_state_dir("llama/7b run", 9520, str(tmp_path))
+    assert a.parent == tmp_path
+    assert "/" not in a.name[len("fsdpmon-"):] and " " not in a.name
+    assert a != job_state_dir("llama/7b run", 9521, str(tmp_path))
+    assert a != job_state_dir("other", 9520, str(tmp_path))

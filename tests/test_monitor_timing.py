@@ -1,0 +1,70 @@
+"""Step and phase timing; on CUDA, no device synchronisation outside log steps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from fsdpmon.monitor import Monitor, MonitorConfig
+from fsdpmon.monitor.timing import HostClock, StepTimer
+
+
+def test_host_timer_measures_steps_and_phases():
+    timer = StepTimer(HostClock())
+    for _ in range(3):
+        timer.begin_step()
+        timer.begin_phase("data")
+        time.sleep(0.01)
+        timer.end_phase("data")
+        timer.begin_phase("forward")
+        time.sleep(0.02)
+        timer.end_phase("forward")
+        assert timer.end_step() >= 0.03
+    timer.end_phase("never-opened")  # ignored
+    times = timer.drain()
+    assert len(times.step_seconds) == 3
+    assert all(s >= 0.03 for s in times.step_seconds)
+    assert times.phase_seconds["data"] == pytest.approx(0.03, abs=0.02)
+    assert times.phase_seconds["forward"] == pytest.approx(0.06, abs=0.03)
+    assert timer.drain().step_seconds == []  # a new window
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_no_device_sync_outside_log_steps(tmp_path):
+    """50 steps with logging every 10 under sync debug mode "error": any sync the monitor
+    made on a non-log step would raise."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(1000, 256), torch.nn.Linear(256, 1000)).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=True)
+    records: list[dict] = []
+    mon = Monitor(MonitorConfig(port=0, log_interval=10, jsonl_path=str(tmp_path / "g.jsonl")),
+                  model=model, seq_len=128, tokens_per_step=8 * 128, total_steps=50)
+    mon.add_log_listener(records.append)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(50):
+            with mon.step():
+                with mon.phase("data"):
+                    batch = torch.randint(0, 1000, (8, 129), device="cuda")
+                with mon.phase("forward"):
+                    logits = model(batch[:, :-1])
+                    loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1),
+                                                             batch[:, 1:].flatten())
+                with mon.phase("backward"):
+                    loss.backward()
+                with mon.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                mon.record(loss=loss.detach(), lr=1e-3)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+        mon.close()
+    assert mon.internal_errors == 0
+    assert [r["step"] for r in records] == [10, 20, 30, 40, 50]
+    assert all(r["step_time_s"] > 0 and r["loss"] > 0 for r in records)
+    assert all(r["peak_memory_bytes"] > 0 for r in records)
+    assert records[-1]["phase_seconds"]["forward"] > 0
