@@ -1,0 +1,137 @@
+"""`fsdpmon demo`'s parts without a training run: config, plan, child processes, progress."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from fsdpmon.demo import progress_line
+from fsdpmon.demo.processes import spawn, stop_all
+from fsdpmon.demo.session import (
+    DemoConfig,
+    Plan,
+    Session,
+    describe,
+    make_plan,
+    real_gpu_count,
+)
+from fsdpmon.errors import ConfigError, JobUnhealthyError
+from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"nproc": 0}, "--nproc"),
+        ({"duration_s": 0}, "--duration"),
+        ({"interval_s": -1}, "--interval"),
+        ({"metrics_port": 70000}, "--metrics-port"),
+        ({"exporter_port": -1}, "--exporter-port"),
+        ({"max_steps": 0}, "--max-steps"),
+    ],
+)
+def test_bad_config_names_the_flag(change, field):
+    with pytest.raises(ConfigError) as caught:
+        DemoConfig(**change).validate()
+    assert caught.value.field == field
+
+
+def test_plan_without_gpus_trains_on_cpu_and_simulates_marked_gpus(tmp_path):
+    plan = make_plan(DemoConfig(log_dir=tmp_path), gpus=0)
+    assert plan.simulated_gpus == 2 and not plan.cuda
+    assert plan.trainer_env["CUDA_VISIBLE_DEVICES"] == ""
+    assert plan.trainer_env["FSDPMON_LISTEN_ADDRESS"] == "127.0.0.1"
+    assert plan.metrics_port != plan.exporter_port and 0 not in (plan.metrics_port,
+                                                                 plan.exporter_port)
+    assert "--nproc_per_node=2" in plan.trainer_argv
+    assert plan.trainer_argv[plan.trainer_argv.index("--metrics-port") + 1] == str(
+        plan.metrics_port)
+    assert plan.trainer_argv[plan.trainer_argv.index("--log-jsonl") + 1] == str(
+        tmp_path / "train.jsonl")
+    exporter = " ".join(plan.exporter_argv)
+    assert "--simulate-gpus 2" in exporter and "--listen-address 127.0.0.1" in exporter
+    said = "\n".join(describe(plan, DemoConfig()))
+    assert "SIMULATED" in said and str(tmp_path) in said and plan.metrics_url in said
+
+
+@pytest.mark.parametrize(("gpus", "cuda"), [(1, False), (2, True), (8, True)])
+def test_plan_uses_cuda_only_with_a_gpu_per_rank(tmp_path, gpus, cuda):
+    plan = make_plan(DemoConfig(log_dir=tmp_path, metrics_port=9600, exporter_port=9601), gpus)
+    assert plan.cuda is cuda and plan.simulated_gpus == 0  # real GPUs are exported as they are
+    hidden = plan.trainer_env.get("CUDA_VISIBLE_DEVICES") == ""
+    assert hidden is not cuda  # fewer GPUs than ranks: the ranks are kept off CUDA
+    assert (plan.metrics_port, plan.exporter_port) == (9600, 9601)
+    assert "--simulate-gpus" not in plan.exporter_argv
+
+
+STUBBORN_TREE = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    # a grandchild in a session of its own (as torchrun starts its workers) that ignores SIGTERM
+    subprocess.Popen([sys.executable, "-c",
+                      "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                      "print('ready', flush=True); time.sleep(600)"],
+                     start_new_session=True)
+    time.sleep(600)
+""")
+
+
+def test_stop_all_reaches_descendants_in_other_sessions(tmp_path):
+    child = spawn("tree", [sys.executable, "-c", STUBBORN_TREE], tmp_path / "tree.log",
+                  env=dict(os.environ))
+    deadline = time.monotonic() + 30
+    while "ready" not in (tmp_path / "tree.log").read_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    child.remember_tree()
+    tree = list(child.known.values())
+    assert len(tree) == 2 and psutil.Process(tree[1].pid).pid != child.pid
+    killed = stop_all([child], grace_s=1.0)
+    assert len(killed) == 1 and str(tree[1].pid) in killed[0]  # only the stubborn one
+    assert not [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert child.popen.returncode is not None
+
+
+def test_a_child_that_dies_is_reported_with_its_log(tmp_path):
+    plan = Plan(tmp_path, 1, 2, 2, False,
+                trainer_argv=[sys.executable, "-c", "import time; time.sleep(600)"],
+                exporter_argv=[sys.executable, "-c", "print('port in use'); raise SystemExit(3)"],
+                trainer_env=dict(os.environ))
+    session = Session(plan, say=lambda _: None)
+    try:
+        session.start()
+        session.children[0].popen.wait(timeout=30)
+        with pytest.raises(JobUnhealthyError, match=r"exporter exited with status 3; see .*"
+                           r"exporter\.log \(last lines: port in use\)"):
+            session.check_children()
+    finally:
+        session.stop()
+    assert session.children == []
+
+
+def test_progress_line_shows_every_rank():
+    snap = JobSnapshot(time=0.0, source="t", state=JobState.RUNNING, tokens_per_second=12345.6,
+                       ranks=(RankRow(rank=0, step=40), RankRow(rank=1, step=39)))
+    assert progress_line(snap, 12.3) == (
+        "t=12s state=RUNNING steps: rank0=40 rank1=39 | 12,346 tokens/s")
+
+
+def test_live_view_without_a_terminal_is_a_one_line_error(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "fsdpmon.cli", "demo", "--log-dir",
+                           str(tmp_path)], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "fsdpmon demo: error: --headless: no terminal for the live view; use --headless")
+    assert not list(Path(tmp_path).iterdir())  # nothing was started
+
+
+@pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="a machine with an NVIDIA driver")
+def test_no_nvml_means_no_real_gpus():
+    assert real_gpu_count() == 0  # so the demo plans simulated GPUs
