@@ -21,7 +21,7 @@ from dashboards import build, generate, promql
 from dashboards.build import all_dashboards
 from dashboards.panels import expressions, substitute, variable_selector
 from dashboards.promql import metric_names
-from dashboards.rules import recorded_names
+from dashboards.rules import recorded_names, rule_groups
 from fsdpmon import catalog
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +47,12 @@ def test_every_panel_and_variable_names_only_known_metrics():
         names = metric_names(expr)
         assert names, f"{where} selects no metric: {expr}"
         assert names <= allowed, f"{where} names unknown metrics {names - allowed}: {expr}"
+
+
+def test_no_expression_hides_a_metric_name_in_a_matcher():
+    rule_exprs = [r["expr"] for g in rule_groups() for r in g["rules"]]
+    for expr in [e for _, e in all_expressions()] + rule_exprs:
+        assert "__name__" not in expr, expr  # the name parser would not see it there
 
 
 def test_dashboards_use_every_recorded_job_figure_they_reference_and_no_dcgm_names():

@@ -80,8 +80,9 @@ def non_serving_rank(launcher: subprocess.Popen, port: int) -> tuple[psutil.Proc
     ranks = rank_processes(launcher)
     assert len(ranks) == 2, ranks
     for proc in ranks:
+        connections = getattr(proc, "net_connections", None) or proc.connections  # psutil < 6
         listening = any(c.status == psutil.CONN_LISTEN and c.laddr.port == port
-                        for c in proc.net_connections(kind="tcp"))
+                        for c in connections(kind="tcp"))
         if not listening:
             return proc, proc.environ()["RANK"]
     raise AssertionError("both ranks listen on the metrics port")
