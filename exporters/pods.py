@@ -25,6 +25,7 @@ from fsdpmon.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MIN_EARLY_REFRESH_S = 2.0
+STATIC_POD_HASH = "kubernetes.io/config.hash"
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,13 @@ def index_pods(pods: list[Mapping[str, Any]]) -> dict[str, PodEntry]:
                 for s in statuses
                 if s.get("containerID") and s.get("name")
             }
-            index[meta["uid"]] = PodEntry(
-                meta["namespace"], meta["name"], is_training_pod(pod), containers
-            )
+            entry = PodEntry(meta["namespace"], meta["name"], is_training_pod(pod), containers)
+            index[meta["uid"]] = entry
+            # A static pod's cgroups carry the kubelet's UID (the config hash), not its mirror
+            # pod's API UID.
+            config_hash = (meta.get("annotations") or {}).get(STATIC_POD_HASH)
+            if config_hash:
+                index.setdefault(config_hash, entry)
         except (KeyError, TypeError, AttributeError):
             log.debug("skipping malformed pod object")
     return index
@@ -78,11 +83,14 @@ def index_pods(pods: list[Mapping[str, Any]]) -> dict[str, PodEntry]:
 class PodIndex:
     """The pods of one node, refreshed in the background; ``lookup`` never blocks on the API."""
 
-    def __init__(self, api: Any, node_name: str, refresh_s: float = 15.0) -> None:
+    def __init__(self, api: Any, node_name: str, refresh_s: float = 15.0,
+                 min_early_refresh_s: float = MIN_EARLY_REFRESH_S) -> None:
         self.api = api  # kubernetes.client.CoreV1Api
         self.node_name = node_name
         self.refresh_s = refresh_s
+        self.min_early_refresh_s = min_early_refresh_s
         self._index: dict[str, PodEntry] = {}
+        self._asked: set[str] = set()  # unknown UIDs that already asked for an early refresh
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -105,8 +113,14 @@ class PodIndex:
         """The pod labels for a cgroup's pod UID; unknown UIDs ask for an early refresh."""
         with self._lock:
             entry = self._index.get(pod_uid)
-        if entry is None:
+            # Each unknown UID asks for one early refresh per period, not one per sample: a
+            # process may outlive its pod's API object for a while.
+            ask = entry is None and pod_uid not in self._asked
+            if ask:
+                self._asked.add(pod_uid)
+        if ask:
             self._wake.set()
+        if entry is None:
             return None
         return PodRef(entry.namespace, entry.name, entry.containers.get(container_id, ""),
                       entry.training)
@@ -137,8 +151,11 @@ class PodIndex:
                 log.warning("listing pods on node %s failed: %s", self.node_name, exc)
             woken_early = self._wake.wait(self.refresh_s)
             self._wake.clear()
-            # An unknown UID wakes us early, but never more often than MIN_EARLY_REFRESH_S.
-            rest = MIN_EARLY_REFRESH_S - (time.monotonic() - self._last_list)
+            if not woken_early:
+                with self._lock:
+                    self._asked.clear()
+            # An unknown UID wakes us early, but never more often than min_early_refresh_s.
+            rest = self.min_early_refresh_s - (time.monotonic() - self._last_list)
             if woken_early and rest > 0:
                 self._stop.wait(rest)
                 self._wake.clear()

@@ -149,7 +149,7 @@ def test_pod_index_lists_this_node_through_the_official_client(
 def test_api_errors_keep_the_exporter_running(fake_api: FakeApi, tmp_path: Path) -> None:
     fake_api.status = 403
     api = api_from_config(str(write_kubeconfig(tmp_path / "kubeconfig", fake_api.url)))
-    index = PodIndex(api, "node-a", refresh_s=0.1)
+    index = PodIndex(api, "node-a", refresh_s=0.1, min_early_refresh_s=0.1)
     index.start()
     try:
         assert _wait(lambda: index.errors >= 1)
@@ -157,6 +157,30 @@ def test_api_errors_keep_the_exporter_running(fake_api: FakeApi, tmp_path: Path)
         fake_api.status = 200
         fake_api.pods = [pod(UID, "p")]
         assert _wait(lambda: index.lookup(UID, CID) is not None, timeout=6)
+    finally:
+        index.stop()
+
+
+def test_static_pods_are_found_by_their_config_hash() -> None:
+    static = pod("mirror-uid", "etcd-node-a")
+    static["metadata"]["annotations"] = {"kubernetes.io/config.hash": "0c0c0c0c1111222233334444"}
+    index = index_pods([static])
+    assert index["0c0c0c0c1111222233334444"].name == "etcd-node-a"
+
+
+def test_an_unknown_uid_asks_for_one_early_refresh_per_period(
+        fake_api: FakeApi, tmp_path: Path) -> None:
+    api = api_from_config(str(write_kubeconfig(tmp_path / "kubeconfig", fake_api.url)))
+    index = PodIndex(api, "node-a", refresh_s=30, min_early_refresh_s=0.05)
+    index.start()
+    try:
+        assert _wait(lambda: index.lists >= 1)
+        for _ in range(20):  # a process whose pod object is gone, seen on every sample
+            assert index.lookup("gone-uid", CID) is None
+            time.sleep(0.02)
+        assert _wait(lambda: index.lists == 2)
+        time.sleep(0.3)
+        assert index.lists == 2
     finally:
         index.stop()
 
