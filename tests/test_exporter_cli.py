@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.exporter_api_standin import CID, UID, FakeApi, pod, write_kubeconfig
+
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
 SERVING = re.compile(r"serving (https?)://([\d.]+):(\d+)/metrics")
 
@@ -156,3 +158,30 @@ def test_port_in_use_names_the_port() -> None:
         sock.close()
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"--port: cannot listen on 127.0.0.1:{port}" in result.stderr
+
+
+def test_in_kubernetes_gpu_and_process_series_carry_pod_labels(exporters, tmp_path) -> None:
+    api = FakeApi()
+    try:
+        api.pods = [pod(UID, "llama-worker-0", labels={"training.kubeflow.org/job-name": "llama"},
+                        containers=(("trainer", CID), ("sidecar", "b" * 64)))]
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", api.url)
+        running = exporters("--simulate-gpus", "2", "--port", "0", "--listen-address",
+                            "127.0.0.1", "--interval", "0.3", "--node-name", "node-a",
+                            "--proc-root", str(FIXTURE), "--kubeconfig", str(kubeconfig))
+        base = f"http://127.0.0.1:{running.wait_for(SERVING).group(3)}"
+        pod_labels = 'container="trainer",gpu="0",model="SIMULATED",namespace="ml",node="node-a"'
+        deadline = time.monotonic() + 20
+        text = ""
+        while time.monotonic() < deadline and pod_labels not in text:
+            time.sleep(0.3)
+            text = _get(base + "/metrics")[1]
+        assert f"fsdpmon_gpu_utilization_ratio{{{pod_labels},pod=\"llama-worker-0\"" in text
+        assert 'fsdpmon_gpu_utilization_ratio{container="sidecar",gpu="1"' in text
+        assert ('fsdpmon_process_resident_memory_bytes{container="trainer",namespace="ml",'
+                'node="node-a",pid="1001",pod="llama-worker-0"}') in text
+        # In Kubernetes the pod decides: torchrun outside any training pod gets no series.
+        assert 'pid="3000"' not in text
+        assert api.requests[0]["query"]["fieldSelector"] == ["spec.nodeName=node-a"]
+    finally:
+        api.close()
