@@ -99,6 +99,8 @@ class RankStateWriter:
                 with contextlib.suppress(OSError):
                     if _owner_pid(path) in (self.pid, None):
                         path.unlink()
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()  # the last rank out removes the (then empty) directory
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:

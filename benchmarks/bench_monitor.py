@@ -1,0 +1,168 @@
+"""What the monitor costs a training loop. Prints measurements; asserts nothing.
+
+1. The tiny Llama's training step with and without the monitor, interleaved step by step in one
+   run (so machine load hits both alike): median step time of each and their ratio.
+2. The monitor's host-side cost per non-log step: an empty loop with ``step()``, four phases
+   and ``record()``, against the same loop with no-op context managers, in microseconds.
+3. The cost of a log step (timers, loss read, memory, JSONL, state file), in milliseconds.
+
+Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_monitor.py [--steps N]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fsdpmon.monitor import Monitor, MonitorConfig
+from trainer.model import FLAVOURS, Transformer
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_monitor(workdir: Path, log_interval: int, **kw: object) -> Monitor:
+    # The state files go where they go by default (/dev/shm when present); the JSONL goes to
+    # the (disk) temp dir, as a user's run log would.
+    cfg = MonitorConfig(port=free_port(), listen_address="127.0.0.1",
+                        job_name=f"bench-{os.getpid()}", log_interval=log_interval,
+                        jsonl_path=str(workdir / f"bench-{log_interval}.jsonl"))
+    return Monitor(cfg, **kw)  # type: ignore[arg-type]
+
+
+class NullSpans:
+    """The same call shape as the monitor, doing nothing: the baseline loop."""
+
+    def step(self) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+    def phase(self, name: str) -> contextlib.nullcontext:
+        return contextlib.nullcontext()
+
+    def record(self, **kw: object) -> None:
+        pass
+
+
+def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None:
+    torch.manual_seed(0)
+    model = Transformer(FLAVOURS["tiny"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    mon = make_monitor(workdir, 10, model=model, seq_len=seq, tokens_per_step=batch * seq)
+    null = NullSpans()
+    data = torch.randint(0, FLAVOURS["tiny"].vocab_size, (batch, seq + 1))
+
+    def one_step(m: Monitor | NullSpans) -> float:
+        start = time.perf_counter()
+        with m.step():
+            with m.phase("data"):
+                x, y = data[:, :-1], data[:, 1:]
+            with m.phase("forward"):
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            with m.phase("backward"):
+                loss.backward()
+            with m.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            m.record(loss=loss.detach(), lr=1e-4)
+        return time.perf_counter() - start
+
+    for _ in range(10):  # warm-up, both paths
+        one_step(null)
+        one_step(mon)
+    without, with_ = [], []
+    for _ in range(steps):  # interleaved: load drift hits both equally
+        without.append(one_step(null))
+        with_.append(one_step(mon))
+    mon.close()
+    med_without, med_with = statistics.median(without), statistics.median(with_)
+    print(f"tiny Llama training step (batch {batch} x seq {seq}, {steps} steps each, "
+          "interleaved, monitor logging every 10 steps):")
+    print(f"  median step without monitor: {med_without * 1e3:8.2f} ms")
+    print(f"  median step with monitor:    {med_with * 1e3:8.2f} ms")
+    print(f"  median ratio with/without:   {med_with / med_without:8.4f}")
+    print(f"  mean ratio with/without:     "
+          f"{statistics.fmean(with_) / statistics.fmean(without):8.4f}")
+
+
+def host_cost(workdir: Path, steps: int, repeats: int) -> None:
+    loss = torch.tensor(1.0)
+
+    def loop(m: Monitor | NullSpans) -> float:
+        start = time.perf_counter()
+        for _ in range(steps):
+            with m.step():
+                for name in PHASES:
+                    with m.phase(name):
+                        pass
+                m.record(loss=loss, lr=1e-4)
+        return (time.perf_counter() - start) / steps
+
+    # A log interval beyond the loop: every step measured here is a non-log step.
+    mon = make_monitor(workdir, 10**9, flops_per_token=1e6, tokens_per_step=1024)
+    null = NullSpans()
+    costs = []
+    for _ in range(repeats):
+        base = loop(null)
+        costs.append(loop(mon) - base)
+    mon.close()
+    print(f"host cost of the monitor per non-log step (step + 4 phases + record, "
+          f"{steps} steps x {repeats} runs):")
+    print(f"  median: {statistics.median(costs) * 1e6:6.2f} us   "
+          f"min: {min(costs) * 1e6:6.2f} us   max: {max(costs) * 1e6:6.2f} us")
+
+
+def log_step_cost(workdir: Path, steps: int) -> None:
+    loss = torch.tensor(1.0)
+    mon = make_monitor(workdir, 1, flops_per_token=1e6, tokens_per_step=1024)
+    timings = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        with mon.step():
+            mon.record(loss=loss, lr=1e-4)
+        timings.append(time.perf_counter() - start)
+    mon.close()
+    print(f"cost of a log step (timers, loss, memory, gather, JSONL, state file; {steps} runs):")
+    print(f"  median: {statistics.median(timings) * 1e3:6.3f} ms")
+
+
+def timed(label: str, fn: Callable[[], None]) -> None:
+    start = time.perf_counter()
+    fn()
+    print(f"  ({label} took {time.perf_counter() - start:.1f} s)")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=200, help="training steps per variant")
+    p.add_argument("--batch", type=int, default=10)
+    p.add_argument("--seq-len", type=int, default=128)
+    p.add_argument("--host-steps", type=int, default=20000)
+    p.add_argument("--repeats", type=int, default=7)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU only")
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        timed("training comparison", lambda: training_comparison(
+            workdir, args.steps, args.batch, args.seq_len))
+        timed("host cost", lambda: host_cost(workdir, args.host_steps, args.repeats))
+        timed("log step cost", lambda: log_step_cost(workdir, 200))
+
+
+if __name__ == "__main__":
+    main()
