@@ -120,8 +120,11 @@ def _job_speed() -> list[Panel | Row]:
         timeseries("MFU", _job("fsdpmon_job:mfu_ratio:avg"), unit="percentunit", min=0),
         timeseries("Heartbeat age (oldest rank)", _job("fsdpmon_job:heartbeat_age_seconds:max"),
                    unit="s", description="Seconds since the slowest rank completed a step."),
+        timeseries("Data-wait share (worst rank)", _job("fsdpmon_job:data_wait_ratio:max"),
+                   unit="percentunit", min=0, max=1,
+                   description="Share of step time the most data-starved rank waits for input."),
         timeseries("Steps per second",
-                   Target(f"max by ({JOB_KEYS}) (rate({steps}[{RATE}]))", PER_JOB)),
+                   Target(f"max by ({JOB_KEYS}) (rate({steps}[{RATE}]))", PER_JOB), width=24),
     ]
 
 
@@ -226,10 +229,6 @@ def _gpu(name: str, legend_extra: str = "") -> Target:
 
 
 def _gpu_use() -> list[Panel | Row]:
-    in_pods = m("fsdpmon_gpu_memory_used_bytes", f'{NODE}, pod!=""')  # dcgm-exporter's view
-    pod_mem = (f"sum by (node, namespace, pod) "
-               f"({m('fsdpmon_gpu_process_memory_used_bytes', NODE)})\nor "
-               f"sum by (node, namespace, pod) ({in_pods})")
     return [
         Row("Utilisation"),
         timeseries("GPU utilisation", _gpu("fsdpmon_gpu_utilization_ratio"),
@@ -245,8 +244,12 @@ def _gpu_use() -> list[Panel | Row]:
         timeseries("GPU memory used share",
                    Target(f"fsdpmon_gpu:memory_used_bytes:ratio{{{NODE}}}", "{{node}} GPU {{gpu}}"),
                    unit="percentunit", min=0, max=1),
-        timeseries("GPU memory per pod", Target(pod_mem, "{{node}} {{namespace}}/{{pod}}"),
-                   unit="bytes",
+        timeseries("GPU memory used per node",
+                   Target(f"fsdpmon_node:gpu_memory_used_bytes:sum{{{NODE}}}", "{{node}}"),
+                   unit="bytes"),
+        timeseries("GPU memory per pod",
+                   Target(f"fsdpmon_pod:gpu_memory_used_bytes:sum{{{NODE}}}",
+                          "{{node}} {{namespace}}/{{pod}}"), unit="bytes", width=24,
                    description="Device memory of each pod's processes (empty pod: processes "
                                "outside Kubernetes pods)."),
     ]
@@ -259,17 +262,19 @@ def _gpu_physics() -> list[Panel | Row]:
                    _gpu("fsdpmon_gpu_memory_temperature_celsius", " HBM"), unit="celsius"),
         timeseries("Power", _gpu("fsdpmon_gpu_power_watts"),
                    _gpu("fsdpmon_gpu_power_limit_watts", " limit"), unit="watt"),
+        timeseries("GPU power per node",
+                   Target(f"fsdpmon_node:gpu_power_watts:sum{{{NODE}}}", "{{node}}"),
+                   unit="watt"),
+        timeseries("Energy per GPU", Target(
+            f"rate({m('fsdpmon_gpu_energy_joules_total', NODE)}[{RATE}])",
+            "{{node}} GPU {{gpu}}"), unit="watt",
+            description="Average power from the energy counter."),
         timeseries("Clocks", _gpu("fsdpmon_gpu_sm_clock_hertz", " SM"),
                    _gpu("fsdpmon_gpu_memory_clock_hertz", " memory"), unit="hertz"),
         timeseries("Throttled GPUs by reason",
                    Target(f"sum by (node, reason) "
                           f"({m('fsdpmon_gpu_clock_event_active', NODE)})", "{{node}} {{reason}}"),
-                   description="GPUs with each clock-event (throttle) reason active.",
-                   width=12),
-        timeseries("Energy per GPU", Target(
-            f"rate({m('fsdpmon_gpu_energy_joules_total', NODE)}[{RATE}])",
-            "{{node}} GPU {{gpu}}"), unit="watt", width=12,
-            description="Average power from the energy counter."),
+                   description="GPUs with each clock-event (throttle) reason active."),
     ]
 
 

@@ -122,8 +122,8 @@ def gpu_records() -> list[Rule]:
                 f"sum by (node) ({m('fsdpmon_gpu_power_watts')})"),
         # per process where the fsdpmon exporter sees processes; whole GPUs for dcgm-exporter
         _record("fsdpmon_pod:gpu_memory_used_bytes:sum",
-                f"sum by (namespace, pod) ({m('fsdpmon_gpu_process_memory_used_bytes')})\n"
-                f"or sum by (namespace, pod) ({pod_used})"),
+                f"sum by (node, namespace, pod) ({m('fsdpmon_gpu_process_memory_used_bytes')})\n"
+                f"or sum by (node, namespace, pod) ({pod_used})"),
         _record("fsdpmon_gpu:memory_used_bytes:ratio", f"{used} / ({total} > 0)"),
     ]
 

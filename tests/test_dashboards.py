@@ -63,6 +63,15 @@ def test_dashboards_use_every_recorded_job_figure_they_reference_and_no_dcgm_nam
             "fsdpmon_job:step_time_seconds:p50"} <= used
 
 
+def test_every_recorded_figure_is_used_by_a_dashboard_or_an_alert():
+    used = set().union(*(metric_names(e) for _, e in all_expressions()))
+    for group in rule_groups():
+        for rule in group["rules"]:
+            used |= metric_names(rule["expr"])
+    unused = {n for n in recorded_names() - used if n not in catalog.BY_NAME}
+    assert not unused, f"recording rules nothing reads: {unused}"
+
+
 def test_a_misspelled_metric_is_caught():
     bad = 'sum by (job_name) (rate(fsdpmon_train_tokens_totl{job_name=~"$job"}[5m]))'
     assert metric_names(bad) - allowed_names() == {"fsdpmon_train_tokens_totl"}
@@ -237,7 +246,7 @@ def test_each_dashboard_covers_what_the_issue_asks_for():
             "fsdpmon_gpu_sm_clock_hertz", "fsdpmon_gpu_clock_event_active",
             "fsdpmon_gpu_xid_errors_total", "fsdpmon_gpu_ecc_errors_total",
             "fsdpmon_gpu_pcie_bytes_per_second", "fsdpmon_gpu_nvlink_bytes_per_second",
-            "fsdpmon_gpu_process_memory_used_bytes"} <= nodes
+            "fsdpmon_pod:gpu_memory_used_bytes:sum"} <= nodes
     runs = dashes["fsdpmon-runs.json"]
     assert "world_size" in " ".join(e for _, e in expressions(runs))
     assert {"fsdpmon_job:tokens_per_second_per_rank:avg",
