@@ -30,6 +30,8 @@ WsgiApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = 30  # a client that connects and stalls (TLS handshake included) is dropped
+
     def log_message(self, format: str, *args: Any) -> None:
         """Scrapes every few seconds would flood the log; errors still surface as metrics."""
 
@@ -51,7 +53,8 @@ class BasicAuth:
         except (binascii.Error, UnicodeDecodeError):
             return False
         hashed = self.users.get(user)
-        if hashed is None:
+        if hashed is None:  # spend the same bcrypt time, so timing does not reveal user names
+            bcrypt.checkpw(password.encode(), next(iter(self.users.values())))
             return False
         key = hashlib.sha256(b"\0".join((user.encode(), password.encode(), hashed))).digest()
         with self._lock:
@@ -106,7 +109,10 @@ def serve(metrics: WsgiApp, address: str, port: int, web: WebConfig, health: Hea
     httpd = make_server(address, port, build_app(metrics, health, auth), _Server,
                         handler_class=_QuietHandler)
     if web.tls is not None:
-        httpd.socket = web.tls.ssl_context().wrap_socket(httpd.socket, server_side=True)
+        # Handshake in the request's own thread (on first read), not in the accept loop, so a
+        # client that stalls mid-handshake cannot hold up everyone else's scrape.
+        httpd.socket = web.tls.ssl_context().wrap_socket(
+            httpd.socket, server_side=True, do_handshake_on_connect=False)
     thread = threading.Thread(target=httpd.serve_forever, name="fsdpmon-http", daemon=True)
     thread.start()
     return Server(httpd, thread)

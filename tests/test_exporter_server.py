@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import base64
+import socket
 import ssl
 import subprocess
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -105,6 +107,20 @@ def test_tls_and_basic_auth_from_a_web_config_file(server_factory, tls_files, tm
     with pytest.raises((urllib.error.URLError, ConnectionError)):  # no plain HTTP on TLS
         urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5)
     assert _get(url + "/metrics", ("prometheus", "scrape-me"), context)[0] == 200  # still up
+
+
+def test_a_stalled_client_does_not_block_other_scrapes(server_factory, tls_files,
+                                                       tmp_path) -> None:
+    cert, key = tls_files
+    path = _write(tmp_path / "web.yaml",
+                  {"tls_server_config": {"cert_file": str(cert), "key_file": str(key)}})
+    server = server_factory(load_web_config(path))
+    context = ssl.create_default_context(cafile=str(cert))
+    with socket.create_connection(("127.0.0.1", server.port)) as stalled:
+        stalled.sendall(b"\x16\x03\x01")  # the start of a TLS record, then nothing
+        t0 = time.monotonic()
+        status, _ = _get(f"https://127.0.0.1:{server.port}/metrics", context=context)
+        assert status == 200 and time.monotonic() - t0 < 5
 
 
 @pytest.mark.parametrize(
