@@ -172,6 +172,20 @@ def test_counters_equal_the_jobs_own_counts(main_run: Job):
     assert samples(both, "fsdpmon_train_step") == {"0": STEPS, "1": STEPS}
 
 
+def test_flops_per_token_counts_global_parameters_on_every_rank(main_run: Job):
+    from fsdpmon.monitor.flops import model_flops_per_token
+    from trainer.model import FLAVOURS, Transformer
+
+    # Each rank holds half of every parameter; DTensor.numel() is global, so both ranks
+    # report the unsharded model's figure.
+    expected = model_flops_per_token(Transformer(FLAVOURS["tiny"]), SEQ)
+    runs = [main_run.records(rank)[0] for rank in (0, 1)]
+    assert [r["flops_per_token"] for r in runs] == [expected, expected]
+    assert [(r["rank"], r["world_size"], r["nodes"]) for r in runs] == [(0, 2, 1), (1, 2, 1)]
+    published = samples(main_run.seen["both"], "fsdpmon_train_model_flops_per_token")
+    assert published == {"0": expected, "1": expected}
+
+
 def test_tokens_per_second_agrees_with_the_jobs_wall_clock(main_run: Job):
     for rank in (0, 1):
         marks = main_run.seen["done"][rank]["marks"]

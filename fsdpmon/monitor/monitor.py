@@ -16,7 +16,6 @@ import logging
 import math
 import os
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +30,7 @@ from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.publish import Publication
 from fsdpmon.monitor.stats import JobFigures, WindowStats, job_figures, window_stats
-from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer
+from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer, WindowTimes
 
 log = logging.getLogger("fsdpmon.monitor")
 
@@ -63,8 +62,9 @@ class Monitor:
         self.internal_errors = 0
         self._logged_failures: set[str] = set()
         self._listeners: list[LogListener] = []
-        self._lock = threading.Lock()
         self._closed = False
+        self._gather_ok = True  # a collective that failed once stays off
+        self._timer_window: WindowTimes | None = None
         self.tokens_per_step = int(tokens_per_step)
         self.total_steps = total_steps
         self.step_number = int(start_step)
@@ -248,11 +248,10 @@ class Monitor:
                                                                    job))
         if record is None:
             return
-        if self.pub is not None and stats is not None:
-            pub = self.pub
+        pub, times = self.pub, self._timer_window
+        if pub is not None and stats is not None and times is not None:
             self._guarded("publish", lambda: pub.log_step(
-                stats, record, memory.values if memory else {}, self._timer_window,
-                self.internal_errors, job))
+                stats, record, memory.values if memory else {}, times, self.internal_errors, job))
         self._emit(record)
 
     def _measure_window(self) -> WindowStats:
@@ -277,9 +276,6 @@ class Monitor:
             self._gather_ok = False  # a broken collective stays off: never retried per step
             self._fail("gather", exc)
             return None
-
-    _gather_ok = True
-    _timer_window: Any = None
 
     def _step_record(self, stats: WindowStats | None, quality: dict[str, float | None],
                      peak_memory: float, job: JobFigures | None) -> dict[str, Any]:
