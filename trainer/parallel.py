@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -86,8 +87,24 @@ def init_distributed(env: DistEnv, device: torch.device) -> DeviceMesh:
         os.environ["MASTER_PORT"] = os.environ.get("PET_MASTER_PORT", str(_free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size)
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                                store=_attempt_store(env))
     return init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("dp",))
+
+
+def _attempt_store(env: DistEnv) -> dist.Store | None:
+    """Under torchrun, a store whose keys are private to this restart attempt.
+
+    torchrun keeps one TCPStore across restarts; without a per-attempt prefix a restarted
+    rank can read the dead attempt's gloo addresses and hang or fail in connectFullMesh.
+    """
+    if "TORCHELASTIC_RESTART_COUNT" not in os.environ:
+        return None  # default env:// rendezvous
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          env.world_size, is_master=not agent_store and env.rank == 0,
+                          timeout=timedelta(minutes=10), multi_tenant=not agent_store)
+    return dist.PrefixStore(f"fsdpmon/attempt_{env.restart_count}", store)
 
 
 def param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype:
