@@ -26,7 +26,7 @@ from PIL import Image
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS, LOG_EVERY = 120, 5
+STEPS, LOG_EVERY = 90, 5
 HAVE_PROMETHEUS = bool(shutil.which("prometheus"))
 
 

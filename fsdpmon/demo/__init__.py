@@ -94,13 +94,23 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _headless(session: Session, cfg: DemoConfig) -> JobSnapshot:
-    """Train for ``cfg.duration_s``, printing one progress line per interval; the last snapshot."""
+    """Train for ``cfg.duration_s``, printing one progress line per interval; the last snapshot.
+
+    When the training reaches --max-steps and exits, its endpoint goes away first, so the
+    snapshot kept is the last one taken while every target answered.
+    """
     end = time.monotonic() + cfg.duration_s
     start = time.monotonic()
+    snap = last_whole = session.source.fetch()
     while True:
         time.sleep(max(0.0, min(cfg.interval_s, end - time.monotonic())))
-        session.check_children()
+        session.check_children(finished_ok=True)
+        if session.training_finished():
+            say("training finished (--max-steps reached)")
+            return last_whole
         snap = session.source.fetch()
+        if all(t.up for t in snap.targets):
+            last_whole = snap
         say(progress_line(snap, time.monotonic() - start))
         if time.monotonic() >= end or snap.state is JobState.DONE:
             return snap

@@ -163,17 +163,24 @@ class Session:
         self.children.append(spawn("training", self.plan.trainer_argv,
                                    self.plan.log_dir / "train.log", self.plan.trainer_env))
 
-    def check_children(self) -> None:
-        """Raise when a child has exited; the message points at its log."""
+    def training_finished(self) -> bool:
+        """The training reached --max-steps and exited cleanly."""
+        return any(c.name == "training" and c.exit_code() == 0 for c in self.children)
+
+    def check_children(self, finished_ok: bool = False) -> None:
+        """Raise when a child has exited (a cleanly finished training only if not
+        ``finished_ok``); the message points at its log."""
         for child in self.children:
             child.remember_tree()
             code = child.exit_code()
-            if code is not None:
-                tail = child.log_tail()
-                raise JobUnhealthyError(
-                    f"{child.name} exited with status {code}; see {child.log_path}"
-                    + (f" (last lines: {tail})" if tail else "")
-                )
+            if code is None or (finished_ok and code == 0 and child.name == "training"):
+                continue
+            what = "finished early" if code == 0 else f"exited with status {code}"
+            tail = child.log_tail()
+            raise JobUnhealthyError(
+                f"{child.name} {what}; see {child.log_path}"
+                + (f" (last lines: {tail})" if tail else "")
+            )
 
     def wait_ready(self, nproc: int, timeout_s: float) -> JobSnapshot:
         """Until every rank has reported a step and the exporter answers."""

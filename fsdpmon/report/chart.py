@@ -30,6 +30,9 @@ def _gpu_axis(ax: Axes, gpus: list[int]) -> None:
     ax.grid(True, alpha=0.3)
 
 
+THOUSANDS = FuncFormatter(lambda y, _: f"{y:,.0f}")
+
+
 def _total_panel(ax: Axes, runs: Sequence[RunStats], gpus: list[int]) -> None:
     base = runs[0]
     ideal = [base.tokens_per_second * g / base.world_size for g in gpus]
@@ -51,9 +54,9 @@ def _total_panel(ax: Axes, runs: Sequence[RunStats], gpus: list[int]) -> None:
         ax.set_yscale("log")  # log-log keeps the ideal line straight
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_minor_locator(NullLocator())
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:,.0f}"))
     else:
         ax.set_ylim(bottom=0, top=max(ideal + [r.tokens_per_second for r in runs]) * 1.15)
+    ax.yaxis.set_major_formatter(THOUSANDS)
 
 
 def _per_gpu_panel(ax: Axes, runs: Sequence[RunStats], gpus: list[int]) -> None:
@@ -63,6 +66,7 @@ def _per_gpu_panel(ax: Axes, runs: Sequence[RunStats], gpus: list[int]) -> None:
     ax.set_title("Throughput per GPU")
     ax.set_ylabel("tokens/s per GPU")
     ax.set_ylim(bottom=0, top=max(base, *(r.tokens_per_second_per_gpu for r in runs)) * 1.15)
+    ax.yaxis.set_major_formatter(THOUSANDS)
 
 
 def _memory_panel(ax: Axes, runs: Sequence[RunStats], gpus: list[int]) -> None:

@@ -94,7 +94,7 @@ def load_run(name: str, files: list[Path], source: str | None = None) -> RunData
         name=name,
         source=source or name,
         world_size=world_sizes.pop(),
-        nodes=int(first.get("nodes") or 1),
+        nodes=_positive_int(first.get("nodes"), default=1),
         model=str(first.get("model") or "unknown"),
         device=device,
         flops_per_token=_optional_float(first.get("flops_per_token")),
@@ -184,6 +184,11 @@ def _integer(path: Path, number: int, record: dict[str, Any], field: str) -> int
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise InputError(f"{path}:{number}: field {field!r} must be an integer >= 0, got {value!r}")
     return value
+
+
+def _positive_int(value: object, default: int) -> int:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    return value if ok else default  # type: ignore[return-value]
 
 
 def _optional_float(value: object) -> float | None:
