@@ -123,6 +123,19 @@ def test_once_frame_and_empty_snapshot():
     assert "logs of p-0" in logs and "step 1 loss 2.5" in logs
 
 
+def test_untrusted_text_is_not_markup():
+    base = snapshot()
+    hostile = "[/bold] python -c '[red]x[/red]' [link=file:///etc]"
+    procs = tuple(replace(p, command=hostile, pod="[bold]pod") for p in base.processes)
+    gpus = tuple(replace(g, pod="[/]gpu-pod", node="[blink]n") for g in base.gpus)
+    ranks_ = tuple(replace(r, pod="[/x]") for r in base.ranks)
+    snap = replace(base, processes=procs, gpus=gpus, ranks=ranks_, job_name="[/]job",
+                   logs=("[/red] log line",), log_pod="[b]p")
+    for view in ("ranks", "gpus", "processes", "logs"):
+        text = render(frame(snap, ViewState(view=view), 40), width=160, height=40)
+        assert "[/" in text or "[b" in text
+
+
 def test_formatters():
     assert fmt.si(16400) == "16.4k" and fmt.si(None) == "-" and fmt.si(float("nan")) == "-"
     assert fmt.size(40 * 2**30) == "40.0G" and fmt.duration(450) == "7m30s"

@@ -249,9 +249,14 @@ class PayloadServer:
             def log_message(self, *args: object) -> None:
                 pass
 
+        class Server(http.server.ThreadingHTTPServer):
+            # One process answers for many pods, each of which would have its own listen
+            # queue: the default backlog of 5 would drop concurrent SYNs (1 s retransmits).
+            request_queue_size = 1024
+            daemon_threads = True
+
         self.payloads = payloads
-        self.httpd = http.server.ThreadingHTTPServer((host, 0), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = Server((host, 0), Handler)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()

@@ -155,7 +155,9 @@ def rows_table(snap: JobSnapshot, view: str, state: ViewState, max_rows: int) ->
     cols = COLUMNS[view]
     table = _table(cols, state.sort_for(view))
     for row in chosen[:max(1, max_rows)]:
-        table.add_row(*(c.show(c.value(row)) for c in cols), style=_row_style(row))
+        # Text, never str: pod names and command lines are untrusted and must not be read as
+        # rich markup ("[/x]" in a command line would raise).
+        table.add_row(*(Text(c.show(c.value(row))) for c in cols), style=_row_style(row))
     return Group(table, _footer(min(len(chosen), max(1, max_rows)), len(chosen), what, state,
                                 view))
 
@@ -168,10 +170,10 @@ def _gpu_cells(g: GpuRow) -> list[RenderableType]:
     util = fmt.bar(g.utilization_ratio, 10, util_style).append(f"{fmt.pct(g.utilization_ratio):>5}")
     mem = fmt.bar(g.memory_ratio, 10, mem_style).append(f" {fmt.size(g.memory_used_bytes):>6}")
     return [
-        g.node, g.gpu if g.up else f"{g.gpu}!", util, mem,
+        Text(g.node), Text(g.gpu if g.up else f"{g.gpu}!"), util, mem,
         Text(column("gpus", "temp").show(temp), style=temp_style),
-        column("gpus", "power").show(g.power_watts),
-        Text(fmt.sparkline(g.utilization_history, SPARK_WIDTH), style="cyan"), g.pod,
+        Text(column("gpus", "power").show(g.power_watts)),
+        Text(fmt.sparkline(g.utilization_history, SPARK_WIDTH), style="cyan"), Text(g.pod),
     ]
 
 
@@ -229,6 +231,7 @@ def logs_view(snap: JobSnapshot, max_rows: int) -> RenderableType:
     title = Text(f"logs of {snap.log_pod} (training container, following)  [ ] other pod",
                  style="bold", no_wrap=True, overflow="ellipsis")
     lines = [Text(line, no_wrap=True, overflow="ellipsis") for line in snap.logs[-max_rows:]]
+    # (Text, not str: log lines are untrusted and must not be parsed as markup)
     return Group(title, *(lines or [Text("(no log lines yet)", style="dim")]))
 
 

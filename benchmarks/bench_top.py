@@ -1,0 +1,152 @@
+"""Benchmark `fsdpmon top` on a large job: 256 nodes x 8 GPUs (2048 ranks, 256 training pods,
+256 exporters) served by local HTTP servers on loopback.
+
+Measures, in one run, and prints:
+  - one full refresh (fetch all targets, parse, aggregate, render a 200x50 frame): p50/p90
+  - resident memory of the `top` process after the refreshes
+  - exposition parsing: fsdpmon's parser vs prometheus_client's text_string_to_metric_families
+    on the same payloads, side by side (median of several runs), as a ratio
+
+The pods are served by a few server processes (each a threaded HTTP server answering many paths,
+like a node full of pods) so the client process measures only what `top` itself does. Not a
+timed test: numbers depend on the machine; run `python benchmarks/bench_top.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import multiprocessing as mp
+import resource
+import statistics
+import time
+
+import psutil
+from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
+
+from fsdpmon.top.aggregate import WANTED
+from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.top.synthetic import PayloadServer, job_expositions
+from fsdpmon.top.ui_state import ViewState
+from fsdpmon.top.views import frame
+
+
+def _serve(nodes: int, gpus: int, ports: mp.Queue, stop: mp.Event) -> None:
+    server = PayloadServer(job_expositions("llama2-7b", nodes, gpus))
+    ports.put(server.port)
+    stop.wait()
+    server.close()
+
+
+def start_servers(n: int, nodes: int, gpus: int) -> tuple[list[int], mp.Event, list]:
+    ports: mp.Queue = mp.Queue()
+    stop = mp.Event()
+    procs = [mp.Process(target=_serve, args=(nodes, gpus, ports, stop), daemon=True)
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    return [ports.get(timeout=120) for _ in procs], stop, procs
+
+
+def timed_refresh(source: TargetsSource, console: Console) -> tuple[float, float, float, float]:
+    """(total, fetch+parse+aggregate, render, CPU time of this process) seconds, one refresh."""
+    cpu = time.process_time()
+    start = time.perf_counter()
+    snap = source.fetch()
+    fetched = time.perf_counter()
+    console.file = io.StringIO()
+    console.print(frame(snap, ViewState(view="ranks", sort_key="step_time", descending=True),
+                        console.size.height))
+    done = time.perf_counter()
+    if len(snap.ranks) == 0 or snap.targets_up != len(snap.targets):
+        raise SystemExit(f"refresh incomplete: {snap.targets_up}/{len(snap.targets)} up")
+    return done - start, fetched - start, done - fetched, time.process_time() - cpu
+
+
+def bench_refresh(args: argparse.Namespace) -> None:
+    ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
+    paths = sorted(job_expositions("x", args.nodes, 1))  # same paths, cheap to build
+    urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+    source = TargetsSource(urls, timeout_s=10.0, max_workers=args.workers)
+    console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
+    try:
+        for _ in range(2):
+            timed_refresh(source, console)  # warm-up: connections, caches
+        runs = [timed_refresh(source, console) for _ in range(args.refreshes)]
+        snap = source.fetch()
+    finally:
+        source.close()
+        stop.set()
+        for p in procs:
+            p.join(timeout=10)
+    totals = sorted(r[0] for r in runs)
+    rss = psutil.Process().memory_info().rss
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(f"job: {args.nodes} nodes x {args.gpus} GPUs = {len(snap.ranks)} ranks, "
+          f"{len(snap.gpus)} GPUs, {len(snap.processes)} processes, {len(snap.targets)} targets "
+          f"({args.servers} server processes, {args.workers} scrape workers)")
+    print(f"full refresh (fetch+parse+aggregate+render 200x50), {args.refreshes} runs: "
+          f"p50 {statistics.median(totals) * 1e3:.0f} ms, "
+          f"p90 {totals[int(0.9 * (len(totals) - 1))] * 1e3:.0f} ms, "
+          f"min {totals[0] * 1e3:.0f} ms")
+    print(f"  of which fetch+parse+aggregate p50 {statistics.median(r[1] for r in runs) * 1e3:.0f}"
+          f" ms, render p50 {statistics.median(r[2] for r in runs) * 1e3:.0f} ms")
+    print(f"  CPU time of the top process per refresh p50 "
+          f"{statistics.median(r[3] for r in runs) * 1e3:.0f} ms (all threads; wall time above "
+          "also waits for the server processes and other load on the machine)")
+    print(f"resident memory of top: {rss / 2**20:.0f} MiB now, peak {peak / 2**20:.0f} MiB")
+
+
+def _median_time(fn, texts: list[str], repeat: int) -> tuple[float, int]:
+    times, count = [], 0
+    for _ in range(repeat):
+        start = time.perf_counter()
+        count = fn(texts)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), count
+
+
+def bench_parser(args: argparse.Namespace) -> None:
+    texts = [b.decode() for b in job_expositions("llama2-7b", args.nodes, args.gpus).values()]
+
+    def reference(ts: list[str]) -> int:
+        return sum(len(f.samples) for t in ts for f in text_string_to_metric_families(t))
+
+    def ours_all(ts: list[str]) -> int:
+        return sum(len(Parser().parse(t)) for t in ts)  # fresh parser: no cache across payloads
+
+    def ours_top(ts: list[str]) -> int:
+        return sum(len(Parser(WANTED).parse(t)) for t in ts)
+
+    ref_s, ref_n = _median_time(reference, texts, args.parse_repeat)
+    all_s, all_n = _median_time(ours_all, texts, args.parse_repeat)
+    top_s, top_n = _median_time(ours_top, texts, args.parse_repeat)
+    assert all_n == ref_n, (all_n, ref_n)
+    size = sum(len(t) for t in texts) / 2**20
+    print(f"parsing {len(texts)} payloads, {size:.1f} MiB, {ref_n} samples "
+          f"(median of {args.parse_repeat}):")
+    print(f"  prometheus_client text_string_to_metric_families: {ref_s * 1e3:7.0f} ms")
+    print(f"  fsdpmon expfmt, every sample:                      {all_s * 1e3:7.0f} ms"
+          f"  -> {ref_s / all_s:.1f}x faster")
+    print(f"  fsdpmon expfmt, the {len(WANTED)} names top reads ({top_n} samples): "
+          f"{top_s * 1e3:5.0f} ms  -> {ref_s / top_s:.1f}x faster")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=256)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--refreshes", type=int, default=15)
+    parser.add_argument("--parse-repeat", type=int, default=3)
+    args = parser.parse_args()
+    print(f"machine: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB")
+    bench_refresh(args)
+    bench_parser(args)
+
+
+if __name__ == "__main__":
+    main()
