@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fsdpmon.demo import progress_line
+from fsdpmon.demo import _headless, progress_line
 from fsdpmon.demo.processes import spawn, stop_all
 from fsdpmon.demo.session import (
     DemoConfig,
@@ -24,7 +24,7 @@ from fsdpmon.demo.session import (
     real_gpu_count,
 )
 from fsdpmon.errors import ConfigError, JobUnhealthyError
-from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow
+from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow, TargetStatus
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,44 @@ def test_live_view_without_a_terminal_is_a_one_line_error(tmp_path):
 @pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="a machine with an NVIDIA driver")
 def test_no_nvml_means_no_real_gpus():
     assert real_gpu_count() == 0  # so the demo plans simulated GPUs
+
+
+class FakeSession:
+    """What _headless uses of a Session: fetch() snapshots, children that finish."""
+
+    def __init__(self, snaps: list[JobSnapshot], finish_after: int) -> None:
+        self.snaps = snaps
+        self.fetches = 0
+        self.finish_after = finish_after
+        self.source = self
+
+    def fetch(self) -> JobSnapshot:
+        self.fetches += 1
+        return self.snaps[min(self.fetches, len(self.snaps)) - 1]
+
+    def check_children(self, finished_ok: bool = False) -> None:
+        assert finished_ok
+
+    def training_finished(self) -> bool:
+        return self.fetches >= self.finish_after
+
+
+def _snap(step: int, up: bool) -> JobSnapshot:
+    return JobSnapshot(time=float(step), source="t", state=JobState.RUNNING, step=step,
+                       targets=(TargetStatus("http://a", "train", up),
+                                TargetStatus("http://b", "exporter", True)))
+
+
+def test_headless_keeps_the_last_whole_snapshot_when_training_finishes():
+    """At --max-steps the trainer's endpoint goes away before its process exits."""
+    session = FakeSession([_snap(10, True), _snap(20, True), _snap(20, False)], finish_after=3)
+    cfg = DemoConfig(headless=True, duration_s=60, interval_s=0.01)
+    assert _headless(session, cfg).step == 20
+    assert session.fetches == 3
+
+
+def test_headless_stops_after_its_duration():
+    session = FakeSession([_snap(i, True) for i in range(1, 1000)], finish_after=10**9)
+    started = time.monotonic()
+    snap = _headless(session, DemoConfig(headless=True, duration_s=0.3, interval_s=0.05))
+    assert 0.3 <= time.monotonic() - started < 5 and snap.step == session.fetches

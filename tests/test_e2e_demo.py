@@ -134,8 +134,10 @@ def _alive(watcher: TreeWatcher) -> list[psutil.Process]:
 
 
 @pytest.mark.skipif(not shutil.which("tmux"), reason="needs tmux (scripts/setup.sh --test)")
-def test_ctrl_c_in_the_live_view_stops_everything(tmp_path):
-    """A person at a terminal: the live view appears, Ctrl-C ends the demo and its children."""
+@pytest.mark.parametrize(("key", "status"), [("C-c", 130), ("q", 0)])
+def test_leaving_the_live_view_stops_everything(tmp_path, key, status):
+    """A person at a terminal: the live view appears; Ctrl-C or q ends the demo and its
+    children."""
     socket_name = f"fsdpmon-demo-test-{os.getpid()}"
     tmux = ["tmux", "-L", socket_name]
     script = (f"cd {ROOT} && OMP_NUM_THREADS=1 {sys.executable} -m fsdpmon.cli demo "
@@ -149,9 +151,9 @@ def test_ctrl_c_in_the_live_view_stops_everything(tmp_path):
         try:
             screen = _wait_for_screen(tmux, "RANK", 150)
             assert re.search(r"^\s+1\s.*vm", screen, re.M), screen  # both ranks listed
-            subprocess.run([*tmux, "send-keys", "C-c"], check=True, timeout=10)
+            subprocess.run([*tmux, "send-keys", key], check=True, timeout=10)
             screen = _wait_for_screen(tmux, "DEMO-EXIT=", 60)
-            assert "DEMO-EXIT=130" in screen and "Traceback" not in screen
+            assert f"DEMO-EXIT={status}" in screen and "Traceback" not in screen
         finally:
             watcher.stop()
         survivors = [s for s in watcher.survivors() if "sleep 60" not in s]

@@ -9,6 +9,7 @@ progress instead, then the final snapshot (``--json`` for top's JSON), for scrip
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 import time
@@ -58,7 +59,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 
 
 def say(message: str) -> None:
-    print(f"fsdpmon demo: {message}", file=sys.stderr, flush=True)
+    # After SIGHUP the terminal may be gone; clean-up must go on regardless.
+    with contextlib.suppress(OSError, ValueError):
+        print(f"fsdpmon demo: {message}", file=sys.stderr, flush=True)
 
 
 def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
