@@ -79,7 +79,18 @@ class SimulatedReader:
         power = 320.0 + 330.0 * wave
         self._energy[i] += power * elapsed
         used = (52 + 14 * wave + i % 3) * GIB
-        values = {
+        mine = pids[i :: self.count] if pids else ()
+        processes = tuple(
+            GpuProcess(pid=p, memory_used_bytes=used * 0.95 / len(mine),
+                       sm_utilization_ratio=util / len(mine))
+            for p in mine
+        )
+        return GpuSample(self.identities[i], True, self._values(i, wave, util, power, used),
+                         _labelled(wave), processes)
+
+    def _values(self, i: int, wave: float, util: float, power: float,
+                used: float) -> dict[str, float]:
+        return {
             "fsdpmon_gpu_utilization_ratio": util,
             "fsdpmon_gpu_memory_utilization_ratio": 0.35 + 0.3 * wave,
             "fsdpmon_gpu_memory_used_bytes": used,
@@ -99,21 +110,17 @@ class SimulatedReader:
             "fsdpmon_gpu_sm_activity_ratio": util * 0.9,
             "fsdpmon_gpu_tensor_activity_ratio": util * 0.55,
         }
-        events = {r: 0.0 for r in CLOCK_EVENT_REASONS}
-        events["sw_power_cap"] = float(wave > 0.9)
-        labelled = {
-            "fsdpmon_gpu_clock_event_active": events,
-            "fsdpmon_gpu_ecc_errors_total": {"corrected": 0.0, "uncorrected": 0.0},
-            "fsdpmon_gpu_remapped_rows": {
-                "correctable": 0.0, "uncorrectable": 0.0, "pending": 0.0, "failure": 0.0,
-            },
-            "fsdpmon_gpu_pcie_bytes_per_second": {"tx": 2.0e9 * wave, "rx": 3.5e9 * wave},
-            "fsdpmon_gpu_nvlink_bytes_per_second": {"tx": 180e9 * wave, "rx": 180e9 * wave},
-        }
-        mine = pids[i :: self.count] if pids else ()
-        processes = tuple(
-            GpuProcess(pid=p, memory_used_bytes=used * 0.95 / len(mine),
-                       sm_utilization_ratio=util / len(mine))
-            for p in mine
-        )
-        return GpuSample(self.identities[i], True, values, labelled, processes)
+
+
+def _labelled(wave: float) -> dict[str, dict[str, float]]:
+    events = {r: 0.0 for r in CLOCK_EVENT_REASONS}
+    events["sw_power_cap"] = float(wave > 0.9)
+    return {
+        "fsdpmon_gpu_clock_event_active": events,
+        "fsdpmon_gpu_ecc_errors_total": {"corrected": 0.0, "uncorrected": 0.0},
+        "fsdpmon_gpu_remapped_rows": {
+            "correctable": 0.0, "uncorrectable": 0.0, "pending": 0.0, "failure": 0.0,
+        },
+        "fsdpmon_gpu_pcie_bytes_per_second": {"tx": 2.0e9 * wave, "rx": 3.5e9 * wave},
+        "fsdpmon_gpu_nvlink_bytes_per_second": {"tx": 180e9 * wave, "rx": 180e9 * wave},
+    }
