@@ -67,6 +67,15 @@ def test_malformed_lines_are_skipped_not_fatal():
     assert [(s.name, s.value) for s in parse(text)] == [("good", 1.0), ("also_good", 7.0)]
 
 
+def test_histogram_buckets_reuse_cached_blocks_correctly():
+    text = ('h{a="1"} 1\nh{a="1",le="0.5"} 2\nh{le="1",a="1"} 3\nh{le="3"} 4\n'
+            'h{a="1",le="4" junk} 5\nh{a="1",le="4",} 6\nh{a="1",le="a\\"b"} 7\n')
+    got = [(s.labels, s.value) for s in parse(text)]
+    assert got == [({"a": "1"}, 1.0), ({"a": "1", "le": "0.5"}, 2.0),
+                   ({"a": "1", "le": "1"}, 3.0), ({"le": "3"}, 4.0),
+                   ({"a": "1", "le": "4"}, 6.0), ({"a": "1", "le": 'a"b'}, 7.0)]
+
+
 def test_parse_labels_rejects_garbage():
     assert parse_labels('a="1", b="2"') == {"a": "1", "b": "2"}
     assert parse_labels('a="1" junk') is None

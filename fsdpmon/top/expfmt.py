@@ -9,7 +9,6 @@ does not understand. It never raises: what a pod serves is untrusted.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -23,7 +22,6 @@ _TAIL = r"[ \t]+([^ \t\n]+)(?:[ \t]+[^ \t\n]+)?[ \t]*$"
 _LABEL_PAIR = re.compile(
     r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*,?'
 )
-_LABEL_BLOCK = re.compile(f"(?:{_LABEL_PAIR.pattern})*[ \t]*")
 _UNESCAPE = re.compile(r"\\(.)")
 _ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
 
@@ -42,13 +40,34 @@ def _unescape(value: str) -> str:
 
 
 def parse_labels(block: str) -> dict[str, str] | None:
-    """``a="1",b="x"`` → dict; None when the block is malformed."""
-    if _LABEL_BLOCK.fullmatch(block) is None:
+    """``a="1",b="x"`` → dict; None when the block is malformed (pairs must be contiguous)."""
+    labels: dict[str, str] = {}
+    pos = 0
+    for m in _LABEL_PAIR.finditer(block):
+        if m.start() != pos:
+            return None
+        key, value = m.groups()
+        labels[key] = _unescape(value) if "\\" in value else value
+        pos = m.end()
+    if pos != len(block) and block[pos:].strip(" \t"):
         return None
-    labels = dict(_LABEL_PAIR.findall(block))
-    if "\\" in block:
-        labels = {k: _unescape(v) for k, v in labels.items()}
     return labels
+
+
+def _split_le(block: str) -> tuple[str, str] | None:
+    """(the block without its ``le="..."`` pair, the le value) for histogram buckets."""
+    start = block.find('le="')
+    if start < 0 or (start > 0 and block[start - 1] != ","):
+        return None
+    end = block.find('"', start + 4)
+    if end < 0:
+        return None
+    value, after = block[start + 4:end], block[end + 1:]
+    if after.startswith(","):
+        return block[:start] + after[1:], value
+    if after:
+        return None
+    return (block[:start - 1] if start else ""), value
 
 
 _MISSING: dict[str, str] = {}
@@ -145,13 +164,11 @@ class Parser:
 
     def _new_block(self, block: str) -> dict[str, str] | None:
         # Histogram buckets repeat a cached block plus one `le` pair: extend the cached dict.
-        head, comma, tail = block.rpartition(",")
-        base = self._blocks.get(head) if comma else None
-        if base:
-            pair = _LABEL_PAIR.fullmatch(tail)
-            if pair is not None:
-                key, value = pair.groups()
-                return {**base, key: _unescape(value) if "\\" in value else value}
+        split = _split_le(block)
+        if split is not None:
+            base = self._blocks.get(split[0])
+            if base and "\\" not in split[1]:
+                return {**base, "le": split[1]}
         return parse_labels(block)
 
 
@@ -163,7 +180,3 @@ def parse(text: str, names: Iterable[str] | None = None) -> list[Sample]:
 def decode(payload: bytes) -> str:
     """Body bytes → text; undecodable bytes become U+FFFD rather than an error."""
     return payload.decode("utf-8", errors="replace")
-
-
-def is_finite(value: float) -> bool:
-    return not (math.isnan(value) or math.isinf(value))
