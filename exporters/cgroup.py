@@ -20,12 +20,13 @@ _POD_UID = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
     r"(?:\.slice)?(?:/|$)"
 )
-# The container scope: systemd driver wraps the ID in "<runtime>-<id>.scope"; cgroupfs uses the
-# bare ID as the directory name. CRI-O's "crio-conmon-<id>" is its monitor, not the container.
+# One path component naming the container: the systemd driver wraps the ID in
+# "<runtime>-<id>.scope"; cgroupfs uses the bare ID as the directory name. CRI-O's
+# "crio-conmon-<id>" is its monitor, not the container. Processes may sit in sub-cgroups below
+# the container's (systemd or nested runtimes inside it), so the deepest match wins.
 _CONTAINER = re.compile(
-    r"(?:^|/)(?:(cri-containerd|crio|docker|containerd|libpod)-)?([0-9a-f]{64})(?:\.scope)?$"
+    r"^(?:(cri-containerd|crio|docker|containerd|libpod)-)?([0-9a-f]{64})(?:\.scope)?$"
 )
-_DOCKER_PLAIN = re.compile(r"(?:^|/)docker/([0-9a-f]{64})$")
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,16 @@ def cgroup_paths(text: str) -> list[str]:
 
 def parse_path(path: str) -> CgroupRef | None:
     """Pod UID and container ID from one cgroup path; None when it names neither."""
-    path = path.rstrip("/")
     pod = _POD_UID.search(path)
     pod_uid = pod.group(1).replace("_", "-") if pod else ""
-    plain = _DOCKER_PLAIN.search(path)
-    if plain:
-        return CgroupRef(pod_uid, plain.group(1), "docker")
-    container = _CONTAINER.search(path)
-    if container:
+    parts = [p for p in path.split("/") if p]
+    for depth in range(len(parts) - 1, -1, -1):
+        container = _CONTAINER.match(parts[depth])
+        if container is None:
+            continue
         runtime = _RUNTIMES.get(container.group(1) or "", "")
+        if not runtime and depth > 0 and parts[depth - 1] == "docker":
+            runtime = "docker"  # cgroupfs Docker: /docker/<id>
         return CgroupRef(pod_uid, container.group(2), runtime)
     return CgroupRef(pod_uid) if pod_uid else None
 

@@ -174,6 +174,11 @@ def api_from_config(kubeconfig: str | None) -> Any | None:
             raise ConfigError("--kubeconfig", f"cannot load {kubeconfig}: {exc}") from None
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException as exc:
+            raise ConfigError("--kubeconfig", f"running in a pod but the in-cluster config "
+                              f"failed ({exc}); mount a service account token or pass "
+                              "--kubeconfig") from None
         return client.CoreV1Api(client.ApiClient(configuration))
     return None

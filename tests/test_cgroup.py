@@ -39,6 +39,11 @@ CID = "0123456789abcdef" * 4
         (f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
          f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
          CgroupRef(UID, CID, "containerd")),
+        # a process in a sub-cgroup of its container (systemd or a runtime inside it)
+        (f"0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope/init.scope\n",
+         CgroupRef(UID, CID, "containerd")),
+        (f"0::/kubepods/burstable/pod{UID}/{CID}/system.slice/sshd.service\n",
+         CgroupRef(UID, CID, "")),
         # pod-level cgroup only (the pause sandbox being set up): pod without container
         (f"0::/kubepods.slice/kubepods-pod{UID_}.slice\n", CgroupRef(UID, "", "")),
         # plain Docker, no Kubernetes: a container, no pod

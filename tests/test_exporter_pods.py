@@ -121,6 +121,17 @@ def test_bad_kubeconfig_is_a_config_error_naming_the_flag(tmp_path: Path) -> Non
         api_from_config(str(bad))
 
 
+def test_in_a_pod_without_a_service_account_token_is_a_config_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.config import incluster_config
+
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", "/nonexistent/token")
+    with pytest.raises(ConfigError, match="--kubeconfig: running in a pod"):
+        api_from_config(None)
+
+
 def test_outside_kubernetes_there_is_no_api(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     assert api_from_config(None) is None
