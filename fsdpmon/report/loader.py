@@ -11,6 +11,7 @@ import json
 import math
 import re
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,19 +112,9 @@ def _read_file(path: Path) -> dict[int, tuple[dict[str, Any], list[Sample]]]:
     segment for its rank and the report keeps the last one, since counters restart with the
     process. Step records join the segment of their ``rank`` (or the latest header's).
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{path}: cannot read: {exc}") from None
-    lines = text.splitlines()
-    if not any(line.strip() for line in lines):
-        raise InputError(f"{path}: empty log")
     segments: dict[int, tuple[dict[str, Any], list[Sample]]] = {}
     current: int | None = None
-    for number, line in enumerate(lines, start=1):
-        record = _parse_line(path, number, line, last=number == len(lines), text=text)
-        if record is None:
-            continue
+    for number, record in _records(path):
         kind = record.get("kind")
         if kind == "run":
             current = _integer(path, number, record, "rank")
@@ -142,20 +133,32 @@ def _read_file(path: Path) -> dict[int, tuple[dict[str, Any], list[Sample]]]:
     return segments
 
 
-def _parse_line(
-    path: Path, number: int, line: str, *, last: bool, text: str
-) -> dict[str, Any] | None:
-    if not line.strip():
-        return None
+def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each JSON line, streamed: long runs write large logs.
+
+    A final line that is cut short (no newline, not JSON) is what a crash mid-write leaves;
+    it is skipped. A bad line anywhere else is an error.
+    """
+    seen_any = False
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
-        if last and not text.endswith("\n"):
-            return None  # a torn final line from a crash mid-write: skip it
-        raise InputError(f"{path}:{number}: not a JSON record") from None
-    if not isinstance(record, dict):
-        raise InputError(f"{path}:{number}: not a JSON object")
-    return record
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                seen_any = True
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    if line.endswith("\n"):
+                        raise InputError(f"{path}:{number}: not a JSON record") from None
+                    continue  # only the last line can lack its newline: a torn write
+                if not isinstance(record, dict):
+                    raise InputError(f"{path}:{number}: not a JSON object")
+                yield number, record
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: cannot read: {exc}") from None
+    if not seen_any:
+        raise InputError(f"{path}: empty log")
 
 
 def _sample(path: Path, number: int, record: dict[str, Any]) -> Sample:

@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a long run at many ranks holds millions
 class Sample:
     """One observation of one rank: a JSONL log record, or one Prometheus evaluation time."""
 
