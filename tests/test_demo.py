@@ -130,6 +130,9 @@ def test_live_view_without_a_terminal_is_a_one_line_error(tmp_path):
     assert done.stderr.strip() == (
         "fsdpmon demo: error: --headless: no terminal for the live view; use --headless")
     assert not list(Path(tmp_path).iterdir())  # nothing was started
+    done = subprocess.run([sys.executable, "-m", "fsdpmon.cli", "demo", "--json"],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "--json: goes with --headless" in done.stderr
 
 
 @pytest.mark.skipif(bool(shutil.which("nvidia-smi")), reason="a machine with an NVIDIA driver")

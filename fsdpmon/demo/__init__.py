@@ -53,7 +53,9 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         metrics_port=args.metrics_port, exporter_port=args.exporter_port,
     )
     cfg.validate()
-    if not cfg.headless and not sys.stdin.isatty():
+    if cfg.json and not cfg.headless:
+        raise ConfigError("--json", "goes with --headless (the live view is not JSON)")
+    if not cfg.headless and not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise ConfigError("--headless", "no terminal for the live view; use --headless")
     return cfg
 
