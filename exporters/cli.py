@@ -128,10 +128,9 @@ def start(cfg: ExporterConfig) -> Exporter:
         gpus.open()
     else:
         reader = NvmlReader()
-        if reader.open():
-            xid = XidWatcher(reader)
-            if not xid.start():
-                xid = None
+        xid = XidWatcher(reader)
+        reader.on_open = xid.start  # also when the driver only comes up later
+        reader.open()
         gpus = reader
     if pods is not None:
         pods.start()

@@ -30,6 +30,7 @@ from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
 log = logging.getLogger(__name__)
 
 MIB = 1024
+REOPEN_S = 60.0  # while NVML is down, how often to try it again
 _UINT_MAX = 0xFFFFFFFF  # NVLink field scope meaning "summed over all links"
 
 # Errors that mean "this value is not available": the series is left out.
@@ -84,22 +85,34 @@ class NvmlReader:
         self._previous: dict[tuple[int, str], Any] = {}  # counters and GPM samples between reads
         self._xid_counts: dict[tuple[int, int], int] = {}
         self._xid_lock = threading.Lock()
+        self._last_open = 0.0
+        self.on_open: Callable[[], Any] | None = None  # e.g. start the XID event thread
 
     # -- lifecycle -------------------------------------------------------------------------
-    def open(self) -> bool:
+    def open(self, quiet: bool = False) -> bool:
         """Initialise NVML and enumerate the GPUs; False (and nvml_up 0) when NVML is absent."""
+        self._last_open = time.monotonic()
         try:
             self.nvml.nvmlInit()
             count = int(self.nvml.nvmlDeviceGetCount())
         except self.nvml.NVMLError as exc:
-            log.warning("NVML unavailable (%s): serving host and process metrics only", exc)
+            if not quiet:
+                log.warning("NVML unavailable (%s): serving host and process metrics only; "
+                            "trying again every %.0fs", exc, REOPEN_S)
             self.up = False
             return False
         self.up = True
         self.handles, self.identities = [], []
         for index in range(count):
             self._add_device(index)
+        if self.on_open is not None:
+            self.on_open()
         return True
+
+    def _retry_open(self) -> None:
+        """The driver may come up after the exporter (GPU operator): try again now and then."""
+        if time.monotonic() - self._last_open >= REOPEN_S and self.open(quiet=True):
+            log.info("NVML available now: %d GPUs", len(self.identities))
 
     def close(self) -> None:
         if self.up:
@@ -151,6 +164,8 @@ class NvmlReader:
     # -- reading ---------------------------------------------------------------------------
     def read(self) -> GpuReading:
         """One pass over every GPU; a lost GPU reads up 0, the others go on."""
+        if not self.up:
+            self._retry_open()
         if not self.up:
             return GpuReading(nvml_up=False)
         errors_before = self._errors

@@ -34,6 +34,8 @@ class XidWatcher:
     def start(self) -> bool:
         """Register every GPU for XID events; False when none can be (nothing to watch)."""
         nv = self.nvml
+        if self._thread is not None and self._thread.is_alive():
+            return True
         if not self.reader.up:
             return False
         try:

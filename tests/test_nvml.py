@@ -140,6 +140,29 @@ def test_nvml_library_missing_means_nvml_down_not_a_crash() -> None:
     assert reading.nvml_up is False and reading.gpus == ()
 
 
+def test_nvml_that_comes_up_later_is_picked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = FakeNvml(_gpus(2), library_missing=True)
+    reader = NvmlReader(fake)
+    watcher = XidWatcher(reader)
+    reader.on_open = watcher.start
+    assert reader.open() is False
+    assert reader.read().nvml_up is False
+    inits = fake.calls["nvmlInit"]
+    assert reader.read().nvml_up is False and fake.calls["nvmlInit"] == inits  # not every read
+    fake.library_missing = False  # the driver container finished installing
+    monkeypatch.setattr("exporters.nvml.REOPEN_S", 0.0)
+    try:
+        reading = reader.read()
+        assert reading.nvml_up and [g.up for g in reading.gpus] == [True, True]
+        fake.emit_xid(1, 31)  # XID events are watched from then on too
+        deadline = time.monotonic() + 5
+        while not reader.xid_counts(1) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert reader.xid_counts(1) == {"31": 1.0}
+    finally:
+        watcher.stop()
+
+
 def test_real_pynvml_without_a_driver_reports_nvml_down() -> None:
     """This machine has no NVIDIA driver: the real library load fails and NVML reads down."""
     try:
