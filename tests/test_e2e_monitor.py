@@ -106,7 +106,7 @@ def launch(tmp: Path, *job_args: str, **env_overrides: str) -> Job:
         **os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT),
         "FSDPMON_PORT": str(port), "FSDPMON_LISTEN_ADDRESS": "127.0.0.1",
         "FSDPMON_JOB_NAME": "e2e", "FSDPMON_LOG_INTERVAL": str(LOG_EVERY),
-        "FSDPMON_JSONL": str(tmp / "run.jsonl"), "FSDPMON_STATE_DIR": str(tmp / "state"),
+        "FSDPMON_JSONL": str(tmp / "run.jsonl"),  # state files: the default, /dev/shm
         "FSDPMON_SERVER_RETRY_SECONDS": "0.5", **env_overrides,
     }
     log_path = tmp / "torchrun.log"

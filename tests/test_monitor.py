@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import time
 import urllib.request
@@ -124,6 +125,28 @@ def test_resumed_run_counts_from_its_start_step_and_variable_tokens(tmp_path):
     assert [r["tokens_total"] for r in seen] == [10, 45, 45]
     assert seen[-1]["phase_seconds"] == {}  # no step in that window
     assert mon.steps_done == 10
+
+
+def test_nonfinite_loss_is_flagged_and_published(tmp_path):
+    port = free_port()
+    mon = monitor(config(tmp_path, port=port, log_interval=2, jsonl_path=None))
+    seen: list[dict] = []
+    mon.add_log_listener(seen.append)
+    for loss in (1.0, float("nan")):
+        with mon.step():
+            mon.record(loss=torch.tensor(loss))
+    body = ""
+    for _ in range(100):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                body = r.read().decode()
+            break
+        except OSError:
+            time.sleep(0.05)
+    mon.close()
+    assert seen[-1]["loss_nonfinite"] is True and math.isnan(seen[-1]["loss"])
+    assert 'fsdpmon_train_loss_nonfinite{job_name="unit",local_rank="0",rank="0"} 1.0' in body
+    assert 'fsdpmon_train_loss{job_name="unit",local_rank="0",rank="0"} NaN' in body
 
 
 def test_disabled_monitor_still_logs_but_serves_nothing(tmp_path, baseline):

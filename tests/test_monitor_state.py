@@ -63,6 +63,13 @@ def test_dead_and_zombie_ranks_are_dropped_and_their_files_removed(tmp_path):
             writer.snapshot(_snapshot(rank, pid))
         assert [s.rank for s in read_job_states(tmp_path)] == [0]
         assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0.hb", "rank0.json"]
+        for rank, pid in ((1, exited.pid), (2, zombie_pid)):  # died after the last scrape
+            writer = RankStateWriter(tmp_path, rank)
+            writer.pid = pid
+            writer.heartbeat(1.0, 1, 1, 1, 0, 1)
+            writer.snapshot(_snapshot(rank, pid))
+        RankStateWriter(tmp_path, 0).close()  # the last live rank leaves: nothing remains
+        assert not tmp_path.exists(), list(tmp_path.iterdir())
     finally:
         zombie.wait()
 

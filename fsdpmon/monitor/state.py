@@ -77,12 +77,15 @@ class RankStateWriter:
         self._fh = open(self.hb_path, "r+b")  # noqa: SIM115 - lives as long as the map
         self._map = mmap.mmap(self._fh.fileno(), HB_SIZE)
         self._seq = 0
+        self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # owned (pid set) from the start
 
     def heartbeat(self, last_step_unix: float, step: float, steps_total: float,
                   tokens_total: float, stalled: float, stall_threshold: float) -> None:
+        self._pack(last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold)
+
+    def _pack(self, *values: float) -> None:
         self._seq += 1
-        _HB.pack_into(self._map, 0, self._seq, self.pid, last_step_unix, step, steps_total,
-                      tokens_total, stalled, stall_threshold, self._seq)
+        _HB.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
 
     def snapshot(self, data: dict[str, Any]) -> None:
         tmp = self.directory / f".rank{self.rank}.json.{self.pid}"
@@ -99,6 +102,7 @@ class RankStateWriter:
                 with contextlib.suppress(OSError):
                     if _owner_pid(path) in (self.pid, None):
                         path.unlink()
+            read_job_states(self.directory)  # clears out ranks that died without closing
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # the last rank out removes the (then empty) directory
 
