@@ -9,6 +9,7 @@ the rates that were put in.
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -25,13 +27,10 @@ import pytest
 from fsdpmon.errors import UnreachableError
 from fsdpmon.report.prometheus import PrometheusAPI
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not (shutil.which("prometheus") and shutil.which("promtool")),
-        reason="needs Debian's prometheus and promtool (scripts/setup.sh --test installs them)",
-    ),
-]
+needs_prometheus = pytest.mark.skipif(
+    not (shutil.which("prometheus") and shutil.which("promtool")),
+    reason="needs Debian's prometheus and promtool (scripts/setup.sh --test installs them)",
+)
 
 SCRAPE_S = 2
 TOKENS_PER_STEP = 1024
@@ -138,6 +137,8 @@ def fsdpmon(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
+@needs_prometheus
 def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
     done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "scale-2,scale-1",
                    "--since", "6h", "--step", "2", "--out", str(tmp_path))
@@ -158,6 +159,8 @@ def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
     assert "scale-2" in (tmp_path / "report.md").read_text()
 
 
+@pytest.mark.slow
+@needs_prometheus
 def test_unknown_job_is_a_one_line_input_error(prometheus, tmp_path):
     done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "nope", "--out", str(tmp_path))
     assert done.returncode == 2
@@ -165,6 +168,8 @@ def test_unknown_job_is_a_one_line_input_error(prometheus, tmp_path):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
+@needs_prometheus
 def test_prometheus_errors_are_reported_not_raised(prometheus):
     with pytest.raises(UnreachableError, match="bad_data"):
         PrometheusAPI(prometheus).query_range("max(", 0, 10, 1)
@@ -175,3 +180,67 @@ def test_unreachable_prometheus_exits_3(tmp_path):
     done = fsdpmon("report", "--prometheus", url, "--jobs", "a", "--out", str(tmp_path))
     assert done.returncode == 3
     assert url in done.stderr and "Traceback" not in done.stderr
+
+
+class _StandIn(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the class's canned (status, content type, body)."""
+
+    reply: tuple[int, str, bytes] = (200, "application/json", b"{}")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        status, kind, body = self.reply
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def stand_in(status: int, kind: str, body: bytes):
+    handler = type("Handler", (_StandIn,), {"reply": (status, kind, body)})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+MATRIX_WITH_JUNK = json.dumps({"status": "success", "data": {"resultType": "matrix", "result": [
+    "not a series",
+    {"metric": "not labels", "values": [[1, "2"]]},
+    {"metric": {"rank": "0"}, "values": [[10, "5"], ["x", "1"], [11], [12, "NaN"], None]},
+]}}).encode()
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "body", "message"),
+    [
+        (200, "text/plain", b"hello", "not a Prometheus API response"),
+        (503, "text/html", b"<html>down</html>", "HTTP 503"),
+        (200, "application/json", b"[1, 2]", "not a Prometheus API response"),
+        (422, "application/json",
+         b'{"status":"error","errorType":"execution","error":"too many samples"}',
+         "execution: too many samples"),
+        (200, "application/json", b'{"status":"success","data":{"resultType":"vector",'
+         b'"result":[]}}', "expected a matrix result"),
+    ],
+)
+def test_bad_answers_become_one_line_errors(status, kind, body, message):
+    with stand_in(status, kind, body) as url, pytest.raises(UnreachableError, match=message):
+        PrometheusAPI(url, timeout_s=5).query_range("up", 0, 10, 1)
+
+
+def test_malformed_points_are_skipped_not_fatal():
+    from fsdpmon.report.prometheus import _per_rank
+
+    with stand_in(200, "application/json", MATRIX_WITH_JUNK) as url:
+        assert _per_rank(PrometheusAPI(url), "fsdpmon_train_step", "j", (0, 20, 1)) == {
+            0: {10.0: 5.0}}

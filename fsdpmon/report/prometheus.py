@@ -67,7 +67,7 @@ class PrometheusAPI:
         result = data.get("result")
         if data.get("resultType") != "matrix" or not isinstance(result, list):
             raise UnreachableError(f"{url}: expected a matrix result for {query!r}")
-        return result
+        return [series for series in result if isinstance(series, dict)]
 
     def _send(self, request: urllib.request.Request, url: str) -> dict[str, Any]:
         try:
@@ -100,12 +100,21 @@ def _step_for(start: float, end: float) -> float:
 
 
 def _values(series: dict[str, Any]) -> Series:
+    """A matrix series' [[time, "value"], ...] as floats; malformed points are skipped."""
     out: Series = {}
-    for stamp, text in series.get("values", []):
-        value = float(text)
+    for point in series.get("values") or []:
+        try:
+            stamp, value = float(point[0]), float(point[1])
+        except (TypeError, ValueError, IndexError):
+            continue
         if math.isfinite(value):
-            out[float(stamp)] = value
+            out[stamp] = value
     return out
+
+
+def _labels(series: dict[str, Any]) -> dict[str, str]:
+    labels = series.get("metric")
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, dict) else {}
 
 
 def job_window(api: PrometheusAPI, job: str, since: float, until: float) -> tuple[float, float]:
@@ -126,27 +135,30 @@ def job_window(api: PrometheusAPI, job: str, since: float, until: float) -> tupl
     return max(since, stamps[0] - coarse), min(until, stamps[-1])
 
 
-def _per_rank(api: PrometheusAPI, metric: str, job: str, window: tuple[float, float, float]):
+Window = tuple[float, float, float]  # start, end, step
+
+
+def _per_rank(api: PrometheusAPI, metric: str, job: str, window: Window) -> dict[int, Series]:
     query = f"max by ({RANK_LABEL}) ({metric}{selector(job)})"
     by_rank: dict[int, Series] = {}
     for series in api.query_range(query, *window):
-        rank = series.get("metric", {}).get(RANK_LABEL, "")
+        rank = _labels(series).get(RANK_LABEL, "")
         if rank.isdigit():
             by_rank[int(rank)] = _values(series)
     return by_rank
 
 
-def _last_scalar(api: PrometheusAPI, metric: str, job: str, window) -> float | None:
+def _last_scalar(api: PrometheusAPI, metric: str, job: str, window: Window) -> float | None:
     result = api.query_range(f"max({metric}{selector(job)})", *window)
     values = [v for series in result for _, v in sorted(_values(series).items())]
     return values[-1] if values else None
 
 
-def _info_labels(api: PrometheusAPI, job: str, window) -> dict[str, str]:
+def _info_labels(api: PrometheusAPI, job: str, window: Window) -> dict[str, str]:
     query = f"max by (model, world_size, nodes, device) ({INFO}{selector(job)})"
     result = api.query_range(query, *window)
     latest = max(result, key=lambda s: max(_values(s), default=0.0), default=None)
-    return dict(latest.get("metric", {})) if latest else {}
+    return _labels(latest) if latest else {}
 
 
 def load_job(
