@@ -127,6 +127,8 @@ TRAINING: tuple[Metric, ...] = (
            "Slowest rank's mean step time over the last log window.", J),
     Metric("fsdpmon_job_slowest_rank", Gg, "",
            "Rank whose busy time (step time minus collective wait) was highest.", J),
+    Metric("fsdpmon_job_slowest_rank_step_time_seconds", Gg, "seconds",
+           "Mean step time of the slowest rank over the last log window.", J),
     Metric("fsdpmon_job_peak_memory_max_bytes", Gg, "bytes",
            "Highest peak memory over ranks in the last log window.", J),
     Metric("fsdpmon_job_peak_memory_max_rank", Gg, "", "Rank with the highest peak memory.", J),

@@ -208,6 +208,8 @@ def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job
         assert theirs["step_time_s"] >= SLOW_SECONDS
     assert "job" not in rank1[-1]
     assert samples(main_run.seen["both"], "fsdpmon_job_slowest_rank") == {"": 1.0}
+    assert samples(main_run.seen["both"], "fsdpmon_job_slowest_rank_step_time_seconds") == {
+        "": pytest.approx(rank1[-1]["step_time_s"])}
 
 
 def test_exposition_passes_promtool_and_carries_both_ranks(main_run: Job, tmp_path):

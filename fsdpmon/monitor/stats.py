@@ -77,6 +77,7 @@ class JobFigures:
             "fsdpmon_job_step_time_median_seconds": self.step_time_median_s,
             "fsdpmon_job_step_time_max_seconds": self.step_time_max_s,
             "fsdpmon_job_slowest_rank": self.slowest_rank,
+            "fsdpmon_job_slowest_rank_step_time_seconds": self.slowest_rank_step_time_s,
             "fsdpmon_job_peak_memory_max_bytes": self.peak_memory_max_bytes,
             "fsdpmon_job_peak_memory_max_rank": self.peak_memory_max_rank,
             "fsdpmon_job_loss_mean": self.loss_mean,
