@@ -389,17 +389,15 @@ class NvmlReader:
 
     def processes(self, handle: Any, index: int) -> tuple[GpuProcess, ...]:
         """Compute processes with their GPU memory and, where NVML has samples, SM share."""
-        nv = self.nvml
-        running = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        memory: dict[int, float | None] = {}
+        for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            # One PID can be listed more than once (several contexts, MIG instances): one
+            # series per PID, memory summed, or None when NVML cannot tell any of it.
+            pid, used = int(p.pid), p.usedGpuMemory
+            known = memory.get(pid)
+            memory[pid] = known if used is None else (known or 0.0) + float(used)
         sm_share = self._process_sm_share(handle, index)
-        return tuple(
-            GpuProcess(
-                pid=int(p.pid),
-                memory_used_bytes=None if p.usedGpuMemory is None else float(p.usedGpuMemory),
-                sm_utilization_ratio=sm_share.get(int(p.pid)),
-            )
-            for p in running
-        )
+        return tuple(GpuProcess(pid, used, sm_share.get(pid)) for pid, used in memory.items())
 
     def _process_sm_share(self, handle: Any, index: int) -> dict[int, float]:
         nv = self.nvml

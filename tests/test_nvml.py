@@ -25,7 +25,8 @@ def _open(fake: FakeNvml) -> NvmlReader:
 
 
 def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
-    fake = FakeNvml(_gpus(1, processes=[(4242, 5 * 1024 * MIB), (4243, None)],
+    fake = FakeNvml(_gpus(1, processes=[(4242, 4 * 1024 * MIB), (4243, None),
+                                        (4242, 1024 * MIB)],
                           process_sm={4242: 73}))
     reader = _open(fake)
     ident = reader.identities[0]
@@ -58,6 +59,7 @@ def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
     # Rates from counters (NVLink) and GPM need two reads: absent first, never a fake 0.
     assert "fsdpmon_gpu_nvlink_bytes_per_second" not in gpu.labelled
     assert "fsdpmon_gpu_sm_activity_ratio" not in v
+    assert len(gpu.processes) == 2  # PID 4242 holds two contexts: one entry, memory summed
     by_pid = {p.pid: p for p in gpu.processes}
     assert by_pid[4242].memory_used_bytes == 5 * 1024 * MIB
     assert by_pid[4242].sm_utilization_ratio == pytest.approx(0.73)
