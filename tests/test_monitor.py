@@ -127,6 +127,17 @@ def test_resumed_run_counts_from_its_start_step_and_variable_tokens(tmp_path):
     assert mon.steps_done == 10
 
 
+def test_a_step_that_raises_is_not_counted_and_the_error_propagates(tmp_path):
+    mon = monitor(config(tmp_path, jsonl_path=None), total_steps=None)
+    with pytest.raises(torch.cuda.OutOfMemoryError), mon.step():
+        raise torch.cuda.OutOfMemoryError("simulated OOM inside the loop")
+    with mon.step():
+        pass
+    mon.close()
+    assert mon.steps_done == 1 and mon.tokens_done == BATCH * SEQ
+    assert mon.internal_errors == 0
+
+
 def test_nonfinite_loss_is_flagged_and_published(tmp_path):
     port = free_port()
     mon = monitor(config(tmp_path, port=port, log_interval=2, jsonl_path=None))

@@ -40,16 +40,20 @@ LogListener = Callable[[dict[str, Any]], None]
 class _Span:
     """A reusable context manager (no allocation per step)."""
 
-    __slots__ = ("_enter", "_exit")
+    __slots__ = ("_abort", "_enter", "_exit")
 
-    def __init__(self, enter: Callable[[], None], exit_: Callable[[], None]) -> None:
-        self._enter, self._exit = enter, exit_
+    def __init__(self, enter: Callable[[], None], exit_: Callable[[], None],
+                 abort: Callable[[], None] | None = None) -> None:
+        self._enter, self._exit, self._abort = enter, exit_, abort or exit_
 
     def __enter__(self) -> None:
         self._enter()
 
-    def __exit__(self, *exc: object) -> bool:
-        self._exit()
+    def __exit__(self, exc_type: object, *exc: object) -> bool:
+        if exc_type is None:
+            self._exit()
+        else:
+            self._abort()  # e.g. an OOM the loop catches and skips: not a completed step
         return False  # never swallow the training loop's own exceptions
 
 
@@ -88,7 +92,7 @@ class Monitor:
                                                         run_info or {}))
         self._guarded("jsonl", self._open_jsonl)
         self._guarded("publication", self._start_publication)
-        self._step_span = _Span(self.begin_step, self.end_step)
+        self._step_span = _Span(self.begin_step, self.end_step, self.abort_step)
 
     # ---- set-up -------------------------------------------------------------------------
 
@@ -180,6 +184,11 @@ class Monitor:
             self._timer.begin_step()
         except Exception as exc:
             self._fail("begin_step", exc)
+
+    def abort_step(self) -> None:
+        """Forget the step in progress (it raised): nothing is counted or timed."""
+        self._guarded("abort_step", self._timer.abort_step)
+        self._pending.pop("tokens", None)
 
     def end_step(self) -> None:
         try:

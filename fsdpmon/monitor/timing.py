@@ -85,6 +85,9 @@ class StepTimer:
         self._step_start = None
         return time.perf_counter() - self.host_step_start
 
+    def abort_step(self) -> None:
+        self._step_start = None  # a pooled CUDA event is simply not returned: rare path
+
     @property
     def in_step(self) -> bool:
         return self._step_start is not None
