@@ -111,40 +111,35 @@ class Exporter:
             self.xid.stop()
         if self.pods is not None:
             self.pods.stop()
-        close = getattr(self.gpus, "close", None)
-        if close is not None:
-            close()
+        self.gpus.close()
+
+
+def _gpu_source(cfg: ExporterConfig) -> tuple[GpuSource, XidWatcher | None]:
+    if cfg.simulate_gpus:
+        return SimulatedReader(cfg.simulate_gpus), None
+    reader = NvmlReader()
+    xid = XidWatcher(reader)
+    reader.on_open = xid.start  # also when the driver only comes up later
+    return reader, xid
 
 
 def start(cfg: ExporterConfig) -> Exporter:
-    """Start sampling and serving per ``cfg``; raises ConfigError for bad setup."""
+    """Start sampling and serving per ``cfg``; raises ConfigError for bad setup.
+
+    Everything that can be wrong with the setup (web config, certificates, kubeconfig, address,
+    port) is checked before any background thread starts."""
     web = load_web_config(cfg.web_config_file) if cfg.web_config_file else WebConfig()
     api = api_from_config(cfg.kubeconfig or None)
     pods = PodIndex(api, cfg.node_name, cfg.pod_refresh_s) if api is not None else None
-    gpus: GpuSource
-    xid = None
-    if cfg.simulate_gpus:
-        gpus = SimulatedReader(cfg.simulate_gpus)
-        gpus.open()
-    else:
-        reader = NvmlReader()
-        xid = XidWatcher(reader)
-        reader.on_open = xid.start  # also when the driver only comes up later
-        reader.open()
-        gpus = reader
-    if pods is not None:
-        pods.start()
+    gpus, xid = _gpu_source(cfg)
     procs = ProcessScanner(cfg.proc_root, pods.lookup if pods else None, cfg.max_processes)
     sampler = Sampler(cfg.node_name, cfg.interval_s, gpus, HostReader(cfg.proc_root), procs)
-    sampler.start()
     metrics = CachedExposition(sampler, __version__, simulated=bool(cfg.simulate_gpus))
-
-    try:
-        server = serve(metrics, cfg.listen_address, cfg.port, web, sampler.health)
-    except OSError as exc:
-        sampler.stop()
-        raise ConfigError("--port", f"cannot listen on {cfg.listen_address}:{cfg.port}: "
-                          f"{exc.strerror or exc}") from None
+    server = serve(metrics, cfg.listen_address, cfg.port, web, sampler.health)
+    gpus.open()
+    if pods is not None:
+        pods.start()
+    sampler.start()
     return Exporter(sampler, server, gpus, xid, pods, tls=web.tls is not None)
 
 

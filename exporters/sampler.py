@@ -22,9 +22,15 @@ log = logging.getLogger(__name__)
 
 
 class GpuSource(Protocol):
+    """NvmlReader or SimulatedReader."""
+
     up: bool
 
+    def open(self) -> bool: ...
+
     def read(self) -> GpuReading: ...
+
+    def close(self) -> None: ...
 
 
 class Sampler:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import errno
 import hashlib
 import socket
 import threading
@@ -23,6 +24,7 @@ import bcrypt
 from prometheus_client.exposition import ThreadingWSGIServer
 
 from exporters.webconfig import WebConfig
+from fsdpmon.errors import ConfigError
 
 Health = Callable[[], tuple[bool, str]]
 StartResponse = Callable[..., Any]
@@ -98,21 +100,33 @@ class Server:
         self.thread.join(5)
 
 
+def _bind_error(address: str, port: int, exc: OSError) -> ConfigError:
+    if isinstance(exc, socket.gaierror) or exc.errno == errno.EADDRNOTAVAIL:
+        return ConfigError("--listen-address", f"cannot listen on {address!r}: {exc.strerror}")
+    return ConfigError("--port", f"cannot listen on {address}:{port}: {exc.strerror or exc}")
+
+
 def serve(metrics: WsgiApp, address: str, port: int, web: WebConfig, health: Health) -> Server:
-    """Start serving in a daemon thread; port 0 picks a free port (see ``Server.port``)."""
+    """Start serving in a daemon thread; port 0 picks a free port (see ``Server.port``).
+
+    Bad certificates and unusable addresses or ports raise ConfigError naming the field."""
+    context = web.tls.ssl_context() if web.tls is not None else None
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
 
     class _Server(ThreadingWSGIServer):
         address_family = family
 
     auth = BasicAuth(dict(web.users)) if web.users else None
-    httpd = make_server(address, port, build_app(metrics, health, auth), _Server,
-                        handler_class=_QuietHandler)
-    if web.tls is not None:
+    try:
+        httpd = make_server(address, port, build_app(metrics, health, auth), _Server,
+                            handler_class=_QuietHandler)
+    except OSError as exc:
+        raise _bind_error(address, port, exc) from None
+    if context is not None:
         # Handshake in the request's own thread (on first read), not in the accept loop, so a
         # client that stalls mid-handshake cannot hold up everyone else's scrape.
-        httpd.socket = web.tls.ssl_context().wrap_socket(
-            httpd.socket, server_side=True, do_handshake_on_connect=False)
+        httpd.socket = context.wrap_socket(httpd.socket, server_side=True,
+                                           do_handshake_on_connect=False)
     thread = threading.Thread(target=httpd.serve_forever, name="fsdpmon-http", daemon=True)
     thread.start()
     return Server(httpd, thread)

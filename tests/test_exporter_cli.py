@@ -134,6 +134,8 @@ def _busy_port() -> tuple[socket.socket, int]:
         (["--node-name", ""], "--node-name: must not be empty"),
         (["--web-config-file", "/nonexistent.yaml"], "--web-config-file: cannot read"),
         (["--kubeconfig", "/nonexistent"], "--kubeconfig: no such file"),
+        (["--listen-address", "no-such-host.invalid"], "--listen-address: cannot listen on"),
+        (["--listen-address", "192.0.2.1"], "--listen-address: cannot listen on"),
     ],
 )
 def test_bad_flags_fail_with_one_line_naming_the_field(args: list[str], message: str) -> None:
@@ -185,3 +187,18 @@ def test_in_kubernetes_gpu_and_process_series_carry_pod_labels(exporters, tmp_pa
         assert api.requests[0]["query"]["fieldSelector"] == ["spec.nodeName=node-a"]
     finally:
         api.close()
+
+
+def test_unusable_certificate_fails_at_start_naming_the_field(tmp_path) -> None:
+    (tmp_path / "cert.pem").write_text("not a certificate\n")
+    (tmp_path / "key.pem").write_text("not a key\n")
+    web = tmp_path / "web.yaml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tmp_path / 'cert.pem'}\n"
+                   f"  key_file: {tmp_path / 'key.pem'}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "fsdpmon.cli", "exporter", "--listen-address", "127.0.0.1",
+         "--port", "0", "--simulate-gpus", "1", "--web-config-file", str(web)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "fsdpmon exporter: error: tls_server_config.cert_file: cannot load" in result.stderr
