@@ -39,6 +39,10 @@ CID = "0123456789abcdef" * 4
         (f"0::/kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
          f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
          CgroupRef(UID, CID, "containerd")),
+        # read from inside another container's cgroup namespace (cgroup v2 default): the path
+        # is relative to the reader's root
+        (f"0::/../../kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope\n",
+         CgroupRef(UID, CID, "containerd")),
         # a process in a sub-cgroup of its container (systemd or a runtime inside it)
         (f"0::/kubepods.slice/kubepods-pod{UID_}.slice/cri-containerd-{CID}.scope/init.scope\n",
          CgroupRef(UID, CID, "containerd")),
