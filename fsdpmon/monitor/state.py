@@ -10,6 +10,11 @@ disk):
 
 Whichever rank holds the port reads every rank's files per scrape; a rank whose PID is gone (or a
 zombie) is dropped, so a dead rank's series disappear instead of going stale.
+
+Why not prometheus_client's multiprocess mode: it needs PROMETHEUS_MULTIPROC_DIR set before the
+first import, keeps a dead process's counters and most gauges until someone calls
+``mark_process_dead`` from outside (torchrun never does), writes an mmap'd file per metric and
+label set, and has no notion of a heartbeat age computed at scrape time.
 """
 
 from __future__ import annotations
