@@ -53,12 +53,12 @@ class FsdpmonCallback(TrainerCallback):
     def on_pre_optimizer_step(self, args: TrainingArguments, state: TrainerState,
                               control: TrainerControl, **kwargs: Any) -> None:
         if self.monitor is not None:
-            self.monitor.phase("optimizer").__enter__()
+            self.monitor.begin_phase("optimizer")
 
     def on_optimizer_step(self, args: TrainingArguments, state: TrainerState,
                           control: TrainerControl, **kwargs: Any) -> None:
         if self.monitor is not None:
-            self.monitor.phase("optimizer").__exit__(None, None, None)
+            self.monitor.end_phase("optimizer")
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState,
                     control: TrainerControl, **kwargs: Any) -> None:

@@ -222,6 +222,13 @@ class Monitor:
         if self.steps_done > 0:
             self._log_step()
 
+    def begin_phase(self, name: str) -> None:
+        """Callback-style loops (like HF's): ``begin_phase``/``end_phase`` instead of ``with``."""
+        self._phase(name, True)
+
+    def end_phase(self, name: str) -> None:
+        self._phase(name, False)
+
     def _phase(self, name: str, entering: bool) -> None:
         try:
             if entering:
