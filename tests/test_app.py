@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 
 from fsdpmon.errors import UnreachableError
-from fsdpmon.top.app import Refresher
+from fsdpmon.top.app import Refresher, split_keys
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.synthetic import PayloadServer, job_expositions
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def test_typed_ahead_keys_are_all_handled():
+    assert split_keys("1>i") == ["1", ">", "i"]
+    assert split_keys("\x1b[A2\x1b") == ["\x1b[A", "2", "\x1b"]
+    assert split_keys("\x1b[15~q") == ["\x1b[15~", "q"]
 
 
 class FlakySource:

@@ -162,9 +162,12 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
         _wait("STALLED to clear", lambda: "STALLED" not in (s := tmux.screen()) and s, 30)
 
         tmux("send-keys", "-t", "top", "q")
-        _wait("top to exit", lambda: tmux("display-message", "-p", "-t", "top",
-                                          "#{pane_dead} #{pane_dead_status}").strip() == "1 0",
-              15)
+
+        def pane_dead() -> str:
+            state = tmux("display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}")
+            return state.strip() if state.startswith("1") else ""
+
+        assert _wait("top to exit", pane_dead, 20) == "1 0", tmux.screen()
     finally:
         tmux.kill()
         _kill_tree(trainer)

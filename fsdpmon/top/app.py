@@ -51,13 +51,28 @@ def cbreak(fd: int) -> Iterator[None]:
         termios.tcsetattr(fd, termios.TCSAFLUSH, saved)
 
 
-def read_key(fd: int, timeout_s: float) -> str:
-    """One key press ('' when none came within the timeout); escape sequences stay whole."""
+def split_keys(data: str) -> list[str]:
+    """Typed-ahead input → keys; escape sequences (arrows, F-keys) stay whole."""
+    keys, i = [], 0
+    while i < len(data):
+        if data[i] == "\x1b" and i + 1 < len(data) and data[i + 1] in "[O":
+            end = i + 2
+            while end < len(data) and not (data[end].isalpha() or data[end] == "~"):
+                end += 1
+            keys.append(data[i:end + 1])
+            i = end + 1
+        else:
+            keys.append(data[i])
+            i += 1
+    return keys
+
+
+def read_keys(fd: int, timeout_s: float) -> list[str]:
+    """The keys pressed since the last call ([] when none came within the timeout)."""
     ready, _, _ = select.select([fd], [], [], timeout_s)
     if not ready:
-        return ""
-    data = os.read(fd, 32).decode("utf-8", errors="replace")
-    return data if data.startswith("\x1b") else data[:1]
+        return []
+    return split_keys(os.read(fd, 256).decode("utf-8", errors="replace"))
 
 
 @dataclass
@@ -130,9 +145,10 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
         with cbreak(fd), Live(console=console, screen=True, auto_refresh=False,
                               redirect_stdout=False, redirect_stderr=False) as live:
             while not state.quit:
-                key = read_key(fd, 0.2)
-                if key:
+                keys = read_keys(fd, 0.2)
+                for key in keys:
                     state = handle_key(state, key)
+                if keys:
                     _follow_logs(source, state)
                 latest = refresher.current()
                 if (latest.version, state) != shown or resized.is_set():

@@ -107,6 +107,9 @@ def run(args: argparse.Namespace) -> int:
         snap = source.fetch()
     finally:
         source.close()
+    notice = getattr(source, "notice", "")
+    if notice:
+        print(f"fsdpmon top: warning: {notice}", file=sys.stderr)
     if args.json:
         sys.stdout.write(snap.to_json() + "\n")
     else:
