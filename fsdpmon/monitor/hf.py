@@ -38,8 +38,10 @@ class FsdpmonCallback(TrainerCallback):
             "model": getattr(getattr(model, "config", None), "model_type", "") or "",
             "config": {"learning_rate": args.learning_rate, "max_steps": state.max_steps},
         }
+        # (HF's logging_steps may be a ratio of the run; HF decides when to log anyway.)
+        interval = max(1, int(args.logging_steps or 1))
         self.monitor = Monitor(
-            self.config or MonitorConfig.from_env(log_interval=max(1, args.logging_steps or 1)),
+            self.config or MonitorConfig.from_env(log_interval=interval),
             model=model, seq_len=self.seq_len, tokens_per_step=tokens or 0,
             total_steps=state.max_steps or None, start_step=state.global_step, run_info=info)
         # HF decides when to log; our log step follows its on_log.
