@@ -92,7 +92,7 @@ def test_headless_demo_trains_two_ranks_and_leaves_nothing_behind(tmp_path):
         assert proc.returncode == 0, err[-3000:]
         assert len(watcher.seen) >= 4  # exporter, torchrun and its two workers
     snap = json.loads(out)
-    assert snap["world_size"] == 2 and snap["state"] == "RUNNING"
+    assert snap["world_size"] == 2 and snap["state"] in ("RUNNING", "DEGRADED")  # 2 busy cores
     assert sorted(r["rank"] for r in snap["ranks"]) == [0, 1]
     progress = [tuple(map(int, m.groups())) for m in STEPS.finditer(err)]
     assert len(progress) >= 5, err

@@ -103,7 +103,7 @@ def runs(tmp_path_factory):
 
 def recomputed(root: Path, name: str) -> dict[str, float]:
     """The report's figures, recomputed from the records without fsdpmon's code."""
-    rates, step_times, world_size = [], [], None
+    rates, step_times, waits, world_size = [], [], [], None
     for path in sorted(root.glob(f"{name}.rank*.jsonl")):
         records = [json.loads(line) for line in path.read_text().splitlines()]
         world_size = records[0]["world_size"]
@@ -112,12 +112,14 @@ def recomputed(root: Path, name: str) -> dict[str, float]:
         warm, last = steps[0], steps[-1]  # the first log window is start-up
         rates.append((last["tokens_total"] - warm["tokens_total"]) / (last["time"] - warm["time"]))
         step_times += [r["step_time_s"] for r in steps[1:]]
+        waits += [r["data_wait_ratio"] for r in steps[1:]]
     assert world_size is not None and len(rates) == world_size
     return {
         "total": float(np.mean(rates)) * world_size,
         "per_gpu": float(np.mean(rates)),
         "median": float(np.percentile(step_times, 50)),
         "p90": float(np.percentile(step_times, 90)),
+        "data_wait_percent": float(np.mean(waits)) * 100,
     }
 
 
@@ -143,6 +145,8 @@ def test_report_agrees_with_the_logs(runs, tmp_path):
         assert float(cells[3].replace(",", "")) == pytest.approx(want["per_gpu"], abs=0.051)
         assert float(cells[4]) == pytest.approx(want["median"], abs=5.1e-5)
         assert float(cells[5]) == pytest.approx(want["p90"], abs=5.1e-5)
+        assert cells[6] == "n/a"  # MFU: no peak FLOP/s for a CPU
+        assert float(cells[7].rstrip("%")) == pytest.approx(want["data_wait_percent"], abs=0.051)
     assert rows["tiny-n1"][-1] == "100.0%"
     summary = json.loads((out / "report.json").read_text())
     n2 = summary["runs"][1]

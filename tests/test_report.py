@@ -61,6 +61,7 @@ def test_figures_leave_warmup_out_and_match_recomputation(tmp_path):
     # warm-up (3x slower first window) is out: the rate is close to 512 / 0.2 per rank
     assert 0.9 * 2560 < stats.tokens_per_second_per_gpu < 1.1 * 2560
     assert stats.mfu is None and stats.memory_source == "rss"
+    assert stats.data_wait_ratio == pytest.approx(0.01)
     assert stats.peak_memory_bytes_per_gpu == max(
         r["peak_memory_bytes"] for p in paths for r in read_records(p) if r["kind"] == "step"
     )

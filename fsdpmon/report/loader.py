@@ -172,6 +172,7 @@ def _sample(path: Path, number: int, record: dict[str, Any]) -> Sample:
         mfu=_optional_float(record.get("mfu")),
         peak_memory_bytes=_optional_float(record.get("peak_memory_bytes")),
         loss=_optional_float(record.get("loss")),
+        data_wait_ratio=_optional_float(record.get("data_wait_ratio")),
     )
 
 

@@ -22,6 +22,7 @@ class Sample:
     mfu: float | None = None
     peak_memory_bytes: float | None = None
     loss: float | None = None
+    data_wait_ratio: float | None = None  # share of step time spent waiting for data
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class RunStats:
     step_time_median_s: float
     step_time_p90_s: float
     mfu: float | None
+    data_wait_ratio: float | None  # mean over ranks and measured windows
     peak_memory_bytes_per_gpu: float | None  # highest over ranks
     memory_source: str
     final_loss: float | None

@@ -29,6 +29,7 @@ RANK_SERIES = {
     "tokens_per_second": catalog.get("fsdpmon_train_tokens_per_second").name,
     "step_time_s": catalog.get("fsdpmon_train_step_time_seconds").name,
     "mfu": catalog.get("fsdpmon_train_mfu_ratio").name,
+    "data_wait": catalog.get("fsdpmon_train_data_wait_ratio").name,
     "peak_active": catalog.get("fsdpmon_train_memory_peak_active_bytes").name,
     "rss": catalog.get("fsdpmon_train_process_rss_bytes").name,
     "loss": catalog.get("fsdpmon_train_loss").name,
@@ -193,7 +194,9 @@ def _join(fields: dict[str, dict[int, Series]]) -> dict[int, tuple[Sample, ...]]
     for rank, steps in sorted(fields["step"].items()):
         rate = fields["tokens_per_second"].get(rank, {})
         step_time = fields["step_time_s"].get(rank, {})
-        tokens, mfu, loss = (fields[name].get(rank, {}) for name in ("tokens_total", "mfu", "loss"))
+        tokens, mfu, loss, wait = (
+            fields[name].get(rank, {}) for name in ("tokens_total", "mfu", "loss", "data_wait")
+        )
         held_memory = memory.get(rank, {})
         samples = [
             Sample(
@@ -205,6 +208,7 @@ def _join(fields: dict[str, dict[int, Series]]) -> dict[int, tuple[Sample, ...]]
                 mfu=mfu.get(t),
                 peak_memory_bytes=held_memory.get(t),
                 loss=loss.get(t),
+                data_wait_ratio=wait.get(t),
             )
             for t in sorted(steps)
             if t in rate and t in step_time

@@ -64,6 +64,7 @@ def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
     throughputs: list[float] = []
     step_times: list[float] = []
     mfus: list[float] = []
+    waits: list[float] = []
     memory: list[float] = []
     measured_steps = 0
     for rank, samples in run.ranks.items():
@@ -77,6 +78,7 @@ def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
         throughputs.append(rank_throughput(baseline, measured))
         step_times.extend(s.step_time_s for s in measured)
         mfus.extend(s.mfu for s in measured if s.mfu is not None)
+        waits.extend(s.data_wait_ratio for s in measured if s.data_wait_ratio is not None)
         memory.extend(s.peak_memory_bytes for s in samples if s.peak_memory_bytes is not None)
         start = baseline.step if baseline else 0
         measured_steps = max(measured_steps, measured[-1].step - start)
@@ -98,6 +100,7 @@ def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
         step_time_median_s=percentile(step_times, 50),
         step_time_p90_s=percentile(step_times, 90),
         mfu=_mfu(run, per_gpu, mfus),
+        data_wait_ratio=fmean(waits) if waits else None,
         peak_memory_bytes_per_gpu=max(memory) if memory else None,
         memory_source=run.memory_source,
         final_loss=fmean(losses) if losses else None,

@@ -15,6 +15,7 @@ COLUMNS = (
     "Step time median (s)",
     "Step time p90 (s)",
     "MFU",
+    "Data wait",
     "Peak memory per GPU (GiB)",
     "Scaling efficiency",
 )
@@ -48,6 +49,7 @@ def row(stats: RunStats) -> list[str]:
         format_seconds(stats.step_time_median_s),
         format_seconds(stats.step_time_p90_s),
         _percent(stats.mfu),
+        _percent(stats.data_wait_ratio),
         _gib(stats.peak_memory_bytes_per_gpu),
         _percent(stats.scaling_efficiency),
     ]
@@ -69,7 +71,8 @@ def markdown_table(runs: Sequence[RunStats]) -> str:
 def _notes(runs: Sequence[RunStats], warmup: str, chart_name: str | None) -> list[str]:
     notes = [
         f"- Measured window: {warmup}. Tokens/s is tokens processed over wall-clock time in "
-        "that window; step times are the per-rank log-window means, pooled over ranks.",
+        "that window; step times are the per-rank log-window means, pooled over ranks; "
+        "data wait is the share of step time spent waiting for input.",
         "- Scaling efficiency: tokens/s per GPU divided by that of the smallest run "
         f"(`{runs[0].name}`, {_gpus(runs[0].world_size)}); 100% is linear scaling.",
     ]
