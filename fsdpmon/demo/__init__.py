@@ -29,17 +29,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with --headless: how long to train once ready (default: 30)")
     parser.add_argument("--json", action="store_true",
                         help="with --headless: print the final snapshot as top's JSON")
-    parser.add_argument("--nproc", type=int, default=d.nproc, help="ranks (default: 2)")
+    parser.add_argument("--nproc", type=int, default=d.nproc, metavar="N",
+                        help="ranks; on CUDA only with a GPU per rank (default: 2)")
     parser.add_argument("--model", default=d.model, help="trainer flavour (default: tiny)")
-    parser.add_argument("--max-steps", type=int, default=d.max_steps,
+    parser.add_argument("--max-steps", type=int, default=d.max_steps, metavar="N",
                         help="stop training after this many steps (default: run until stopped)")
     parser.add_argument("--interval", type=float, default=d.interval_s, metavar="SECONDS",
                         help="refresh interval of the view (default: 2)")
-    parser.add_argument("--log-dir", type=Path, default=None,
+    parser.add_argument("--log-dir", type=Path, default=None, metavar="DIR",
                         help="where the children's logs go (default: a new temporary directory)")
-    parser.add_argument("--metrics-port", type=int, default=0,
+    parser.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
                         help="training metrics port (default: a free port)")
-    parser.add_argument("--exporter-port", type=int, default=0,
+    parser.add_argument("--exporter-port", type=int, default=0, metavar="PORT",
                         help="exporter port (default: a free port)")
     parser.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s,
                         metavar="SECONDS", help="give up if not ready by then (default: 180)")

@@ -46,7 +46,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     prom.add_argument("--until", default=None, metavar="TIME",
                       help="end of the search range: unix seconds or ISO 8601 (default: now)")
     prom.add_argument("--step", type=float, default=None, metavar="SECONDS",
-                      help="query resolution (default: the job's duration / 1000, at least 1 s)")
+                      help="query resolution (default: the job's duration / 1000, at least 0.1 s)")
     prom.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                       help="HTTP timeout per query (default: 30)")
 
@@ -91,6 +91,9 @@ def collect(args: argparse.Namespace) -> list[RunData]:
         raise ConfigError("RUN", "name at least one run log, or --prometheus URL --jobs A,B")
     runs = load_runs(args.runs)
     if jobs:
+        for flag, value in (("--step", args.step), ("--timeout", args.timeout)):
+            if value is not None and not value > 0:
+                raise ConfigError(flag, f"must be > 0 seconds, got {value!r}")
         api = PrometheusAPI(args.prometheus, timeout_s=args.timeout)
         until = parse_time("--until", args.until)
         since = until - parse_duration("--since", args.since)
