@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -106,3 +108,21 @@ def test_collector_reads_live_state_files(tmp_path):
     assert by_name["fsdpmon_train_heartbeat_age_seconds"].samples[0].value == 5.0
     writer.close()
     assert list(JobStateCollector(tmp_path).collect()) == []
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=10)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(
+    st.sampled_from(["job_name", "local_rank", "info", "values", "phase_totals", "phase_means",
+                     "histogram", "job", "started_unix", "other"]), json_values, max_size=8))
+def test_any_snapshot_content_yields_a_valid_exposition(snapshot):
+    state = RankState(0, snapshot, Heartbeat(1, NOW - 1, 1, 1, 1, 0, 5))
+    text = _exposition([state])  # never raises, whatever a state file holds
+    families = list(text_string_to_metric_families(text))
+    assert any(f.name == "fsdpmon_train_steps" for f in families)

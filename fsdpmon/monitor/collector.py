@@ -8,6 +8,7 @@ watchdog thread cannot run.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -25,6 +26,8 @@ from prometheus_client.registry import Collector
 from fsdpmon import catalog
 from fsdpmon.catalog import Kind
 from fsdpmon.monitor.state import RankState, read_job_states
+
+log = logging.getLogger(__name__)
 
 INFO = "fsdpmon_train_info"
 INFO_LABELS = catalog.get(INFO).labels[3:]
@@ -47,12 +50,16 @@ def build_families(states: list[RankState], now: float) -> list[Metric]:
     """Pure: every live rank's series as catalogued metric families."""
     builder = _Families()
     for state in states:
-        _add_rank(builder, state, now)
+        try:
+            _add_rank(builder, state, now)
+        except (TypeError, ValueError, AttributeError, KeyError):
+            # A state file this code did not foresee: skip that rank, serve the others.
+            log.debug("fsdpmon: skipping unreadable state of rank %s", state.rank, exc_info=True)
     for state in states:
         job = state.snapshot.get("job")
         if isinstance(job, dict):
             job_name = str(state.snapshot.get("job_name", ""))
-            for name, value in job.items():
+            for name, value in _mapping(job).items():
                 builder.add(name, (job_name,), value)
             break  # only rank 0 publishes job figures
     return builder.families()
@@ -61,9 +68,10 @@ def build_families(states: list[RankState], now: float) -> list[Metric]:
 def _add_rank(builder: _Families, state: RankState, now: float) -> None:
     snap, hb = state.snapshot, state.heartbeat
     labels = (str(snap.get("job_name", "")), str(state.rank), str(snap.get("local_rank", "")))
-    info = snap.get("info") or {}
+    info = _mapping(snap.get("info"))
     builder.add(INFO, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
-    started = _number(snap.get("started_unix")) or now
+    started = _number(snap.get("started_unix"))
+    started = started if started is not None and math.isfinite(started) else now
     last = hb.last_step_unix if hb.last_step_unix > 0 else None
     age = max(0.0, now - (last or started))
     threshold = hb.stall_threshold
@@ -77,11 +85,11 @@ def _add_rank(builder: _Families, state: RankState, now: float) -> None:
         "fsdpmon_train_stalled": stalled,
         "fsdpmon_train_stall_threshold_seconds": threshold if threshold > 0 else None,
     }
-    for name, value in {**(snap.get("values") or {}), **live}.items():
+    for name, value in {**_mapping(snap.get("values")), **live}.items():
         builder.add(name, labels, value)
     for key, name in (("phase_totals", "fsdpmon_train_phase_seconds_total"),
                       ("phase_means", "fsdpmon_train_phase_duration_seconds")):
-        for phase, value in (snap.get(key) or {}).items():
+        for phase, value in _mapping(snap.get(key)).items():
             builder.add(name, (*labels, str(phase)), value)
     hist = snap.get("histogram")
     if isinstance(hist, dict):
@@ -124,14 +132,21 @@ class _Families:
         total = _number(hist.get("sum"))
         if family is None or not isinstance(counts, list) or len(counts) != len(bounds) + 1:
             return
+        numbers = [_number(c) for c in counts]
+        if any(n is None or not math.isfinite(n) or n < 0 for n in numbers):
+            return
         cumulative, running = [], 0.0
-        for bound, count in zip((*bounds, math.inf), counts, strict=True):
-            running += _number(count) or 0.0
+        for bound, count in zip((*bounds, math.inf), numbers, strict=True):
+            running += count or 0.0
             cumulative.append((_le(bound), running))
         family.add_metric(list(labels), cumulative, total or 0.0)  # type: ignore[attr-defined]
 
     def families(self) -> list[Metric]:
         return [f for f in self._families.values() if f.samples]
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _le(bound: float) -> str:
