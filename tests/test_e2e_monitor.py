@@ -212,14 +212,24 @@ def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job
         "": pytest.approx(rank1[-1]["step_time_s"])}
 
 
-def test_exposition_passes_promtool_and_carries_both_ranks(main_run: Job, tmp_path):
-    both = main_run.seen["both"]
+def promtool_check(text: str, tmp_path: Path) -> None:
     exposition = tmp_path / "metrics.txt"
-    exposition.write_text(both)
+    exposition.write_text(text)
     with open(exposition) as fh:
         result = subprocess.run(["promtool", "check", "metrics"], stdin=fh, capture_output=True,
                                 text=True, timeout=30)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_exposition_passes_promtool_and_carries_both_ranks(main_run: Job, tmp_path):
+    both = main_run.seen["both"]
+    promtool_check(both, tmp_path)
+    info = {s.labels["rank"]: s.labels for f in text_string_to_metric_families(both)
+            for s in f.samples if s.name == "fsdpmon_train_info"}
+    for rank in ("0", "1"):
+        assert info[rank]["model"] == "tiny" and info[rank]["world_size"] == "2"
+        assert info[rank]["nodes"] == "1" and info[rank]["dtype"] == "float32"
+        assert info[rank]["local_rank"] == rank and info[rank]["job_name"] == "e2e"
     for name in ("fsdpmon_train_info", "fsdpmon_train_loss", "fsdpmon_train_step_time_seconds",
                  "fsdpmon_train_heartbeat_age_seconds", "fsdpmon_train_process_rss_bytes",
                  "fsdpmon_train_model_flops_per_token"):
@@ -246,9 +256,8 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
                  FSDPMON_STALL_FACTOR="3", FSDPMON_LOG_INTERVAL="5")
     try:
         frozen = job.pid(1)
-        wait_until(lambda: min(samples(scrape(job.port), "fsdpmon_train_step").values(),
-                               default=0) >= 10 and
-                   len(samples(scrape(job.port), "fsdpmon_train_step")) == 2, 60, "10 steps")
+        running = wait_until(lambda: _both_past(scrape(job.port), 10), 60, "10 steps")
+        promtool_check(running, tmp_path)  # mid-training, both ranks on the one endpoint
         os.kill(frozen, signal.SIGSTOP)
         stopped_at = time.monotonic()
         try:
@@ -282,6 +291,11 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
                 os.kill(job.pid(1), signal.SIGCONT)
             os.killpg(job.proc.pid, signal.SIGKILL)
             job.proc.wait(timeout=10)
+
+
+def _both_past(text: str, step: int) -> str | None:
+    steps = samples(text, "fsdpmon_train_step")
+    return text if len(steps) == 2 and min(steps.values()) >= step else None
 
 
 def _stalled_text(port: int, rank: str, value: float) -> str | None:

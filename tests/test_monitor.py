@@ -36,6 +36,21 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def scrape_when_up(port: int, must_contain: str = "fsdpmon_") -> str:
+    """The endpoint's text once it serves (the port is bound by a background thread)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                body = r.read().decode()
+            if must_contain in body:
+                return body
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"nothing served on port {port}")
+
+
 def config(tmp_path, **kw) -> MonitorConfig:
     base = {"port": 0, "job_name": "unit", "log_interval": 5, "listen_address": "127.0.0.1",
             "state_dir": str(tmp_path / "state"), "jsonl_path": str(tmp_path / "run.jsonl"),
@@ -146,14 +161,7 @@ def test_nonfinite_loss_is_flagged_and_published(tmp_path):
     for loss in (1.0, float("nan")):
         with mon.step():
             mon.record(loss=torch.tensor(loss))
-    body = ""
-    for _ in range(100):
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                body = r.read().decode()
-            break
-        except OSError:
-            time.sleep(0.05)
+    body = scrape_when_up(port)
     mon.close()
     assert seen[-1]["loss_nonfinite"] is True and math.isnan(seen[-1]["loss"])
     assert 'fsdpmon_train_loss_nonfinite{job_name="unit",local_rank="0",rank="0"} 1.0' in body
@@ -224,13 +232,7 @@ def test_internal_errors_are_published(tmp_path, monkeypatch):
     port = free_port()
     mon = monitor(config(tmp_path, port=port))
     train(mon)
-    deadline, body = time.monotonic() + 10, ""
-    while time.monotonic() < deadline and "internal_errors" not in body:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-                body = r.read().decode()
-        except OSError:
-            time.sleep(0.05)
+    body = scrape_when_up(port, "fsdpmon_monitor_internal_errors_total{")
     mon.close()
     line = next(x for x in body.splitlines()
                 if x.startswith("fsdpmon_monitor_internal_errors_total{"))
@@ -250,6 +252,16 @@ def test_gather_failure_stays_off(tmp_path, monkeypatch):
     train(mon)
     mon.close()
     assert len(calls) == 1  # not retried at every log step
+
+
+def test_restart_count_comes_from_the_elastic_agent(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    port = free_port()
+    mon = monitor(config(tmp_path, port=port))
+    body = scrape_when_up(port)
+    mon.close()
+    assert mon.run_record["restarts"] == 3
+    assert 'fsdpmon_train_restarts{job_name="unit",local_rank="0",rank="0"} 3.0' in body
 
 
 def test_topology_from_torchrun_variables(monkeypatch):
