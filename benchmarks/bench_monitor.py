@@ -101,6 +101,8 @@ def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None
     print(f"  median ratio with/without:   {med_with / med_without:8.4f}")
     print(f"  mean ratio with/without:     "
           f"{statistics.fmean(with_) / statistics.fmean(without):8.4f}")
+    paired = statistics.median(w / wo for w, wo in zip(with_, without, strict=True))
+    print(f"  median of paired ratios:     {paired:8.4f}   (each step vs its neighbour)")
 
 
 def host_cost(workdir: Path, steps: int, repeats: int) -> None:
