@@ -130,7 +130,7 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
 
         tmux("new-session", "-d", "-s", "top", "-x", "100", "-y", "30",
              f"cd {REPO} && {sys.executable} -m fsdpmon.cli top --targets {urls} "
-             "--interval 0.5")
+             f"--interval 0.5 2> {tmp_path / 'top.err'}")
         tmux("set-option", "-t", "top", "remain-on-exit", "on")
         screen = tmux.wait_for("RUNNING")
         screen = _wait("both rank rows", lambda: len(_rank_rows(s := tmux.screen())) == 2 and s,
@@ -167,7 +167,8 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
             state = tmux("display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}")
             return state.strip() if state.startswith("1") else ""
 
-        assert _wait("top to exit", pane_dead, 20) == "1 0", tmux.screen()
+        status = _wait("top to exit", pane_dead, 20)
+        assert status == "1 0", (status, (tmp_path / "top.err").read_text()[-3000:])
     finally:
         tmux.kill()
         _kill_tree(trainer)

@@ -101,11 +101,14 @@ class Refresher(threading.Thread):
                 snap = self.source.fetch()
                 notice = getattr(self.source, "notice", "")
                 failures = 0
-            except FsdpmonError as exc:
+            except Exception as exc:  # the view must outlive any refresh failure, bugs included
+                if self.stop.is_set():
+                    return
                 failures += 1
                 snap = None
                 wait = min(MAX_BACKOFF_S, self.interval_s * 2**failures)
-                notice = f"{exc} (retrying in {wait:.0f}s)"
+                reason = str(exc) if isinstance(exc, FsdpmonError) else f"internal error: {exc!r}"
+                notice = f"{reason} (retrying in {wait:.0f}s)"
             with self._lock:
                 self.latest = _Latest(snap or self.latest.snapshot, notice,
                                       self.latest.version + 1)
@@ -159,5 +162,6 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
     finally:
         refresher.stop.set()
         signal.signal(signal.SIGWINCH, old_winch)
+        refresher.join(timeout=5.0)  # let an in-flight refresh finish before closing its pool
         source.close()
     return 0
