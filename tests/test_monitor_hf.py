@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import urllib.request
+from pathlib import Path
 
 import pytest
 import torch
@@ -83,3 +88,33 @@ class _ScrapeOnLog(transformers.TrainerCallback):
             url = f"http://127.0.0.1:{self.port}/metrics"
             with urllib.request.urlopen(url, timeout=5) as resp:
                 self.out.append(resp.read().decode())
+
+
+@pytest.mark.slow
+def test_two_rank_hf_run_gathers_job_figures(tmp_path):
+    """HF Trainer under torchrun (DDP over gloo): every rank joins the log step's gather."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FSDPMON_PORT": "0",
+           "FSDPMON_JOB_NAME": "hf-ddp", "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node",
+         "2", str(root / "tests" / "hf_monitor_job.py"), str(tmp_path)],
+        cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=150)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    ranks = [[json.loads(x) for x in (tmp_path / f"hf.rank{r}.jsonl").read_text().splitlines()]
+             for r in (0, 1)]
+    for rank, lines in enumerate(ranks):
+        assert lines[0]["world_size"] == 2 and lines[0]["rank"] == rank
+        assert [s["step"] for s in lines[1:]] == [2, 4, 6]
+    job = ranks[0][-1]["job"]
+    assert job["world_size"] == 2
+    # HF logs the loss averaged over ranks, so both ranks report the same value.
+    assert job["loss_mean"] == pytest.approx(ranks[1][-1]["loss"])
+    assert "job" not in ranks[1][-1]
