@@ -264,6 +264,24 @@ def test_restart_count_comes_from_the_elastic_agent(tmp_path, monkeypatch):
     assert 'fsdpmon_train_restarts{job_name="unit",local_rank="0",rank="0"} 3.0' in body
 
 
+def test_a_phase_between_steps_counts_as_progress_for_the_stall_clock(tmp_path):
+    mon = monitor(config(tmp_path, jsonl_path=None, stall_floor_seconds=60))
+    with mon.step():
+        pass
+    watchdog = mon.pub.watchdog
+    before = watchdog._last_progress
+    time.sleep(0.01)
+    with mon.step(), mon.phase("forward"):  # inside a step: only the step end counts
+        pass
+    after_step = watchdog._last_progress
+    time.sleep(0.01)
+    with mon.phase("checkpoint"):
+        pass
+    mon.close()
+    assert before < after_step < watchdog._last_progress
+    assert len(watchdog._durations) == 2  # the save is not a step duration
+
+
 def test_topology_from_torchrun_variables(monkeypatch):
     monkeypatch.setenv("RANK", "5")
     monkeypatch.setenv("WORLD_SIZE", "16")

@@ -235,8 +235,10 @@ class Monitor:
                 self._timer.begin_phase(name)
             else:
                 self._timer.end_phase(name)
-                if name == "checkpoint" and self.pub is not None:
-                    self.pub.progress()  # a long save is progress, not a stall
+                if self.pub is not None and not self._timer.in_step:
+                    # A phase between steps (a checkpoint save, an evaluation) that finished
+                    # is progress too: the stall clock restarts from here.
+                    self.pub.progress()
         except Exception as exc:
             self._fail("phase", exc)
 
