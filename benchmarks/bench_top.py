@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=32)
+    parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--refreshes", type=int, default=15)
     parser.add_argument("--parse-repeat", type=int, default=5)
     args = parser.parse_args()

@@ -54,7 +54,7 @@ class KubeSourceConfig:
     kubeconfig: str | None = None
     timeout_s: float = 3.0
     in_cluster: bool | None = None  # None: in-cluster config when no kubeconfig is found
-    max_workers: int = 32
+    max_workers: int = 16
     log_tail_lines: int = 200
 
 

@@ -113,7 +113,7 @@ class TargetsSource:
     """Scrapes fixed URLs; ``fetch()`` returns a fresh JobSnapshot each call."""
 
     def __init__(
-        self, urls: Sequence[str], timeout_s: float = 2.0, max_workers: int = 32,
+        self, urls: Sequence[str], timeout_s: float = 2.0, max_workers: int = 16,
         job_name: str = "",
     ) -> None:
         if not urls:
