@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from top_snapshots import T0, ranks, results, snapshot
 
-from fsdpmon.top.aggregate import STRAGGLER_RATIO, ScrapeResult, Target, aggregate
+from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.top.health import STRAGGLER_RATIO
 from fsdpmon.top.snapshot import JobState
 
 

@@ -14,22 +14,18 @@ from dataclasses import dataclass, field, replace
 from fsdpmon import catalog
 from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.health import alerts, job_state
 from fsdpmon.top.snapshot import (
-    Alert,
     GpuRow,
     History,
     JobSnapshot,
-    JobState,
     NodeRow,
     ProcessRow,
     RankRow,
-    Severity,
     TargetStatus,
 )
 
 HISTORY_LEN = 60
-STRAGGLER_RATIO = 1.2  # slowest rank's step time over the median that makes it a straggler
-MEMORY_PRESSURE_RATIO = 0.95
 
 
 def _n(name: str) -> str:
@@ -348,67 +344,6 @@ def _mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
     return slowest
 
 
-def _fmt_ranks(ranks: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(str(r) for r in ranks[:limit])
-    return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")
-
-
-def _alerts(snap: JobSnapshot) -> list[Alert]:
-    alerts: list[Alert] = []
-    live = [r for r in snap.ranks if not r.down]
-    stalled = [r.rank for r in live if r.stalled]
-    if stalled:
-        alerts.append(Alert("stall", Severity.CRITICAL,
-                            f"rank {_fmt_ranks(stalled)} stalled: no step within the threshold"))
-    down = [t for t in snap.targets if not t.up]
-    if down:
-        names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
-        alerts.append(Alert("target_down", Severity.CRITICAL,
-                            f"{len(down)} of {len(snap.targets)} targets down: {names}"))
-    gone = [r.rank for r in snap.ranks if r.down]
-    if gone:
-        alerts.append(Alert("rank_down", Severity.CRITICAL,
-                            f"rank {_fmt_ranks(gone)} not reporting"))
-    median, worst = snap.step_time_median_s, snap.step_time_max_s
-    if (snap.slowest_rank is not None and median and worst
-            and worst > STRAGGLER_RATIO * median):
-        alerts.append(Alert("straggler", Severity.WARNING,
-                            f"rank {snap.slowest_rank} straggles: step {worst:.3g}s vs median "
-                            f"{median:.3g}s"))
-    alerts += _memory_alerts(snap)
-    lost = [f"{g.node}/{g.gpu}" for g in snap.gpus if not g.up]
-    if lost:
-        alerts.append(Alert("gpu_down", Severity.CRITICAL, f"GPU lost: {', '.join(lost[:6])}"))
-    if any(r.loss is not None and r.loss != r.loss for r in live):
-        alerts.append(Alert("loss_nonfinite", Severity.CRITICAL, "loss is NaN or infinite"))
-    return alerts
-
-
-def _memory_alerts(snap: JobSnapshot) -> list[Alert]:
-    tight = [f"{g.node}/{g.gpu}" for g in snap.gpus
-             if g.memory_ratio is not None and g.memory_ratio >= MEMORY_PRESSURE_RATIO]
-    tight += [f"rank {r.rank}" for r in snap.ranks
-              if r.peak_memory_bytes and r.memory_capacity_bytes
-              and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO]
-    if not tight:
-        return []
-    return [Alert("memory_pressure", Severity.WARNING,
-                  f"memory ≥{MEMORY_PRESSURE_RATIO:.0%} used: {', '.join(tight[:6])}")]
-
-
-def _state(snap: JobSnapshot, previous: JobSnapshot | None) -> JobState:
-    live = [r for r in snap.ranks if not r.down]
-    if snap.total_steps and live and all((r.step or 0) >= snap.total_steps for r in live):
-        return JobState.DONE
-    if snap.targets and snap.targets_up == 0:
-        return JobState.DONE if previous and previous.state is JobState.DONE else JobState.DOWN
-    if snap.stalled_ranks:
-        return JobState.STALLED
-    if snap.alerts:
-        return JobState.DEGRADED
-    return JobState.RUNNING
-
-
 def _carry_down_ranks(ranks: dict[int, RankRow], previous: JobSnapshot | None) -> None:
     """Ranks seen before whose series are gone now stay listed, marked down."""
     for old in previous.ranks if previous else ():
@@ -477,5 +412,5 @@ def _finish(acc: _Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSn
                         loss=_push(history.loss, loss),
                         step_time_s=_push(history.step_time_s, median)),
     )
-    snap = replace(snap, alerts=tuple(_alerts(snap)))
-    return replace(snap, state=_state(snap, previous))
+    snap = replace(snap, alerts=tuple(alerts(snap)))
+    return replace(snap, state=job_state(snap, previous))
