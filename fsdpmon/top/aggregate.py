@@ -7,6 +7,7 @@ whose target went quiet, so a pod that stops answering is shown as down instead 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -243,7 +244,10 @@ def _opt(value: object) -> float | None:
 
 
 def _opt_int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[call-overload]
+    """An integer figure, or None when absent or not finite (pods can serve NaN and Inf)."""
+    if value is None or not math.isfinite(value):  # type: ignore[arg-type]
+        return None
+    return int(value)  # type: ignore[call-overload]
 
 
 def _rank_row(rank: int, d: dict[str, object]) -> RankRow:

@@ -55,10 +55,8 @@ GPU_COLUMNS: tuple[Column, ...] = (
     Column("util", "UTIL", lambda g: g.utilization_ratio, fmt.pct),
     Column("memory", "MEM", lambda g: g.memory_ratio, fmt.pct),
     Column("memory_used", "USED", lambda g: g.memory_used_bytes, fmt.size),
-    Column("temp", "TEMP", lambda g: g.temperature_celsius,
-           lambda v: fmt.MISSING if v is None else f"{v:.0f}C"),
-    Column("power", "POWER", lambda g: g.power_watts,
-           lambda v: fmt.MISSING if v is None else f"{v:.0f}W"),
+    Column("temp", "TEMP", lambda g: g.temperature_celsius, lambda v: fmt.unit(v, "C")),
+    Column("power", "POWER", lambda g: g.power_watts, lambda v: fmt.unit(v, "W")),
     Column("pod", "POD", lambda g: g.pod, justify="left", min_width=4, ratio=1),
 )
 

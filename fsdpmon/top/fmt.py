@@ -45,6 +45,11 @@ def size(value: float | None) -> str:
     return f"{v:.0f}B"
 
 
+def unit(value: float | None, suffix: str) -> str:
+    """A whole number with its unit: '64C', '550W'."""
+    return f"{value:.0f}{suffix}" if _ok(value) else MISSING
+
+
 def pct(value: float | None, digits: int = 0) -> str:
     return f"{value * 100:.{digits}f}%" if _ok(value) else MISSING
 
