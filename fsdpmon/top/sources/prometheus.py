@@ -81,7 +81,7 @@ class PrometheusSource:
             error = body.get("error", "query failed") if isinstance(body, dict) else "bad answer"
             raise UnreachableError(f"Prometheus at {self.base}: {error}")
         result = (body.get("data") or {}).get("result") or []
-        return [r for r in result if isinstance(r, dict)]
+        return [r for r in result if isinstance(r, dict) and isinstance(r.get("metric"), dict)]
 
     def _job_filter(self) -> str:
         return f",job_name={_quote(self.job_name)}" if self.job_name else ""
