@@ -80,7 +80,10 @@ class PrometheusSource:
         if not isinstance(body, dict) or body.get("status") != "success":
             error = body.get("error", "query failed") if isinstance(body, dict) else "bad answer"
             raise UnreachableError(f"Prometheus at {self.base}: {error}")
-        result = (body.get("data") or {}).get("result") or []
+        data = body.get("data")
+        result = data.get("result") if isinstance(data, dict) else None
+        if not isinstance(result, list):
+            raise UnreachableError(f"Prometheus at {self.base}: answer has no result list")
         return [r for r in result if isinstance(r, dict) and isinstance(r.get("metric"), dict)]
 
     def _job_filter(self) -> str:
