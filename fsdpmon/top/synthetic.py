@@ -77,8 +77,23 @@ def _render(families: list[Metric]) -> bytes:
     return generate_latest(registry)
 
 
-_RANK_GAUGES = {
+# Values for the extra label dimensions the catalog declares (one series per value).
+_DIMENSIONS = {
+    "phase": ("data", "forward", "backward", "optimizer", "checkpoint"),
+    "reason": ("gpu_idle", "applications_clocks_setting", "sw_power_cap", "hw_slowdown",
+               "sync_boost", "sw_thermal_slowdown", "hw_thermal_slowdown",
+               "hw_power_brake_slowdown", "display_clock_setting"),
+    "cause": ("correctable", "uncorrectable", "pending", "failure"),
+    "direction": ("tx", "rx"),
+    "type": ("corrected", "uncorrected"),
+    "mode": ("user", "system", "idle", "iowait"),
+    "source": ("nvml", "processes", "host", "pods"),
+}
+HOST_CORES = 96  # per-core CPU series, as on a p4d/p5 node
+
+_RANK_FIELDS = {
     "fsdpmon_train_step": "step",
+    "fsdpmon_train_steps_total": "step",
     "fsdpmon_train_total_steps": "total_steps",
     "fsdpmon_train_step_time_seconds": "step_time_s",
     "fsdpmon_train_data_wait_ratio": "data_wait_ratio",
@@ -89,7 +104,51 @@ _RANK_GAUGES = {
     "fsdpmon_train_device_memory_capacity_bytes": "memory_capacity_bytes",
     "fsdpmon_train_heartbeat_age_seconds": "heartbeat_age_s",
     "fsdpmon_train_stall_threshold_seconds": "stall_threshold_s",
+    "fsdpmon_train_stalled": "stalled",
 }
+_GPU_FIELDS = {
+    "fsdpmon_gpu_utilization_ratio": "utilization_ratio",
+    "fsdpmon_gpu_memory_used_bytes": "memory_used_bytes",
+    "fsdpmon_gpu_memory_total_bytes": "memory_total_bytes",
+    "fsdpmon_gpu_temperature_celsius": "temperature_celsius",
+    "fsdpmon_gpu_power_watts": "power_watts",
+    "fsdpmon_gpu_process_memory_used_bytes": "memory_used_bytes",
+}
+_FIXED = {  # everything else a healthy node reports
+    "fsdpmon_gpu_power_limit_watts": 700.0, "fsdpmon_host_memory_total_bytes": 2e12,
+    "fsdpmon_host_memory_used_bytes": 5e11, "fsdpmon_host_memory_available_bytes": 1.5e12,
+    "fsdpmon_host_load1": 12.0, "fsdpmon_process_cpu_utilization_ratio": 1.0,
+    "fsdpmon_process_resident_memory_bytes": 12e9, "fsdpmon_train_restarts": 0.0,
+    "fsdpmon_monitor_internal_errors_total": 0.0, "fsdpmon_gpu_ecc_errors_total": 0.0,
+}
+
+
+def _expand(metric: catalog.Metric, known: dict[str, str]) -> list[list[str]]:
+    """Label value lists for one metric: known labels filled in, dimensions expanded."""
+    rows: list[list[str]] = [[]]
+    for label in metric.labels:
+        values = _DIMENSIONS.get(label, (known.get(label, ""),))
+        rows = [[*row, v] for row in rows for v in values]
+    return rows
+
+
+def _add(fams: dict[str, Metric], metric: catalog.Metric, known: dict[str, str],
+         value: float) -> None:
+    fam = fams.get(metric.name)
+    if fam is None:
+        fam = fams[metric.name] = _family(metric.name, metric.labels)
+    for values in _expand(metric, known):
+        fam.add_metric(values, value)
+
+
+def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
+    attr = _RANK_FIELDS.get(metric.name)
+    if attr is not None:
+        value = getattr(r, attr)
+        return None if value is None else float(value)
+    if metric.name.endswith("_phase_seconds_total"):
+        return r.step * r.step_time_s / 5
+    return _FIXED.get(metric.name, 1.0)
 
 
 def training_exposition(
@@ -97,111 +156,91 @@ def training_exposition(
 ) -> bytes:
     """One training pod's /metrics: every local rank's series, as the monitor serves them.
 
-    The pod holding rank 0 also carries the job-level series, computed over ``job_ranks``
-    (all ranks of the job; the pod's own ranks when not given).
+    Every per-rank metric of the catalog is present (a histogram of step durations too). The
+    pod holding rank 0 also carries the job-level series, computed over ``job_ranks`` (all
+    ranks of the job; the pod's own ranks when not given).
     """
-    base = ("job_name", "rank", "local_rank")
-    fams: dict[str, Metric] = {n: _family(n, base) for n in _RANK_GAUGES}
-    info_labels = (*base, "model", "world_size", "nodes", "dtype", "torch_version", "node",
-                   "device")
-    info = _family("fsdpmon_train_info", info_labels)
-    stalled = _family("fsdpmon_train_stalled", base)
-    steps = _family("fsdpmon_train_steps_total", base)
-    phases = _family("fsdpmon_train_phase_seconds_total", (*base, "phase"))
-    hist = _family("fsdpmon_train_step_duration_seconds", base)
+    fams: dict[str, Metric] = {}
     for r in ranks:
-        ids = [job, str(r.rank), str(r.local_rank)]
-        info.add_metric([*ids, "llama2-7b", str(r.world_size), str(r.nodes), "bfloat16",
-                         "2.13.0", r.node, "NVIDIA H100 80GB HBM3"], 1)
-        for name, attr in _RANK_GAUGES.items():
-            value = getattr(r, attr)
+        known = {"job_name": job, "rank": str(r.rank), "local_rank": str(r.local_rank),
+                 "model": "llama2-7b", "world_size": str(r.world_size), "nodes": str(r.nodes),
+                 "dtype": "bfloat16", "torch_version": "2.13.0", "node": r.node,
+                 "device": "NVIDIA H100 80GB HBM3"}
+        for metric in catalog.TRAINING:
+            if "rank" not in metric.labels:
+                continue
+            if metric.kind is catalog.Kind.HISTOGRAM:
+                fam = fams.setdefault(metric.name, _family(metric.name, metric.labels))
+                buckets = [(str(b), float(r.step if b >= r.step_time_s else 0))
+                           for b in metric.buckets] + [("+Inf", float(r.step))]
+                fam.add_metric(_expand(metric, known)[0], buckets,  # type: ignore[attr-defined]
+                               r.step * r.step_time_s)
+                continue
+            value = _rank_value(metric, r)
             if value is not None:
-                fams[name].add_metric(ids, float(value))
-        stalled.add_metric(ids, 1.0 if r.stalled else 0.0)
-        steps.add_metric(ids, float(r.step))
-        for i, phase in enumerate(("data", "forward", "backward", "optimizer")):
-            phases.add_metric([*ids, phase], r.step * r.step_time_s * (0.1 + 0.2 * i))
-        buckets = [(str(b), float(r.step if b >= r.step_time_s else 0))
-                   for b in catalog.STEP_BUCKETS] + [("+Inf", float(r.step))]
-        hist.add_metric(ids, buckets, r.step * r.step_time_s)  # type: ignore[arg-type]
-    if ranks and ranks[0].local_rank == 0 and ranks[0].rank == 0:
-        fams.update(_job_families(job, job_ranks or ranks))
-    return _render([info, *fams.values(), stalled, steps, phases, hist])
+                _add(fams, metric, known, value)
+    if ranks and ranks[0].rank == 0:
+        for name, value in _job_values(job_ranks or ranks).items():
+            _add(fams, catalog.get(name), {"job_name": job}, value)
+    return _render(list(fams.values()))
 
 
-def _job_families(job: str, ranks: Sequence[RankSpec]) -> dict[str, Metric]:
+def _job_values(ranks: Sequence[RankSpec]) -> dict[str, float]:
     times = sorted(r.step_time_s for r in ranks)
     slowest = max(ranks, key=lambda r: r.step_time_s)
-    values = {
+    heaviest = max(ranks, key=lambda r: r.peak_memory_bytes)
+    values = {m.name: 1.0 for m in catalog.TRAINING if m.labels == ("job_name",)}
+    values.update({
+        "fsdpmon_job_step_time_min_seconds": times[0],
         "fsdpmon_job_step_time_median_seconds": times[len(times) // 2],
         "fsdpmon_job_step_time_max_seconds": times[-1],
         "fsdpmon_job_slowest_rank": slowest.rank,
+        "fsdpmon_job_peak_memory_max_bytes": heaviest.peak_memory_bytes,
+        "fsdpmon_job_peak_memory_max_rank": heaviest.rank,
+        "fsdpmon_job_loss_mean": sum(r.loss for r in ranks) / len(ranks),
+        "fsdpmon_job_loss_max": max(r.loss for r in ranks),
         "fsdpmon_job_world_size": ranks[0].world_size,
-    }
-    out = {}
-    for name, value in values.items():
-        fam = _family(name, ("job_name",))
-        fam.add_metric([job], float(value))
-        out[name] = fam
-    return out
+    })
+    return values
 
 
-_GPU_GAUGES = {
-    "fsdpmon_gpu_utilization_ratio": "utilization_ratio",
-    "fsdpmon_gpu_memory_used_bytes": "memory_used_bytes",
-    "fsdpmon_gpu_memory_total_bytes": "memory_total_bytes",
-    "fsdpmon_gpu_temperature_celsius": "temperature_celsius",
-    "fsdpmon_gpu_power_watts": "power_watts",
-}
-_GPU_EXTRA = (
-    "fsdpmon_gpu_memory_free_bytes", "fsdpmon_gpu_memory_utilization_ratio",
-    "fsdpmon_gpu_sm_clock_hertz", "fsdpmon_gpu_memory_clock_hertz", "fsdpmon_gpu_power_limit_watts",
-    "fsdpmon_gpu_memory_temperature_celsius", "fsdpmon_gpu_energy_joules_total",
-    "fsdpmon_gpu_pcie_replay_errors_total",
-)
+def _node_value(metric: catalog.Metric, g: GpuSpec | None) -> float:
+    attr = _GPU_FIELDS.get(metric.name)
+    if attr is not None and g is not None:
+        return float(getattr(g, attr))
+    return _FIXED.get(metric.name, 1.0)
 
 
 def exporter_exposition(node: str, gpus: Sequence[GpuSpec], namespace: str = "default") -> bytes:
-    """One node exporter's /metrics: GPUs, host and the training processes."""
-    gl = ("gpu", "uuid", "model", "node", "namespace", "pod", "container")
-    fams = {n: _family(n, gl) for n in (*_GPU_GAUGES, *_GPU_EXTRA)}
-    up = _family("fsdpmon_gpu_up", gl[:4])
-    pl = ("node", "pid", "namespace", "pod", "container")
-    pinfo = _family("fsdpmon_process_info", (*pl, "command", "user"))
-    pcpu = _family("fsdpmon_process_cpu_utilization_ratio", pl)
-    prss = _family("fsdpmon_process_resident_memory_bytes", pl)
-    pgpu = _family("fsdpmon_gpu_process_memory_used_bytes", (*gl, "pid"))
-    for g in gpus:
-        ids = [str(g.gpu), f"GPU-{node}-{g.gpu:04d}", SIMULATED_GPU_MODEL, node]
-        attribution = [namespace if g.pod else "", g.pod, "trainer" if g.pod else ""]
-        up.add_metric(ids, 1.0)
-        for name, attr in _GPU_GAUGES.items():
-            fams[name].add_metric([*ids, *attribution], float(getattr(g, attr)))
-        for name in _GPU_EXTRA:
-            fams[name].add_metric([*ids, *attribution], 1.0)
-        if g.pid:
-            proc = [node, str(g.pid), *attribution]
-            pinfo.add_metric([*proc, f"python -m trainer.train --local-rank {g.gpu}", "root"], 1)
-            pcpu.add_metric(proc, 1.0)
-            prss.add_metric(proc, 12e9)
-            pgpu.add_metric([*ids, *attribution, str(g.pid)], g.memory_used_bytes)
-    return _render([up, *fams.values(), pinfo, pcpu, prss, pgpu, *_host_families(node)])
+    """One node exporter's /metrics: every GPU, process and host metric of the catalog."""
+    fams: dict[str, Metric] = {}
+    node_known = {"node": node, "version": "0.1.0", "simulated": "true"}
+    for metric in (*catalog.GPU, *catalog.HOST, *catalog.PROCESS):
+        if "xid" in metric.labels:
+            continue  # a healthy node has no XID series
+        if "gpu" not in metric.labels and "pid" not in metric.labels:
+            if "cpu" in metric.labels:
+                for cpu, value in (("all", 0.35), *((str(c), 0.3) for c in range(HOST_CORES))):
+                    _add(fams, metric, {**node_known, "cpu": cpu}, value)
+            else:
+                _add(fams, metric, node_known, _node_value(metric, None))
+            continue
+        for g in gpus:
+            if "pid" in metric.labels and not g.pid:
+                continue
+            _add(fams, metric, _gpu_known(node, g, namespace), _node_value(metric, g))
+    return _render(list(fams.values()))
 
 
-def _host_families(node: str) -> list[Metric]:
-    info = _family("fsdpmon_exporter_info", ("node", "version", "simulated"))
-    info.add_metric([node, "0.1.0", "true"], 1)
-    cpu = _family("fsdpmon_host_cpu_utilization_ratio", ("node", "cpu"))
-    cpu.add_metric([node, "all"], 0.35)
-    for core in range(4):
-        cpu.add_metric([node, str(core)], 0.3)
-    out = [info, cpu]
-    for name, value in (("fsdpmon_host_memory_total_bytes", 2e12),
-                        ("fsdpmon_host_memory_used_bytes", 5e11), ("fsdpmon_host_load1", 12.0)):
-        fam = _family(name, ("node",))
-        fam.add_metric([node], value)
-        out.append(fam)
-    return out
+def _gpu_known(node: str, g: GpuSpec, namespace: str) -> dict[str, str]:
+    return {
+        "gpu": str(g.gpu), "uuid": f"GPU-{node}-{g.gpu:04d}", "model": SIMULATED_GPU_MODEL,
+        "node": node, "namespace": namespace if g.pod else "", "pod": g.pod,
+        "container": "trainer" if g.pod else "", "pid": str(g.pid),
+        "command": f"python -m trainer.train --local-rank {g.gpu}", "user": "root",
+        "state": "running", "driver_version": "550.54.15", "cuda_version": "12.4",
+        "pci_bus_id": f"00000000:{g.gpu + 16:02X}:00.0", "mig_mode": "disabled",
+    }
 
 
 def job_expositions(job: str, nodes: int, gpus_per_node: int) -> dict[str, bytes]:
