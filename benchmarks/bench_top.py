@@ -25,7 +25,7 @@ import psutil
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from fsdpmon.top.aggregate import WANTED
+from fsdpmon.top.aggregate import WANTED, new_parser
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.sources.targets import TargetsSource
 from fsdpmon.top.synthetic import PayloadServer, job_expositions
@@ -115,7 +115,7 @@ def bench_parser(args: argparse.Namespace) -> None:
         return sum(len(Parser().parse(t)) for t in ts)  # fresh parser: no cache across payloads
 
     def ours_top(ts: list[str]) -> int:
-        return sum(len(Parser(WANTED).parse(t)) for t in ts)
+        return sum(len(new_parser().parse(t)) for t in ts)
 
     # Interleaved, so that load from other processes hits all three alike; ratios per round.
     rounds = [[_timed(fn, texts) for fn in (reference, ours_all, ours_top)]

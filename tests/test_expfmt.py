@@ -37,6 +37,14 @@ def test_wanted_names_keep_only_those_series():
     assert [tuple(s) for s in got] == [s for s in _reference(text) if s[0] in WANTED]
 
 
+def test_required_label_text_skips_other_series_of_a_name():
+    text = ('cpu{cpu="all",node="a"} 0.5\ncpu{cpu="0",node="a"} 0.1\nmem{node="a"} 3\n'
+            'other 1\n')
+    got = [(s.name, s.labels, s.value)
+           for s in Parser({"cpu", "mem"}, require={"cpu": 'cpu="all"'}).parse(text)]
+    assert got == [("cpu", {"cpu": "all", "node": "a"}, 0.5), ("mem", {"node": "a"}, 3.0)]
+
+
 def test_escapes_braces_timestamps_and_special_values():
     text = (
         '# HELP m help with "quotes"\n# TYPE m gauge\n'

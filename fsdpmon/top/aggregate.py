@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from fsdpmon import catalog
 from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
-from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.expfmt import Parser, Sample
 from fsdpmon.top.health import alerts, job_state
 from fsdpmon.top.snapshot import (
     GpuRow,
@@ -88,6 +88,15 @@ WANTED: frozenset[str] = frozenset(
     [*RANK_METRICS, TRAIN_INFO, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY, EXPORTER_INFO,
      *HOST_METRICS, HOST_CPU, PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS]
 )
+
+
+# Of the per-core host CPU series, top shows only the node total.
+REQUIRE = {HOST_CPU: 'cpu="all"'}
+
+
+def new_parser() -> Parser:
+    """The parser every source uses: only what top reads (its label cache lives with it)."""
+    return Parser(WANTED, REQUIRE)
 
 
 @dataclass(frozen=True)

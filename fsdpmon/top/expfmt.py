@@ -105,8 +105,14 @@ class Parser:
 
     _CACHE_LIMIT = 50_000
 
-    def __init__(self, names: Iterable[str] | None = None) -> None:
+    def __init__(
+        self, names: Iterable[str] | None = None, require: dict[str, str] | None = None
+    ) -> None:
+        """``require`` maps a name to text its label block must contain (e.g. the host CPU
+        series only for ``cpu="all"``, not one per core): other series of it are skipped
+        before their labels are parsed."""
         self._names = None if names is None else frozenset(names)
+        self._require = require or {}
         self._families = None if self._names is None else _family_names(self._names)
         self._blocks: dict[str, dict[str, str] | None] = {"": {}}
 
@@ -148,8 +154,11 @@ class Parser:
         names = self._names
         if names is not None:
             text = self._wanted_text(text)
+        require = self._require
         for name, block, raw in _ANY_LINE.findall(text):
             if names is not None and name not in names:
+                continue
+            if require and name in require and require[name] not in block:
                 continue
             try:
                 value = float(raw)

@@ -29,8 +29,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
-from fsdpmon.top.aggregate import WANTED, Target, aggregate
-from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.aggregate import Target, aggregate, new_parser
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.targets import ScrapeError, http_get, scrape_all
 
@@ -161,7 +160,7 @@ class KubeSource:
         conf.connection_pool_maxsize = cfg.max_workers
         self.host = conf.host
         self.api = client.CoreV1Api(client.ApiClient(conf))
-        self._parser = Parser(WANTED)
+        self._parser = new_parser()
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_workers,
                                         thread_name_prefix="fsdpmon-kube")
         self._targets: list[Target] = []

@@ -95,7 +95,9 @@ class PrometheusSource:
         members = self.query(f"last_over_time({TRAIN_INFO}{{{job[1:]}}}[{LOOKBACK}])")
         nodes = {r["metric"].get("node", "") for r in members} - {""}
         node_match = f"node=~{_quote(_alternatives(nodes))}"
-        node_series = self.query(f"{{__name__=~{_quote(_names_regex(NODE_NAMES))},{node_match}}}")
+        # cpu=~"all|": the node total, not one series per core (absent label matches "")
+        node_series = self.query(f"{{__name__=~{_quote(_names_regex(NODE_NAMES))},"
+                                 f'{node_match},cpu=~"all|"}}')
         exporters = self.query(f"last_over_time({EXPORTER_INFO}{{{node_match}}}[{LOOKBACK}])")
         known = {_key(r["metric"]): r["metric"] for r in (*members, *exporters)}
         instances = _quote(_alternatives(k[1] for k in known))

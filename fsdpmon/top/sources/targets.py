@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
 from fsdpmon.errors import ConfigError
-from fsdpmon.top.aggregate import WANTED, ScrapeResult, Target, aggregate
+from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate, new_parser
 from fsdpmon.top.expfmt import Parser, decode
 from fsdpmon.top.snapshot import JobSnapshot
 
@@ -123,7 +123,7 @@ class TargetsSource:
         self.targets = [Target(normalise_url(u)) for u in urls]
         self.timeout_s = timeout_s
         self.job_name = job_name
-        self._parser = Parser(WANTED)
+        self._parser = new_parser()
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets))),
                                         thread_name_prefix="fsdpmon-scrape")
         self._previous: JobSnapshot | None = None
