@@ -147,3 +147,26 @@ def test_crash_during_checkpoint_save_is_never_resumed_from(reference, tmp_path)
     assert "step_00000010 (step 10, restart 1)" in log, log[-4000:]
     assert (tmp_path / "ckpt" / "step_00000020" / MARKER).is_file()
     assert_same_state(final_state(tmp_path), final_state(reference["work"]))
+
+
+def test_jsonl_corpus_with_tokenizer_grad_accum_and_activation_checkpointing(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["</s>", "[UNK]", *(f"w{i}" for i in range(60))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    lines = [json.dumps({"text": " ".join(f"w{(d + i) % 60}" for i in range(50))})
+             for d in range(40)]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["-m", "trainer.train", "--model", "tiny", "--max-steps", "4", "--log-every", "2",
+            "--batch-size", "2", "--seq-len", "32", "--grad-accum", "2",
+            "--activation-checkpointing", "--data", str(tmp_path / "corpus.jsonl"),
+            "--tokenizer", str(tmp_path / "tok"), "--metrics-port", "0",
+            "--log-jsonl", str(tmp_path / "run.jsonl")]
+    code, log = run(torchrun_args(2, args), tmp_path / "out.txt", timeout=120)
+    assert code == 0, log[-4000:]
+    last = read_jsonl(tmp_path / "run.rank1.jsonl")[-1]
+    assert last["step"] == 4 and last["tokens_total"] == 4 * 2 * 32 * 2
+    assert 0 < last["loss"] < 10

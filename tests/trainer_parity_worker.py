@@ -75,6 +75,7 @@ def main() -> None:
     try:
         parity(out, env, device, mesh)
         fidelity(out, hf_dir, env, device, mesh)
+        dist.barrier()  # leave together (see trainer.train.train)
     finally:
         dist.destroy_process_group()
 

@@ -170,6 +170,12 @@ class Trainer:
                      time.monotonic() - started)
 
 
+def _model_label(cfg: TrainConfig) -> str:
+    """The flavour, or the HF checkpoint's directory name (e.g. Llama-2-7b-hf) when loading one."""
+    hf_dir = cfg.model.hf_checkpoint
+    return Path(hf_dir).resolve().name if hf_dir else cfg.model.name
+
+
 def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
     # Flags win; what they leave unset comes from FSDPMON_* (e.g. set by the job manifest).
     mon_cfg = MonitorConfig.from_env(port=cfg.log.metrics_port, job_name=cfg.log.job_name,
@@ -179,7 +185,7 @@ def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
     mon = Monitor(mon_cfg, model=trainer.model, seq_len=d.seq_len,
                   tokens_per_step=d.batch_size * d.seq_len * d.grad_accum,
                   total_steps=cfg.max_steps, start_step=trainer.step,
-                  run_info={"model": cfg.model.name, "config": cfg.to_json()})
+                  run_info={"model": _model_label(cfg), "config": cfg.to_json()})
     if trainer.env.rank == 0:
         mon.add_log_listener(console_line(cfg.max_steps))
     return mon
@@ -220,6 +226,9 @@ def train(cfg: TrainConfig) -> int:
             trainer.run(mon)
         finally:
             mon.close()
+        # Leave together: a rank tearing gloo down while a peer is still in its last
+        # collective makes that peer abort ("terminate called without an active exception").
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     return 0
@@ -228,7 +237,8 @@ def train(cfg: TrainConfig) -> int:
 def _setup_logging(rank: int) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
-    # DTensor's random init on a CPU mesh is exact for our use; its warning is noise.
+    # Random init on a CPU mesh only needs to be reproducible for a seed and world size, which
+    # it is (the e2e tests compare whole runs bit for bit); the warning is noise.
     warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
 
 
