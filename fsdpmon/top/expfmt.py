@@ -39,8 +39,30 @@ def _unescape(value: str) -> str:
     return _UNESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), value)
 
 
+def _plain_labels(block: str) -> dict[str, str] | None:
+    """Fast path for blocks without escapes: split at the quotes instead of a regex scan."""
+    body = block
+    if not body.endswith('"'):  # trailing comma or blanks: allowed, rarely seen
+        body = body.rstrip(" \t")
+        body = body[:-1].rstrip(" \t") if body.endswith(",") else body
+        if not body.endswith('"'):
+            return None
+    labels = {}
+    for piece in body[:-1].split('",'):
+        key, sep, value = piece.partition('="')
+        key = key.strip(" \t")
+        if not sep or '"' in value or not (key.isidentifier() and key.isascii()):
+            return None
+        labels[key] = value
+    return labels
+
+
 def parse_labels(block: str) -> dict[str, str] | None:
     """``a="1",b="x"`` → dict; None when the block is malformed (pairs must be contiguous)."""
+    if "\\" not in block:
+        plain = _plain_labels(block)
+        if plain is not None:
+            return plain
     labels: dict[str, str] = {}
     pos = 0
     for m in _LABEL_PAIR.finditer(block):
@@ -173,7 +195,7 @@ class Parser:
 
     def _new_block(self, block: str) -> dict[str, str] | None:
         # Histogram buckets repeat a cached block plus one `le` pair: extend the cached dict.
-        split = _split_le(block)
+        split = _split_le(block) if 'le="' in block else None
         if split is not None:
             base = self._blocks.get(split[0])
             if base and "\\" not in split[1]:
