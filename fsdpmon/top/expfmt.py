@@ -39,7 +39,22 @@ def _unescape(value: str) -> str:
     return _UNESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), value)
 
 
-def _plain_labels(block: str) -> dict[str, str] | None:
+Pairs = dict[str, tuple[str, str]]  # 'key="value' → (key, value): pairs repeat across blocks
+_PAIRS_LIMIT = 100_000
+
+
+def _pair(piece: str, cache: Pairs) -> tuple[str, str] | None:
+    key, sep, value = piece.partition('="')
+    key = key.strip(" \t")
+    if not sep or '"' in value or not (key.isascii() and key.isidentifier()):
+        return None
+    if len(cache) > _PAIRS_LIMIT:  # bounded against hostile label churn
+        cache.clear()
+    cache[piece] = (key, value)
+    return key, value
+
+
+def _plain_labels(block: str, cache: Pairs) -> dict[str, str] | None:
     """Fast path for blocks without escapes: split at the quotes instead of a regex scan."""
     body = block
     if not body.endswith('"'):  # trailing comma or blanks: allowed, rarely seen
@@ -47,20 +62,17 @@ def _plain_labels(block: str) -> dict[str, str] | None:
         body = body[:-1].rstrip(" \t") if body.endswith(",") else body
         if not body.endswith('"'):
             return None
-    labels = {}
-    for piece in body[:-1].split('",'):
-        key, sep, value = piece.partition('="')
-        key = key.strip(" \t")
-        if not sep or '"' in value or not (key.isidentifier() and key.isascii()):
-            return None
-        labels[key] = value
-    return labels
+    get = cache.get
+    pairs = [get(piece) or _pair(piece, cache) for piece in body[:-1].split('",')]
+    return None if None in pairs else dict(pairs)  # type: ignore[arg-type]
 
 
-def parse_labels(block: str) -> dict[str, str] | None:
-    """``a="1",b="x"`` → dict; None when the block is malformed (pairs must be contiguous)."""
+def parse_labels(block: str, cache: Pairs | None = None) -> dict[str, str] | None:
+    """``a="1",b="x"`` → dict; None when the block is malformed (pairs must be contiguous).
+
+    ``cache`` keeps pairs already seen (a Parser passes its own)."""
     if "\\" not in block:
-        plain = _plain_labels(block)
+        plain = _plain_labels(block, {} if cache is None else cache)
         if plain is not None:
             return plain
     labels: dict[str, str] = {}
@@ -137,6 +149,7 @@ class Parser:
         self._require = require or {}
         self._families = None if self._names is None else _family_names(self._names)
         self._blocks: dict[str, dict[str, str] | None] = {"": {}}
+        self._pairs: Pairs = {}
 
     def _wanted_text(self, text: str) -> str:
         """Only the families (from one ``# TYPE`` line to the next) that hold wanted names.
@@ -200,7 +213,7 @@ class Parser:
             base = self._blocks.get(split[0])
             if base and "\\" not in split[1]:
                 return {**base, "le": split[1]}
-        return parse_labels(block)
+        return parse_labels(block, self._pairs)
 
 
 def parse(text: str, names: Iterable[str] | None = None) -> list[Sample]:
