@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from fsdpmon.errors import InputError
-from trainer.hf_weights import load_hf_weights, name_map, read_config, unpermute_rotary
+from trainer.hf_weights import (
+    load_hf_weights,
+    name_map,
+    read_config,
+    unpermute_rotary,
+    unpermuted_rows,
+)
 from trainer.model import Transformer
 
 transformers = pytest.importorskip("transformers")
@@ -68,3 +74,18 @@ def test_errors_name_the_flag_and_the_problem(hf_dir, tmp_path):
     expected = r"--hf-checkpoint: \S+ has shape \(71, 32\), the model expects \(72, 32\)"
     with pytest.raises(InputError, match=expected):
         load_hf_weights(bigger, path)
+
+
+@pytest.mark.parametrize(("start", "stop"), [(0, 32), (5, 27), (8, 16), (9, 9), (31, 32)])
+def test_shard_rows_of_a_permuted_weight_read_only_the_heads_they_touch(start, stop):
+    full = torch.randn(32, 4)  # 4 heads of head_dim 8, as stored by HF (permuted)
+    reads = []
+
+    def read(a: int, b: int) -> torch.Tensor:
+        reads.append((a, b))
+        return full[a:b]
+
+    got = unpermuted_rows(read, 8, start, stop)
+    torch.testing.assert_close(got, unpermute_rotary(full, 4)[start:stop])
+    ((a, b),) = reads
+    assert b - a <= stop - start + 14  # at most the rest of the two heads it cuts

@@ -13,6 +13,8 @@ from trainer.config import ParallelConfig
 from trainer.model import FLAVOURS
 from trainer.parallel import DistEnv, build_fsdp_model, init_distributed, param_dtype
 
+pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
+
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE",
                "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT",
                "TORCHELASTIC_USE_AGENT_STORE")
@@ -74,5 +76,21 @@ def test_single_process_fsdp_model_is_sharded_per_block_and_root(clean_env):
         loss = model(torch.randint(0, 512, (2, 16))).float().mean()
         loss.backward()
         assert all(p.grad is not None for p in model.parameters())
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_mixed_precision_bf16_compute_fp32_master_weights_and_grads(clean_env):
+    device = torch.device("cuda", 0)
+    mesh = init_distributed(DistEnv.from_env(), device)
+    try:
+        model = build_fsdp_model(FLAVOURS["tiny"], ParallelConfig(), mesh, device)
+        logits = model(torch.randint(0, 512, (2, 16), device=device))
+        assert logits.dtype == torch.bfloat16
+        logits.float().mean().backward()
+        assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32
+                   for p in model.parameters())
     finally:
         dist.destroy_process_group()

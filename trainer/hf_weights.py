@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,11 +121,26 @@ def _copy_tensor(handle: Any, hf_name: str, param: torch.Tensor, heads: int | No
         raise InputError(f"--hf-checkpoint: {hf_name} has shape {shape}, the model expects "
                          f"{tuple(param.shape)}")
     local, start, stop = _local_rows(param)
+    rows = handle.get_slice(hf_name)
     if heads is None:
-        piece = handle.get_slice(hf_name)[start:stop]
-    else:  # the permutation mixes rows within a head: read the tensor, then take our rows
-        piece = unpermute_rotary(handle.get_tensor(hf_name), heads)[start:stop]
+        piece = rows[start:stop]
+    else:
+        piece = unpermuted_rows(lambda a, b: rows[a:b], shape[0] // heads, start, stop)
     local.copy_(piece.to(device=local.device, dtype=local.dtype))
+
+
+def unpermuted_rows(read: Callable[[int, int], torch.Tensor], head_dim: int, start: int,
+                    stop: int) -> torch.Tensor:
+    """Rows [start, stop) of the un-permuted q/k weight, reading only the heads they touch.
+
+    The permutation mixes rows within a head only, so a shard that cuts a head in two needs
+    that whole head, and nothing more.
+    """
+    first, last = start // head_dim, -(-stop // head_dim)
+    if stop <= start:
+        return read(start, start)
+    block = unpermute_rotary(read(first * head_dim, last * head_dim), last - first)
+    return block[start - first * head_dim : stop - first * head_dim]
 
 
 @torch.no_grad()
