@@ -54,14 +54,14 @@ M100 = Case("custom ~100M", ("--model", "custom", "--dim", "768", "--n-layers", 
 
 
 def run_trainer(flags: tuple[str, ...], nproc: int, timeout: float,
-                cpu: bool = True) -> list[dict]:
+                cpu: bool = True, threads: int = 1) -> list[dict]:
     """One torchrun of the trainer; returns rank 0's and others' step records (after warm-up)."""
     with tempfile.TemporaryDirectory() as tmp:
         jsonl = Path(tmp) / "run.jsonl"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                "--nproc_per_node", str(nproc), "-m", "trainer.train", *flags,
                "--metrics-port", "0", "--log-jsonl", str(jsonl), "--lr", "1e-3"]
-        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // nproc))}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         if cpu:
             env["CUDA_VISIBLE_DEVICES"] = ""
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
@@ -89,18 +89,18 @@ def job_tokens_per_second(records: list[dict], nproc: int) -> float:
     return sum(per_rank)
 
 
-def measure(case: Case, repeats: int, timeout: float) -> dict[int, list[float]]:
+def measure(case: Case, repeats: int, timeout: float, threads: int) -> dict[int, list[float]]:
     results: dict[int, list[float]] = {1: [], 2: []}
     for _ in range(repeats):
         for nproc in (1, 2):  # interleaved, so drifting load affects both alike
-            results[nproc].append(job_tokens_per_second(run_trainer(case.flags, nproc, timeout),
-                                                        nproc))
+            records = run_trainer(case.flags, nproc, timeout, threads=threads)
+            results[nproc].append(job_tokens_per_second(records, nproc))
     return results
 
 
-def print_cpu_table(rows: list[tuple[Case, dict[int, list[float]]]]) -> None:
-    print(f"\nCPU ({os.cpu_count()} cores), {torch.__version__}; median of runs, "
-          "job tokens/s = sum over ranks")
+def print_cpu_table(rows: list[tuple[Case, dict[int, list[float]]]], threads: int) -> None:
+    print(f"\nCPU ({os.cpu_count()} cores), {torch.__version__}, {threads} thread(s) per rank; "
+          "median of runs, job tokens/s = sum over ranks")
     print(f"{'model':<14} {'params':>7} {'1 rank tok/s':>13} {'2 ranks tok/s':>14} "
           f"{'per rank':>9} {'2r/1r':>6}  runs")
     for case, res in rows:
@@ -128,10 +128,14 @@ def main() -> None:
     ap.add_argument("--skip-cpu", action="store_true")
     ap.add_argument("--gpu-layers", type=int, default=8)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--threads-per-rank", type=int, default=1,
+                    help="OMP_NUM_THREADS of each rank (1: ranks do not fight over cores)")
     args = ap.parse_args()
     if not args.skip_cpu:
         cases = [TINY] if args.skip_100m else [TINY, M100]
-        print_cpu_table([(case, measure(case, args.repeats, args.timeout)) for case in cases])
+        threads = args.threads_per_rank
+        print_cpu_table([(case, measure(case, args.repeats, args.timeout, threads))
+                         for case in cases], threads)
     if torch.cuda.is_available():
         cuda_7b_shaped(args.gpu_layers, args.timeout)
     else:
