@@ -33,6 +33,7 @@ def test_defaults_and_flags_fill_the_dataclass_tree():
     (["--dim", "0"], "--dim"),
     (["--batch-size", "two"], "command line"),
     (["--no-such-flag"], "command line"),
+    (["--checkpoint-every", "5"], "--checkpoint-every"),
 ])
 def test_bad_values_raise_config_error_naming_the_field(argv, field):
     with pytest.raises(ConfigError) as info:

@@ -155,6 +155,8 @@ def validate_config(cfg: TrainConfig) -> None:
     validate.non_negative("--weight-decay", cfg.optim.weight_decay)
     validate.non_negative("--grad-clip", cfg.optim.grad_clip)
     validate.non_negative("--checkpoint-every", cfg.checkpoint.every)
+    if cfg.checkpoint.every and cfg.checkpoint.dir is None:
+        raise ConfigError("--checkpoint-every", "needs --checkpoint-dir")
     validate.positive("--keep-checkpoints", cfg.checkpoint.keep)
     validate.positive("--log-every", cfg.log.log_every)
     if cfg.log.metrics_port is not None:
