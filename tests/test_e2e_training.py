@@ -8,6 +8,7 @@ step-10 checkpoint and end with exactly the reference's model and optimiser stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-from trainer_launch import child_env, launched, run, torchrun_args
+from trainer_launch import TORCHRUN, child_env, launched, run, torchrun_args
 
 from trainer.checkpoint import MARKER, complete_checkpoints
 from trainer.faults import CRASH_IN_SAVE, PAUSE_AT_STEP, PAUSE_DIR
@@ -170,3 +171,29 @@ def test_jsonl_corpus_with_tokenizer_grad_accum_and_activation_checkpointing(tmp
     last = read_jsonl(tmp_path / "run.rank1.jsonl")[-1]
     assert last["step"] == 4 and last["tokens_total"] == 4 * 2 * 32 * 2
     assert 0 < last["loss"] < 10
+
+
+def test_two_nodes_the_kubeflow_way_pet_variables_and_static_rendezvous(tmp_path):
+    """Two "pods" on loopback, each `torchrun -m trainer.train` configured only by the PET_*
+    variables the Kubeflow training operator sets (torchrun reads them as its flags)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [*TORCHRUN, "-m", "trainer.train", "--model", "tiny", "--max-steps", "4",
+            "--log-every", "2", "--seq-len", "32", "--metrics-port", "0",
+            "--log-jsonl", str(tmp_path / "run.jsonl")]
+    pods = []
+    with contextlib.ExitStack() as stack:
+        for node in (0, 1):
+            env = child_env(PET_NNODES="2", PET_NPROC_PER_NODE="1", PET_NODE_RANK=str(node),
+                            PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=str(port))
+            pods.append(stack.enter_context(launched(args, env, tmp_path / f"pod{node}.txt")))
+        codes = [pod.wait(timeout=120) for pod in pods]
+    logs = [(tmp_path / f"pod{n}.txt").read_text() for n in (0, 1)]
+    assert codes == [0, 0], "\n".join(log[-2000:] for log in logs)
+    for rank in (0, 1):
+        run_record = read_jsonl(tmp_path / f"run.rank{rank}.jsonl")[0]
+        assert (run_record["rank"], run_record["local_rank"]) == (rank, 0)
+        assert (run_record["world_size"], run_record["nodes"]) == (2, 2)
