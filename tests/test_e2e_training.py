@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -197,3 +198,15 @@ def test_two_nodes_the_kubeflow_way_pet_variables_and_static_rendezvous(tmp_path
         run_record = read_jsonl(tmp_path / f"run.rank{rank}.jsonl")[0]
         assert (run_record["rank"], run_record["local_rank"]) == (rank, 0)
         assert (run_record["world_size"], run_record["nodes"]) == (2, 2)
+
+
+def test_plain_single_process_with_per_block_compile(tmp_path):
+    """No launcher at all (a laptop's `python -m trainer.train`), with --compile."""
+    args = [sys.executable, "-m", "trainer.train", "--model", "custom", "--n-layers", "1",
+            "--max-steps", "3", "--log-every", "3", "--seq-len", "32", "--compile",
+            "--metrics-port", "0", "--log-jsonl", str(tmp_path / "run.jsonl")]
+    code, log = run(args, tmp_path / "out.txt", timeout=240)
+    assert code == 0, log[-4000:]
+    (record,) = [r for r in read_jsonl(tmp_path / "run.rank0.jsonl") if r["kind"] == "step"]
+    assert record["world_size"] == 1 and record["step"] == 3
+    assert "step 3/3" in log
