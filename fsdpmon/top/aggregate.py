@@ -128,7 +128,9 @@ class _Acc:
     procs: dict[tuple[str, int], dict[str, object]] = field(default_factory=dict)
     job_name: str = ""
     model: str = ""
-    memo: dict[int, dict[str, object]] = field(default_factory=dict)  # id(labels) -> row
+    # id(labels) -> row, one memo per kind: the same dict may label a rank and a GPU series
+    rank_memo: dict[int, dict[str, object]] = field(default_factory=dict)
+    gpu_memo: dict[int, dict[str, object]] = field(default_factory=dict)
 
 
 def _as_int(text: str) -> int | None:
@@ -147,7 +149,7 @@ def _rank_entry(acc: _Acc, labels: dict[str, str], target: Target) -> dict[str, 
         row = acc.ranks[rank] = {"pod": target.pod, "node": target.node, "target": target.url,
                                  "local_rank": _as_int(labels.get(LOCAL_RANK_LABEL, ""))}
         acc.job_name = acc.job_name or labels.get(JOB_LABEL, "")
-    acc.memo[id(labels)] = row
+    acc.rank_memo[id(labels)] = row
     return row
 
 
@@ -165,7 +167,7 @@ def _gpu_entry(acc: _Acc, labels: dict[str, str]) -> dict[str, object]:
     for name in ("model", "uuid", "namespace", "pod", "container"):
         if labels.get(name):
             gpu[name] = labels[name]
-    acc.memo[id(labels)] = gpu
+    acc.gpu_memo[id(labels)] = gpu
     return gpu
 
 
@@ -211,25 +213,25 @@ def _read(acc: _Acc, result: ScrapeResult) -> TargetStatus:
     dict between the series of a rank (or a GPU), so rows are memoised by that dict's identity
     and most samples cost two dict lookups.
     """
-    target, memo = result.target, acc.memo
+    target, rank_memo, gpu_memo = result.target, acc.rank_memo, acc.gpu_memo
     train = exporter = False
     node = target.node
     for s in result.samples or ():
         name, labels = s.name, s.labels
         field_name = RANK_METRICS.get(name)
         if field_name is not None:
-            row = memo.get(id(labels)) or _rank_entry(acc, labels, target)
+            row = rank_memo.get(id(labels)) or _rank_entry(acc, labels, target)
             if row is not None:
                 row[field_name] = s.value
             train = True
             continue
         field_name = GPU_METRICS.get(name)
         if field_name is not None:
-            gpu = memo.get(id(labels)) or _gpu_entry(acc, labels)
+            gpu = gpu_memo.get(id(labels)) or _gpu_entry(acc, labels)
             gpu[field_name] = s.value
             node, exporter = labels.get("node") or node, True
         elif name == TRAIN_INFO:
-            row = memo.get(id(labels)) or _rank_entry(acc, labels, target)
+            row = rank_memo.get(id(labels)) or _rank_entry(acc, labels, target)
             if row is not None:
                 _add_info(acc, row, labels)
             train = True

@@ -147,6 +147,10 @@ class Parser:
         before their labels are parsed."""
         self._names = None if names is None else frozenset(names)
         self._require = require or {}
+        # Lines of a required family that hold the required text, found in C, not per line.
+        self._narrow = {name: re.compile(rf"^{re.escape(name)}\{{[^\n]*{re.escape(text)}[^\n]*$",
+                                         re.MULTILINE)
+                        for name, text in self._require.items()}
         self._families = None if self._names is None else _family_names(self._names)
         self._blocks: dict[str, dict[str, str] | None] = {"": {}}
         self._pairs: Pairs = {}
@@ -166,7 +170,9 @@ class Parser:
         for i, (start, family) in enumerate(headers):
             if family in families:  # type: ignore[operator]
                 end = headers[i + 1][0] if i + 1 < len(headers) else len(text)
-                kept.append(text[start:end])
+                narrow = self._narrow.get(family)
+                section = text[start:end]
+                kept.append("\n".join(narrow.findall(section)) if narrow else section)
         return "\n".join(kept)
 
     def _wanted_lines(self, text: str) -> str:
