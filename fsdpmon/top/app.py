@@ -72,7 +72,10 @@ def read_keys(fd: int, timeout_s: float) -> list[str]:
     ready, _, _ = select.select([fd], [], [], timeout_s)
     if not ready:
         return []
-    return split_keys(os.read(fd, 256).decode("utf-8", errors="replace"))
+    data = os.read(fd, 256)
+    if not data:  # stdin at EOF (not a terminal): no keys will come; don't spin
+        time.sleep(timeout_s)
+    return split_keys(data.decode("utf-8", errors="replace"))
 
 
 @dataclass
