@@ -82,14 +82,21 @@ def init_distributed(env: DistEnv, device: torch.device) -> DeviceMesh:
     """nccl on CUDA, gloo on CPU; an explicit 1-D mesh of the device type (FSDP2 needs it)."""
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    if "MASTER_ADDR" not in os.environ:  # a plain single process: rendezvous on loopback
-        os.environ["MASTER_ADDR"] = os.environ.get("PET_MASTER_ADDR", "127.0.0.1")
-        os.environ["MASTER_PORT"] = os.environ.get("PET_MASTER_PORT", str(_free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                store=_attempt_store(env))
+        store = _attempt_store(env)
+        rendezvous = {"store": store} if store is not None else {"init_method": _init_method()}
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size, **rendezvous)
     return init_device_mesh(device.type, (env.world_size,), mesh_dim_names=("dp",))
+
+
+def _init_method() -> str:
+    """env:// where a launcher set MASTER_*, else a loopback rendezvous for a plain process."""
+    if "MASTER_ADDR" in os.environ:
+        return "env://"
+    addr = os.environ.get("PET_MASTER_ADDR", "127.0.0.1")
+    port = os.environ.get("PET_MASTER_PORT") or str(_free_port())
+    return f"tcp://{addr}:{port}"
 
 
 def _attempt_store(env: DistEnv) -> dist.Store | None:
