@@ -93,7 +93,6 @@ class Refresher(threading.Thread):
         self.source, self.interval_s = source, interval_s
         self.latest = _Latest()
         self.stop = threading.Event()
-        self.changed = threading.Event()
         self._lock = threading.Lock()
 
     def run(self) -> None:
@@ -115,7 +114,6 @@ class Refresher(threading.Thread):
             with self._lock:
                 self.latest = _Latest(snap or self.latest.snapshot, notice,
                                       self.latest.version + 1)
-            self.changed.set()
             pause = min(MAX_BACKOFF_S, self.interval_s * 2**failures) if failures else (
                 self.interval_s)
             self.stop.wait(max(0.0, pause - (time.monotonic() - started)))
