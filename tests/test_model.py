@@ -103,3 +103,18 @@ def test_meta_build_then_materialise_has_finite_weights():
     model.init_weights()
     assert all(torch.isfinite(p).all() for p in model.parameters())
     assert torch.isfinite(model(torch.randint(0, 512, (1, 16)))).all()
+
+
+def test_init_is_reproducible_per_seed_with_the_reference_scale():
+    a, b, c = Transformer(SMALL), Transformer(SMALL), Transformer(SMALL)
+    a.init_weights(5)
+    b.init_weights(5)
+    c.init_weights(6)
+    for (name, x), y, z in zip(a.state_dict().items(), b.state_dict().values(),
+                               c.state_dict().values(), strict=True):
+        assert torch.equal(x, y), name
+        assert name.endswith("norm.weight") or not torch.equal(x, z), name
+    assert a.tok_embeddings.weight.std().item() == pytest.approx(0.02, rel=0.1)
+    assert torch.equal(a.norm.weight, torch.ones(SMALL.dim))
+    wo = a.layers[0].attention.wo.weight.std().item()
+    assert wo == pytest.approx(0.02 / (2 * SMALL.n_layers) ** 0.5, rel=0.15)

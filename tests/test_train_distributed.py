@@ -76,6 +76,13 @@ def reference_step(initial: dict[str, torch.Tensor]) -> dict[str, object]:
             "grad_norm": float(grad_norm)}
 
 
+def test_sharded_init_equals_plain_init_for_the_same_seed(results):
+    plain = Transformer(FLAVOURS["tiny"])
+    plain.init_weights(seed=3)  # the worker's --seed
+    for name, value in plain.state_dict().items():
+        assert torch.equal(results["fsdp"]["initial"][name], value), name
+
+
 def test_gradients_and_parameters_match_a_single_process(results):
     fsdp = results["fsdp"]
     ref = reference_step(fsdp["initial"])

@@ -18,10 +18,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from fsdpmon.errors import InputError
-from trainer.model import ModelArgs
+from trainer.model import ModelArgs, local_rows
 
 log = logging.getLogger(__name__)
 
@@ -102,25 +101,12 @@ def safetensors_files(directory: str | Path) -> list[Path]:
     return files
 
 
-def _local_rows(param: torch.Tensor) -> tuple[torch.Tensor, int, int]:
-    """This rank's storage of ``param`` and the global row range it holds (FSDP2: Shard(0))."""
-    if not isinstance(param, DTensor):
-        return param.data, 0, param.shape[0]
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-
-    local = param.to_local()
-    _, offset = compute_local_shape_and_global_offset(
-        param.shape, param.device_mesh, param.placements
-    )
-    return local, offset[0], offset[0] + local.shape[0]
-
-
 def _copy_tensor(handle: Any, hf_name: str, param: torch.Tensor, heads: int | None) -> None:
     shape = tuple(handle.get_slice(hf_name).get_shape())
     if shape != tuple(param.shape):
         raise InputError(f"--hf-checkpoint: {hf_name} has shape {shape}, the model expects "
                          f"{tuple(param.shape)}")
-    local, start, stop = _local_rows(param)
+    local, start, stop = local_rows(param)
     rows = handle.get_slice(hf_name)
     if heads is None:
         piece = rows[start:stop]

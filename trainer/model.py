@@ -11,12 +11,15 @@ the parameters were given, so a 70B model is never materialised whole on one ran
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
 
@@ -167,21 +170,21 @@ class Transformer(nn.Module):
         self.rope_cos, self.rope_sin = cos, sin
 
     @torch.no_grad()
-    def init_weights(self) -> None:
-        """Reference init: N(0, 0.02), output projections scaled by depth, norms at one."""
+    def init_weights(self, seed: int = 0) -> None:
+        """Reference init: N(0, 0.02), output projections scaled by depth, norms at one.
+
+        Values depend only on (seed, parameter name, row), never on how the parameters are
+        sharded, so every world size starts from the same model for a seed.
+        """
         std = 0.02
         depth_std = std / math.sqrt(2 * self.config.n_layers)
-        nn.init.normal_(self.tok_embeddings.weight, std=std)
-        for block in self.layers:
-            for lin in (block.attention.wq, block.attention.wk, block.attention.wv,
-                        block.feed_forward.w1, block.feed_forward.w3):
-                nn.init.normal_(lin.weight, std=std)
-            for lin in (block.attention.wo, block.feed_forward.w2):
-                nn.init.normal_(lin.weight, std=depth_std)
-            block.attention_norm.reset_parameters()
-            block.ffn_norm.reset_parameters()
-        self.norm.reset_parameters()
-        nn.init.normal_(self.output.weight, std=std)
+        for name, param in self.named_parameters():
+            if name.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif name.endswith(("attention.wo.weight", "feed_forward.w2.weight")):
+                fill_normal(param, depth_std, f"{seed}/{name}")
+            else:
+                fill_normal(param, std, f"{seed}/{name}")
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         seq = tokens.shape[1]
@@ -190,6 +193,35 @@ class Transformer(nn.Module):
         for block in self.layers:
             h = block(h, cos, sin)
         return self.output(self.norm(h))
+
+
+INIT_CHUNK_ROWS = 128
+
+
+def local_rows(param: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """This rank's storage of ``param`` and the global rows it holds (FSDP2 shards dim 0)."""
+    if not isinstance(param, DTensor):
+        return param.data, 0, param.shape[0]
+    local = param.to_local()
+    _, offset = compute_local_shape_and_global_offset(
+        param.shape, param.device_mesh, param.placements
+    )
+    return local, offset[0], offset[0] + local.shape[0]
+
+
+def fill_normal(param: torch.Tensor, std: float, key: str) -> None:
+    """N(0, std) drawn in fixed chunks of rows, each from its own generator seeded by
+    (key, chunk): a rank draws only the chunks its shard overlaps, and gets the same values
+    as any other sharding would."""
+    local, start, stop = local_rows(param)
+    for chunk in range(start // INIT_CHUNK_ROWS, -(-stop // INIT_CHUNK_ROWS)):
+        first = chunk * INIT_CHUNK_ROWS
+        last = min(first + INIT_CHUNK_ROWS, param.shape[0])
+        digest = hashlib.blake2b(f"{key}/{chunk}".encode(), digest_size=8).digest()
+        gen = torch.Generator().manual_seed(int.from_bytes(digest, "little") >> 1)
+        values = torch.randn((last - first, *param.shape[1:]), generator=gen) * std
+        lo, hi = max(first, start), min(last, stop)
+        local[lo - start : hi - start].copy_(values[lo - first : hi - first])
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -123,7 +123,7 @@ def param_dtype(cfg: ParallelConfig, device: torch.device) -> torch.dtype:
 
 
 def build_fsdp_model(args: ModelArgs, cfg: ParallelConfig, mesh: DeviceMesh,
-                     device: torch.device) -> Transformer:
+                     device: torch.device, seed: int = 0) -> Transformer:
     """Build on meta, shard every block and the root, then materialise only the local shards.
 
     Parameters keep random init here; ``hf_weights.load`` overwrites them when asked.
@@ -153,7 +153,7 @@ def build_fsdp_model(args: ModelArgs, cfg: ParallelConfig, mesh: DeviceMesh,
             module.set_force_sum_reduction_for_comms(True)
     model.to_empty(device="cpu" if cfg.cpu_offload else device)
     model.init_buffers(device)
-    model.init_weights()
+    model.init_weights(seed)
     return model
 
 

@@ -11,7 +11,6 @@ import logging
 import math
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,7 +196,7 @@ def build_trainer(cfg: TrainConfig, env: DistEnv, device: torch.device, mesh: De
     hf_dir = cfg.model.hf_checkpoint
     args = model_args_for(cfg, read_config(hf_dir)[0] if hf_dir else None)
     torch.manual_seed(cfg.seed)
-    model = build_fsdp_model(args, cfg.parallel, mesh, device)
+    model = build_fsdp_model(args, cfg.parallel, mesh, device, cfg.seed)
     if hf_dir:
         load_hf_weights(model, hf_dir)
     optim, sched = build_optimizer(model, cfg)
@@ -237,9 +236,6 @@ def train(cfg: TrainConfig) -> int:
 def _setup_logging(rank: int) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
                         format=f"%(asctime)s [rank{rank}] %(levelname)s %(name)s: %(message)s")
-    # Random init on a CPU mesh only needs to be reproducible for a seed and world size, which
-    # it is (the e2e tests compare whole runs bit for bit); the warning is noise.
-    warnings.filterwarnings("ignore", message="DTensor random operators may not have complete")
 
 
 def main(argv: list[str] | None = None) -> int:
