@@ -13,8 +13,6 @@ from trainer.config import ParallelConfig
 from trainer.model import FLAVOURS
 from trainer.parallel import DistEnv, build_fsdp_model, init_distributed, param_dtype
 
-pytestmark = pytest.mark.filterwarnings("ignore:DTensor random operators")
-
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE",
                "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT",
                "TORCHELASTIC_USE_AGENT_STORE")
