@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from proc_tree import kill_tree, resume_tree
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow
@@ -126,9 +127,13 @@ def finish(job: Job) -> None:
         job.release(1)
         job.proc.wait(timeout=60)
     finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-            job.proc.wait(timeout=10)
+        stop(job)
+
+
+def stop(job: Job) -> None:
+    # The workers run in sessions of their own (torchrun does that): kill the whole tree.
+    resume_tree(job.proc)
+    kill_tree(job.proc)
 
 
 @pytest.fixture(scope="module")
@@ -145,9 +150,7 @@ def main_run(tmp_path_factory) -> Iterator[Job]:
         finish(job)
         yield job
     finally:
-        if job.proc.poll() is None:
-            os.killpg(job.proc.pid, signal.SIGKILL)
-            job.proc.wait(timeout=10)
+        stop(job)
 
 
 def _alive(pid: int) -> bool:
@@ -286,11 +289,7 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
         # (Once per stall episode: tests/test_monitor_watchdog.py; here rank 1 may also report
         # one on waking, and a loaded box may stretch a warm-up step past the floor.)
     finally:
-        if job.proc.poll() is None:
-            with _suppress():
-                os.kill(job.pid(1), signal.SIGCONT)
-            os.killpg(job.proc.pid, signal.SIGKILL)
-            job.proc.wait(timeout=10)
+        stop(job)
 
 
 def _both_past(text: str, step: int) -> str | None:
@@ -301,11 +300,3 @@ def _both_past(text: str, step: int) -> str | None:
 def _stalled_text(port: int, rank: str, value: float) -> str | None:
     text = scrape(port)
     return text if samples(text, "fsdpmon_train_stalled").get(rank) == value else None
-
-
-class _suppress:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> bool:
-        return True

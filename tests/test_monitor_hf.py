@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from proc_tree import kill_tree
 
 transformers = pytest.importorskip("transformers")
 
@@ -102,11 +102,10 @@ def test_two_rank_hf_run_gathers_job_figures(tmp_path):
         cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         start_new_session=True)
     try:
+        # The job dumps its stacks and exits by itself if it hangs (faulthandler).
         output, _ = proc.communicate(timeout=150)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        kill_tree(proc)
     assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
     ranks = [[json.loads(x) for x in (tmp_path / f"hf.rank{r}.jsonl").read_text().splitlines()]
              for r in (0, 1)]
