@@ -84,7 +84,7 @@ def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None
     for _ in range(10):  # warm-up, both paths
         one_step(null)
         one_step(mon)
-    without, with_ = [], []
+    without, with_, log_steps = [], [], []
     for i in range(steps):  # interleaved (ABBA): load drift and order effects hit both alike
         if i % 2 == 0:
             without.append(one_step(null))
@@ -92,6 +92,8 @@ def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None
         else:
             with_.append(one_step(mon))
             without.append(one_step(null))
+        if mon.step_number % mon.config.log_interval == 0:
+            log_steps.append(len(with_) - 1)
     mon.close()
     med_without, med_with = statistics.median(without), statistics.median(with_)
     print(f"tiny Llama training step (batch {batch} x seq {seq}, {steps} steps each, "
@@ -103,6 +105,10 @@ def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None
           f"{statistics.fmean(with_) / statistics.fmean(without):8.4f}")
     paired = statistics.median(w / wo for w, wo in zip(with_, without, strict=True))
     print(f"  median of paired ratios:     {paired:8.4f}   (each step vs its neighbour)")
+    plain = [t for i, t in enumerate(with_) if i not in set(log_steps)]
+    print(f"  non-log steps with monitor:  {statistics.median(plain) / med_without:8.4f}   "
+          f"log steps: {statistics.median([with_[i] for i in log_steps]) / med_without:.4f} "
+          "(ratios to the median step without)")
 
 
 def host_cost(workdir: Path, steps: int, repeats: int) -> None:
