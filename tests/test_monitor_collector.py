@@ -75,9 +75,10 @@ def test_heartbeat_age_and_stall_are_computed_at_scrape_time():
 
 
 def test_before_the_first_step_age_counts_from_start_and_no_timestamp_is_invented():
-    text = _exposition([_state(0, 0.0, threshold=1000.0)])
+    text = _exposition([_state(0, 0.0, threshold=10.0)])
     assert _values(text, "fsdpmon_train_heartbeat_age_seconds") == {"0": 100.0}
     assert "fsdpmon_train_last_step_timestamp_seconds" not in text
+    assert _values(text, "fsdpmon_train_stalled") == {"0": 0.0}  # set-up is not a stall
 
 
 def test_untrusted_snapshot_content_is_ignored_not_fatal():

@@ -75,7 +75,9 @@ def _add_rank(builder: _Families, state: RankState, now: float) -> None:
     last = hb.last_step_unix if hb.last_step_unix > 0 else None
     age = max(0.0, now - (last or started))
     threshold = hb.stall_threshold
-    stalled = 1.0 if hb.stalled or (threshold > 0 and age > threshold) else 0.0
+    # Like the watchdog, judge stalls only once a step has completed (set-up can be long).
+    overdue = last is not None and threshold > 0 and age > threshold
+    stalled = 1.0 if hb.stalled or overdue else 0.0
     live = {
         "fsdpmon_train_steps_total": hb.steps_total,
         "fsdpmon_train_step": hb.step,
