@@ -68,3 +68,52 @@ def test_no_device_sync_outside_log_steps(tmp_path):
     assert all(r["step_time_s"] > 0 and r["loss"] > 0 for r in records)
     assert all(r["peak_memory_bytes"] > 0 for r in records)
     assert records[-1]["phase_seconds"]["forward"] > 0
+
+
+class FakeCudaEvent:
+    """Stands in for torch.cuda.Event on this GPU-less machine: records host time, and like
+    the real one refuses elapsed_time() unless both events were recorded."""
+
+    created = 0
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        FakeCudaEvent.created += 1
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def synchronize(self) -> None:
+        pass  # host time: already "reached"
+
+    def elapsed_time(self, end: FakeCudaEvent) -> float:
+        if self.at is None or end.at is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return (end.at - self.at) * 1000.0
+
+
+def test_cuda_marks_are_pooled_and_read_once_per_window(monkeypatch):
+    from fsdpmon.monitor.timing import CudaClock
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    FakeCudaEvent.created = 0
+    timer = StepTimer(CudaClock())
+    for window in range(3):
+        for _ in range(5):
+            timer.begin_step()
+            timer.begin_phase("data")  # host-timed
+            timer.end_phase("data")
+            timer.begin_phase("forward")  # device-timed
+            time.sleep(0.002)
+            timer.end_phase("forward")
+            timer.end_step()
+        times = timer.drain()
+        assert len(times.step_seconds) == 5 and all(s >= 0.002 for s in times.step_seconds)
+        assert times.phase_seconds["forward"] >= 0.01
+        assert "data" in times.phase_seconds
+        if window == 0:
+            first_window_events = FakeCudaEvent.created
+    assert first_window_events == 5 * 4  # 2 per step, 2 per device phase
+    assert FakeCudaEvent.created == first_window_events  # later windows reuse the pool
