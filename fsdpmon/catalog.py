@@ -116,6 +116,9 @@ TRAINING: tuple[Metric, ...] = (
            "Seconds since the last step completed, as of the scrape.", T),
     Metric("fsdpmon_train_stall_threshold_seconds", Gg, "seconds",
            "Current stall threshold: max(factor x median step time, floor).", T),
+    Metric("fsdpmon_train_unresponsive", Gg, "",
+           "1 when this rank's process has not run its monitor thread for 5 s (stopped, or "
+           "hung holding the GIL): the rank that hangs, not one waiting for it.", T),
     Metric("fsdpmon_monitor_internal_errors_total", C, "",
            "Internal monitor failures (logged once, never raised into training).", T),
     # Job level, published by rank 0 once per log interval

@@ -240,6 +240,7 @@ def test_exposition_passes_promtool_and_carries_both_ranks(main_run: Job, tmp_pa
     # CPU: no peak FLOPs, so no MFU series at all rather than a wrong one.
     assert "fsdpmon_train_mfu_ratio" not in both
     assert samples(both, "fsdpmon_train_stalled") == {"0": 0.0, "1": 0.0}
+    assert samples(both, "fsdpmon_train_unresponsive") == {"0": 0.0, "1": 0.0}
 
 
 def test_a_dead_ranks_series_disappear(main_run: Job):
@@ -274,10 +275,16 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
             age = samples(text, "fsdpmon_train_heartbeat_age_seconds")
             assert age["1"] >= threshold
             assert samples(text, "fsdpmon_train_stalled")["1"] == 1.0
+            # Which rank hangs: the frozen one stops ticking; rank 0 only waits for it.
+            text = wait_until(lambda: _value_is(job.port, "fsdpmon_train_unresponsive", "1",
+                                                1.0), 20, "rank 1 unresponsive")
+            assert samples(text, "fsdpmon_train_unresponsive")["0"] == 0.0
         finally:
             os.kill(frozen, signal.SIGCONT)
         wait_until(lambda: _stalled_text(job.port, "0", 0.0), 20, "rank 0 to recover")
         wait_until(lambda: _stalled_text(job.port, "1", 0.0), 20, "rank 1 to recover")
+        wait_until(lambda: _value_is(job.port, "fsdpmon_train_unresponsive", "1", 0.0), 20,
+                   "rank 1 responsive again")
         step_now = max(samples(scrape(job.port), "fsdpmon_train_step").values())
         job.file("stop").write_text(str(int(step_now) + 10))
         job.done(0)
@@ -298,5 +305,9 @@ def _both_past(text: str, step: int) -> str | None:
 
 
 def _stalled_text(port: int, rank: str, value: float) -> str | None:
+    return _value_is(port, "fsdpmon_train_stalled", rank, value)
+
+
+def _value_is(port: int, name: str, rank: str, value: float) -> str | None:
     text = scrape(port)
-    return text if samples(text, "fsdpmon_train_stalled").get(rank) == value else None
+    return text if samples(text, name).get(rank) == value else None

@@ -74,6 +74,18 @@ def test_heartbeat_age_and_stall_are_computed_at_scrape_time():
     assert _values(text, "fsdpmon_train_stalled") == {"0": 1.0}
 
 
+def test_a_rank_whose_watchdog_went_silent_is_unresponsive():
+    waiting = _state(0, NOW - 30, stalled=1.0)  # blocked in a collective; its thread ticks
+    waiting = RankState(0, waiting.snapshot, Heartbeat(1, NOW - 30, 7, 7, 700, 1.0, 10.0,
+                                                       watchdog_unix=NOW - 0.5))
+    frozen = _state(1, NOW - 30)
+    frozen = RankState(1, frozen.snapshot, Heartbeat(1, NOW - 30, 7, 7, 700, 0.0, 10.0,
+                                                     watchdog_unix=NOW - 29))
+    text = _exposition([waiting, frozen])
+    assert _values(text, "fsdpmon_train_unresponsive") == {"0": 0.0, "1": 1.0}
+    assert _values(text, "fsdpmon_train_stalled") == {"0": 1.0, "1": 1.0}
+
+
 def test_before_the_first_step_age_counts_from_start_and_no_timestamp_is_invented():
     text = _exposition([_state(0, 0.0, threshold=10.0)])
     assert _values(text, "fsdpmon_train_heartbeat_age_seconds") == {"0": 100.0}

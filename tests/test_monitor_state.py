@@ -23,13 +23,13 @@ def test_heartbeat_and_snapshot_round_trip(tmp_path):
     job_dir = tmp_path / "job"
     writer = RankStateWriter(job_dir, 1)
     writer.snapshot(_snapshot(1))
-    writer.heartbeat(1700000000.5, 12, 10, 40960, 0.0, 120.0)
+    writer.heartbeat(1700000000.5, 12, 10, 40960, 0.0, 120.0, 1700000001.0)
     [state] = read_job_states(job_dir)
     assert state.rank == 1
     hb = state.heartbeat
     assert (hb.pid, hb.last_step_unix, hb.step, hb.steps_total, hb.tokens_total) == (
         os.getpid(), 1700000000.5, 12, 10, 40960)
-    assert (hb.stalled, hb.stall_threshold) == (0.0, 120.0)
+    assert (hb.stalled, hb.stall_threshold, hb.watchdog_unix) == (0.0, 120.0, 1700000001.0)
     writer.close()
     assert read_job_states(job_dir) == []
     assert not job_dir.exists()  # the last rank out removes the directory

@@ -29,6 +29,10 @@ from fsdpmon.monitor.state import RankState, read_job_states
 
 log = logging.getLogger(__name__)
 
+# A live process ticks its watchdog thread at least every second; one silent this long is
+# stopped, or hung while holding the GIL: the rank that hangs, not one waiting for it.
+UNRESPONSIVE_AFTER_SECONDS = 5.0
+
 INFO = "fsdpmon_train_info"
 INFO_LABELS = catalog.get(INFO).labels[3:]
 
@@ -86,6 +90,8 @@ def _add_rank(builder: _Families, state: RankState, now: float) -> None:
         "fsdpmon_train_heartbeat_age_seconds": age,
         "fsdpmon_train_stalled": stalled,
         "fsdpmon_train_stall_threshold_seconds": threshold if threshold > 0 else None,
+        "fsdpmon_train_unresponsive": None if hb.watchdog_unix <= 0 else float(
+            now - hb.watchdog_unix > UNRESPONSIVE_AFTER_SECONDS),
     }
     for name, value in {**_mapping(snap.get("values")), **live}.items():
         builder.add(name, labels, value)

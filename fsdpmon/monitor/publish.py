@@ -37,6 +37,7 @@ class Publication:
         self._lock = threading.Lock()
         self._progress = (0.0, 0.0, 0.0, 0.0)  # last step unix, step, steps, tokens
         self._stall = (0.0, config.stall_floor_seconds)
+        self._watchdog_seen = 0.0
         self.writer: RankStateWriter | None = None
         self.keeper: PortKeeper | None = None
         self.snapshot: dict[str, Any] = {
@@ -47,7 +48,7 @@ class Publication:
             "histogram": {"counts": [0] * (len(STEP_BUCKETS) + 1), "sum": 0.0},
         }
         self.watchdog = StallWatchdog(config.stall_factor, config.stall_floor_seconds,
-                                      self._stall_changed)
+                                      self._stall_changed, on_tick=self._watchdog_tick)
 
     @classmethod
     def start(cls, config: MonitorConfig, topo: Topology, run_record: dict[str, Any],
@@ -95,7 +96,11 @@ class Publication:
     def _beat(self) -> None:
         with self._lock:
             if self.writer is not None:
-                self.writer.heartbeat(*self._progress, *self._stall)
+                self.writer.heartbeat(*self._progress, *self._stall, self._watchdog_seen)
+
+    def _watchdog_tick(self) -> None:
+        self._watchdog_seen = time.time()
+        self._beat()
 
     def _stall_changed(self, stalled: bool, threshold: float) -> None:
         self._stall = (1.0 if stalled else 0.0, threshold)

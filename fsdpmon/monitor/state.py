@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold, seq
-_HB = struct.Struct("<qqdddddd q")
+# seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
+# watchdog_unix, seq
+_HB = struct.Struct("<qqddddddd q")
 HB_SIZE = 128  # room to grow without changing the file size
 
 
@@ -44,6 +45,7 @@ class Heartbeat:
     tokens_total: float
     stalled: float
     stall_threshold: float
+    watchdog_unix: float = 0.0  # last tick of the rank's watchdog thread: is the process alive?
 
 
 @dataclass(frozen=True)
@@ -82,11 +84,13 @@ class RankStateWriter:
         self._fh = open(self.hb_path, "r+b")  # noqa: SIM115 - lives as long as the map
         self._map = mmap.mmap(self._fh.fileno(), HB_SIZE)
         self._seq = 0
-        self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # owned (pid set) from the start
+        self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # owned (pid set) from the start
 
     def heartbeat(self, last_step_unix: float, step: float, steps_total: float,
-                  tokens_total: float, stalled: float, stall_threshold: float) -> None:
-        self._pack(last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold)
+                  tokens_total: float, stalled: float, stall_threshold: float,
+                  watchdog_unix: float = 0.0) -> None:
+        self._pack(last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
+                   watchdog_unix)
 
     def _pack(self, *values: float) -> None:
         self._seq += 1
@@ -121,9 +125,9 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
     for _ in range(3):
         if len(raw) < _HB.size:
             return None
-        seq, pid, ts, step, steps, tokens, stalled, threshold, seq_end = _HB.unpack_from(raw)
+        seq, pid, *values, seq_end = _HB.unpack_from(raw)
         if seq == seq_end:
-            return Heartbeat(pid, ts, step, steps, tokens, stalled, threshold)
+            return Heartbeat(pid, *values)
         try:
             raw = path.read_bytes()
         except OSError:

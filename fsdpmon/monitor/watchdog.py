@@ -23,8 +23,10 @@ log = logging.getLogger(__name__)
 class StallWatchdog:
     def __init__(self, factor: float, floor_seconds: float,
                  on_change: Callable[[bool, float], None],
-                 stack_stream: TextIO | None = None, history: int = 200) -> None:
+                 stack_stream: TextIO | None = None, history: int = 200,
+                 on_tick: Callable[[], None] | None = None) -> None:
         self.factor = factor
+        self.on_tick = on_tick  # every tick: proof that this process still runs Python
         self.floor = floor_seconds
         self.on_change = on_change  # (stalled, threshold) whenever either changes
         self.stack_stream = stack_stream
@@ -94,6 +96,8 @@ class StallWatchdog:
     def _run(self) -> None:
         while not self._stop.wait(self._tick()):
             try:
+                if self.on_tick is not None:
+                    self.on_tick()
                 self.check()
             except Exception:  # the watchdog must never die or raise
                 log.exception("fsdpmon: watchdog check failed")
