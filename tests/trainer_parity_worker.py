@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from fsdpmon.monitor import Monitor, MonitorConfig
 from trainer.config import parse_config
 from trainer.data import build_source
-from trainer.parallel import DistEnv, choose_device, init_distributed
+from trainer.parallel import DistEnv, choose_device, exit_process, init_distributed
 from trainer.train import build_trainer
 
 PARITY_FLAGS = ["--model", "tiny", "--batch-size", "2", "--grad-accum", "2", "--seq-len", "32",
@@ -82,3 +82,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_process(0)

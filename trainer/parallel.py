@@ -7,9 +7,11 @@ and as a plain single process.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -155,6 +157,21 @@ def build_fsdp_model(args: ModelArgs, cfg: ParallelConfig, mesh: DeviceMesh,
     model.init_buffers(device)
     model.init_weights(seed)
     return model
+
+
+def exit_process(code: int) -> None:
+    """Flush and leave without interpreter finalisation.
+
+    After a clean ``destroy_process_group`` on every rank, finalisation still sometimes aborts a
+    gloo rank ("terminate called without an active exception": a C++ thread object destroyed
+    while joinable), which torchrun reports as a failed job. Everything worth keeping is written
+    by then, so skip finalisation.
+    """
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,7 +29,13 @@ from trainer.config import TrainConfig, model_args_for, parse_config
 from trainer.data import BatchLoader, SampleSource, build_source
 from trainer.hf_weights import load_hf_weights, read_config
 from trainer.model import Transformer
-from trainer.parallel import DistEnv, build_fsdp_model, choose_device, init_distributed
+from trainer.parallel import (
+    DistEnv,
+    build_fsdp_model,
+    choose_device,
+    exit_process,
+    init_distributed,
+)
 
 log = logging.getLogger("trainer")
 
@@ -243,4 +248,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
