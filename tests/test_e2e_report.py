@@ -81,12 +81,24 @@ def prometheus_scraping(ports: list[int], root: Path):
                 break
             assert proc.poll() is None and time.monotonic() < deadline, "prometheus not ready"
             time.sleep(0.3)
+        # Prometheus applies new targets only every 5 s after start; a short run could end
+        # before its first scrape, so wait until every target has been tried once.
+        while not all_targets_scraped(url, len(ports)):
+            assert proc.poll() is None and time.monotonic() < deadline, "targets never scraped"
+            time.sleep(0.3)
         yield url
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
+
+
+def all_targets_scraped(url: str, count: int) -> bool:
+    with urllib.request.urlopen(url + "/api/v1/targets", timeout=5) as reply:
+        targets = json.load(reply)["data"]["activeTargets"]
+    tried = [t for t in targets if not t["lastScrape"].startswith("0001-")]
+    return len(tried) == count
 
 
 @pytest.fixture(scope="module")
