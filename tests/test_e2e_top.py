@@ -164,7 +164,9 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
         tmux("send-keys", "-t", "top", "q")
 
         def pane_dead() -> str:
-            state = tmux("display-message", "-p", "-t", "top", "#{pane_dead} #{pane_dead_status}")
+            # status for a normal exit, signal number when a signal ended it
+            state = tmux("display-message", "-p", "-t", "top",
+                         "#{pane_dead} #{pane_dead_status}#{pane_dead_signal}")
             return state.strip() if state.startswith("1") else ""
 
         status = _wait("top to exit", pane_dead, 20)
