@@ -1,7 +1,8 @@
 """Debian's Prometheus and Alertmanager, started by a test on loopback, plus a webhook receiver.
 
-Everything binds 127.0.0.1 on free ephemeral ports and lives in the test's temp directory; each
-server runs in its own process group, killed on exit. The webhook receiver is the test's own
+``run_prometheus`` is the one way tests start a Prometheus. Everything binds 127.0.0.1 on
+free ephemeral ports and lives in the test's temp directory; each server runs in its own
+process group, killed on exit. The webhook receiver is the test's own
 endpoint for Alertmanager notifications (a plain ``http.server``), not a metrics server.
 """
 
@@ -11,28 +12,22 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import yaml
+from support import free_port
 
 PROMETHEUS = "/usr/bin/prometheus"
 ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:
@@ -154,10 +149,64 @@ class Prometheus:
 
 
 @contextlib.contextmanager
+def run_prometheus(workdir: Path, config: dict[str, Any], *, tsdb: Path | None = None,
+                   args: Sequence[str] = (), await_targets: bool = False,
+                   timeout: float = 60) -> Iterator[Prometheus]:
+    """Prometheus with ``config`` on a free loopback port, ready when this yields.
+
+    ``tsdb`` defaults to a fresh directory in ``workdir``; a test may pass a backfilled one.
+    With ``await_targets`` it also waits until every configured target has been scraped once:
+    Prometheus applies new targets only every 5 s after start, so a short run could otherwise
+    end before its first scrape.
+    """
+    port = free_port()
+    path = workdir / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    log = workdir / "prometheus.log"
+    command = [PROMETHEUS, f"--config.file={path}",
+               f"--storage.tsdb.path={tsdb or workdir / 'prom-data'}",
+               f"--web.listen-address=127.0.0.1:{port}", *args]
+    with _server(command, log) as proc:
+        prom = Prometheus(f"http://127.0.0.1:{port}")
+
+        def ready() -> bool:
+            _still_running(proc, log)
+            with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as response:
+                return response.status == 200
+
+        deadline = time.monotonic() + timeout
+        wait_for("Prometheus ready", ready, timeout=timeout, every=0.3)
+        if await_targets:
+            expected = _target_count(config)
+
+            def all_tried() -> bool:
+                _still_running(proc, log)
+                return _targets_tried(prom) == expected
+
+            wait_for(f"Prometheus to try all {expected} targets", all_tried,
+                     timeout=max(1.0, deadline - time.monotonic()), every=0.3)
+        yield prom
+
+
+def _still_running(proc: subprocess.Popen, log: Path) -> None:
+    if proc.poll() is not None:
+        raise AssertionError(f"prometheus exited ({proc.returncode}): {log.read_text()[-2000:]}")
+
+
+def _target_count(config: dict[str, Any]) -> int:
+    return sum(len(static["targets"]) for job in config.get("scrape_configs", [])
+               for static in job.get("static_configs", []))
+
+
+def _targets_tried(prom: Prometheus) -> int:
+    targets = get_json(f"{prom.url}/api/v1/targets")["data"]["activeTargets"]
+    return sum(1 for t in targets if not t["lastScrape"].startswith("0001-"))
+
+
+@contextlib.contextmanager
 def prometheus(workdir: Path, targets: dict[str, str], rule_file: Path,
                alertmanager_url: str) -> Iterator[Prometheus]:
     """Prometheus scraping ``{job: "host:port"}`` every second, evaluating rules every second."""
-    port = free_port()
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                    "evaluation_interval": "1s"},
@@ -167,11 +216,5 @@ def prometheus(workdir: Path, targets: dict[str, str], rule_file: Path,
         "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
                            for job, target in targets.items()],
     }
-    path = workdir / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    args = [PROMETHEUS, f"--config.file={path}", f"--storage.tsdb.path={workdir / 'prom-data'}",
-            f"--web.listen-address=127.0.0.1:{port}", "--rules.alert.resend-delay=1s"]
-    with _server(args, workdir / "prometheus.log"):
-        prom = Prometheus(f"http://127.0.0.1:{port}")
-        wait_for("Prometheus ready", lambda: prom.query("vector(1)"), timeout=30)
+    with run_prometheus(workdir, config, args=["--rules.alert.resend-delay=1s"]) as prom:
         yield prom

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 from proc_tree import kill_tree, resume_tree
 from prometheus_client.parser import text_string_to_metric_families
+from support import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -30,12 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 STEPS, LOG_EVERY, BATCH, SEQ = 40, 10, 4, 64
 SLOW_SECONDS = 0.02
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> str:

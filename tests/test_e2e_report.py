@@ -11,29 +11,23 @@ import contextlib
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from proc_tree import kill_tree
+from prometheus_stack import run_prometheus
+from support import free_port
 
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS, LOG_EVERY = 90, 5
 HAVE_PROMETHEUS = bool(shutil.which("prometheus"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train(world_size: int, log: Path, port: int) -> None:
@@ -50,55 +44,24 @@ def train(world_size: int, log: Path, port: int) -> None:
     try:
         output, _ = proc.communicate(timeout=180)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # torchrun's workers too, if anything hung
-        proc.wait()
+        kill_tree(proc)  # torchrun's workers too, if anything hung
     assert proc.returncode == 0, output[-3000:]
 
 
 @contextlib.contextmanager
 def prometheus_scraping(ports: list[int], root: Path):
-    """A real Prometheus scraping the training endpoints every 250 ms; yields its URL."""
+    """A real Prometheus scraping the training endpoints every 250 ms; yields its URL.
+
+    It yields only once every target has been tried: a short run could otherwise end before
+    its first scrape."""
     if not HAVE_PROMETHEUS:
         yield None
         return
-    targets = ", ".join(f"'127.0.0.1:{p}'" for p in ports)
-    (root / "prometheus.yml").write_text(
-        "global: {scrape_interval: 250ms, scrape_timeout: 200ms}\n"
-        f"scrape_configs: [{{job_name: train, static_configs: [{{targets: [{targets}]}}]}}]\n")
-    port = free_port()
-    log = (root / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={root / 'prometheus.yml'}",
-         f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(OSError):
-                urllib.request.urlopen(url + "/-/ready", timeout=2).close()
-                break
-            assert proc.poll() is None and time.monotonic() < deadline, "prometheus not ready"
-            time.sleep(0.3)
-        # Prometheus applies new targets only every 5 s after start; a short run could end
-        # before its first scrape, so wait until every target has been tried once.
-        while not all_targets_scraped(url, len(ports)):
-            assert proc.poll() is None and time.monotonic() < deadline, "targets never scraped"
-            time.sleep(0.3)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
-
-
-def all_targets_scraped(url: str, count: int) -> bool:
-    with urllib.request.urlopen(url + "/api/v1/targets", timeout=5) as reply:
-        targets = json.load(reply)["data"]["activeTargets"]
-    tried = [t for t in targets if not t["lastScrape"].startswith("0001-")]
-    return len(tried) == count
+    config = {"global": {"scrape_interval": "250ms", "scrape_timeout": "200ms"},
+              "scrape_configs": [{"job_name": "train", "static_configs": [
+                  {"targets": [f"127.0.0.1:{p}" for p in ports]}]}]}
+    with run_prometheus(root, config, tsdb=root / "tsdb", await_targets=True) as prom:
+        yield prom.url
 
 
 @pytest.fixture(scope="module")

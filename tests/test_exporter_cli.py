@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from proc_tree import kill_tree
 
 from tests.exporter_api_standin import CID, UID, FakeApi, pod, write_kubeconfig
 
@@ -54,9 +55,7 @@ class Running:
         raise AssertionError("exporter did not start:\n" + "".join(self.log))
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
+        kill_tree(self.proc)
 
 
 @pytest.fixture

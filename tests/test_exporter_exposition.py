@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import signal
-import socket
-import subprocess
 import time
 import urllib.request
 from pathlib import Path
@@ -17,6 +13,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_om
 from prometheus_client.parser import text_string_to_metric_families as parse_text
+from prometheus_stack import Prometheus, run_prometheus
 
 from exporters.exposition import CachedExposition
 from exporters.host import HostReader
@@ -91,14 +88,8 @@ def test_openmetrics_and_gzip() -> None:
     assert _samples(gzip.decompress(plain).decode()) == _samples(text, parse_om)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _query(port: int, promql: str) -> list[dict]:
-    url = f"http://127.0.0.1:{port}/api/v1/query?query={urllib.request.quote(promql)}"
+def _query(prom: Prometheus, promql: str) -> list[dict]:
+    url = f"{prom.url}/api/v1/query?query={urllib.request.quote(promql)}"
     with urllib.request.urlopen(url, timeout=5) as response:
         return json.load(response)["data"]["result"]
 
@@ -109,40 +100,27 @@ def test_a_real_prometheus_scrapes_it(tmp_path: Path) -> None:
     sampler.start()
     server = serve(CachedExposition(sampler, "0.1.0", simulated=True), "127.0.0.1", 0,
                    WebConfig(), sampler.health)
-    prom_port = _free_port()
-    config = tmp_path / "prometheus.yml"
-    config.write_text(
-        "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
-        "scrape_configs:\n"
-        "  - job_name: fsdpmon-node\n"
-        f"    static_configs: [{{targets: ['127.0.0.1:{server.port}']}}]\n")
-    prom = subprocess.Popen(
-        ["prometheus", f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{prom_port}"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    config = {"global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
+              "scrape_configs": [{"job_name": "fsdpmon-node", "static_configs": [
+                  {"targets": [f"127.0.0.1:{server.port}"]}]}]}
     try:
-        deadline = time.monotonic() + 60
-        gpus: list[dict] = []
-        while time.monotonic() < deadline:
-            try:
-                gpus = _query(prom_port, 'fsdpmon_gpu_up{model="SIMULATED"}')
-            except OSError:
-                gpus = []
-            if len(gpus) == 4:
-                break
-            time.sleep(0.5)
-        assert len(gpus) == 4
-        (up,) = _query(prom_port, 'up{job="fsdpmon-node"}')
-        assert up["value"][1] == "1"
-        (stale,) = _query(prom_port, "fsdpmon_exporter_sample_stale")
-        assert stale["value"][1] == "0"
-        assert len(_query(prom_port, "fsdpmon_process_info")) == 3
+        with run_prometheus(tmp_path, config) as prom:
+            deadline = time.monotonic() + 60
+            gpus: list[dict] = []
+            while time.monotonic() < deadline:
+                try:
+                    gpus = _query(prom, 'fsdpmon_gpu_up{model="SIMULATED"}')
+                except OSError:
+                    gpus = []
+                if len(gpus) == 4:
+                    break
+                time.sleep(0.5)
+            assert len(gpus) == 4
+            (up,) = _query(prom, 'up{job="fsdpmon-node"}')
+            assert up["value"][1] == "1"
+            (stale,) = _query(prom, "fsdpmon_exporter_sample_stale")
+            assert stale["value"][1] == "0"
+            assert len(_query(prom, "fsdpmon_process_info")) == 3
     finally:
-        os.killpg(prom.pid, signal.SIGTERM)
-        try:
-            prom.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(prom.pid, signal.SIGKILL)
-            prom.wait(5)
         server.stop()
         sampler.stop()

@@ -10,8 +10,6 @@ and the JSONL logs and the checkpoint land on the data volume where the manifest
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,7 +17,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from proc_tree import kill_tree
 from prometheus_client.parser import text_string_to_metric_families
+from support import free_port
 
 from fsdpmon import conventions as conv
 from fsdpmon.manifests import ManifestConfig
@@ -27,12 +27,6 @@ from fsdpmon.manifests.training import pytorchjob
 
 JOB = "tiny-e2e"
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pod_env(container: dict, pod_name: str) -> dict[str, str]:
@@ -92,9 +86,7 @@ def test_generated_master_pod_trains_and_serves_metrics(tmp_path):
         text = scrape(f"http://127.0.0.1:{metrics_port}/metrics", time.monotonic() + 150)
         output, _ = proc.communicate(timeout=240)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        kill_tree(proc)  # torchrun's workers are in sessions of their own
     assert proc.returncode == 0, output[-3000:]
 
     ranks = {s.labels.get("rank") for fam in text_string_to_metric_families(text)
@@ -147,5 +139,4 @@ def test_generated_exporter_container_serves_its_probes_and_metrics():
             text = response.read().decode()
         assert 'node="node-a"' in text
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        kill_tree(proc)

@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 import torch
 import torch.nn.functional as F
+from support import free_port
 
 from fsdpmon.monitor import Monitor, MonitorConfig
 from fsdpmon.monitor import gather as gather_mod
@@ -28,12 +29,6 @@ RUN_KEYS = {"kind", "time", "rank", "local_rank", "world_size", "nodes", "model"
 JOB_KEYS = {"step_time_min_s", "step_time_median_s", "step_time_max_s", "slowest_rank",
             "peak_memory_max_bytes", "peak_memory_max_rank", "loss_mean", "loss_max"}
 SEQ, BATCH = 16, 4
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape_when_up(port: int, must_contain: str = "fsdpmon_") -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from proc_tree import kill_tree
+from support import free_port
 
 transformers = pytest.importorskip("transformers")
 
@@ -34,18 +34,12 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.data[i], "labels": self.data[i]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_hf_trainer_run_is_monitored(tmp_path):
     cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64,
                                    num_hidden_layers=2, num_attention_heads=4,
                                    num_key_value_heads=2, max_position_embeddings=SEQ)
     model = transformers.LlamaForCausalLM(cfg)
-    port = _free_port()
+    port = free_port()
     callback = FsdpmonCallback(
         MonitorConfig(port=port, listen_address="127.0.0.1", job_name="hf-test",
                       jsonl_path=str(tmp_path / "hf.jsonl"), state_dir=str(tmp_path / "state")),

@@ -7,14 +7,10 @@ import socket
 import time
 import urllib.request
 
+from support import free_port
+
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.state import RankStateWriter
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(port: int) -> str:
@@ -36,7 +32,7 @@ def test_second_keeper_takes_the_port_over_when_the_first_closes(tmp_path):
     writer.snapshot({"pid": os.getpid(), "rank": 0, "local_rank": 0, "job_name": "j",
                      "values": {"fsdpmon_train_loss": 3.5}})
     writer.heartbeat(time.time(), 1, 1, 1, 0, 60)
-    port = _free_port()
+    port = free_port()
     first = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0, retry_seconds=0.2)
     second = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0.3, retry_seconds=0.2)
     try:

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from proc_tree import kill_tree
 
 from exporters.procs import ProcessScanner, command_line, parse_stat, redact
 from exporters.sample import PodRef
@@ -158,5 +159,4 @@ def test_real_proc_finds_a_real_training_process() -> None:
         assert abs(sample.start_time_seconds - time.time()) < 60
         assert sample.command.endswith("time.sleep(60)")
     finally:
-        os.killpg(child.pid, 9)
-        child.wait(10)
+        kill_tree(child)

@@ -11,18 +11,15 @@ from __future__ import annotations
 import contextlib
 import http.server
 import json
-import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import urllib.request
-from pathlib import Path
 
 import pytest
+from prometheus_stack import run_prometheus
+from support import free_port
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.report.prometheus import PrometheusAPI
@@ -40,12 +37,6 @@ JOBS = {  # job -> (world size, steady step time in seconds)
 }
 WARMUP_STEP_TIME_S = 2.0  # the first log window (steps 1-5) is slow, like a real start-up
 LOG_EVERY = 5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def rank_series(job: str, rank: int, world: int, step_time: float, t0: int) -> dict[str, list]:
@@ -98,38 +89,9 @@ def prometheus(tmp_path_factory):
     (root / "in.om").write_text(openmetrics(t0))
     subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(root / "in.om"),
                     str(root / "data")], check=True, capture_output=True, timeout=60)
-    (root / "prometheus.yml").write_text("global:\n  scrape_interval: 1h\n")
-    port = free_port()
-    log = (root / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={root / 'prometheus.yml'}",
-         f"--storage.tsdb.path={root / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_ready(url, proc, root / "prometheus.log")
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
-        log.close()
-
-
-def _wait_ready(url: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"prometheus exited: {log.read_text()[-2000:]}")
-        with (
-            contextlib.suppress(OSError),
-            urllib.request.urlopen(url + "/-/ready", timeout=2) as response,
-        ):
-            if response.status == 200:
-                return
-        time.sleep(0.3)
-    pytest.fail("prometheus did not become ready in 60 s")
+    config = {"global": {"scrape_interval": "1h"}}
+    with run_prometheus(root, config, tsdb=root / "data") as prom:
+        yield prom.url
 
 
 def fsdpmon(*args: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from trainer_launch import REPO, child_env, kill_tree
+from proc_tree import kill_tree
+from trainer_launch import REPO, child_env
 
 pytestmark = pytest.mark.slow
 

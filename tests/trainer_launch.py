@@ -1,20 +1,19 @@
 """Launching the trainer from tests: torchrun with a timeout, and no process left behind.
 
 torchrun starts each worker in its own session, so killing torchrun's process group is not
-enough; cleanup walks the process tree (psutil) and kills every descendant too.
+enough; cleanup is ``proc_tree.kill_tree``, which walks the tree and kills every descendant too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import psutil
+from proc_tree import kill_tree
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -30,19 +29,6 @@ def child_env(**extra: str) -> dict[str, str]:
 def torchrun_args(nproc: int, target: Sequence[str], max_restarts: int = 0) -> list[str]:
     return [*TORCHRUN, "--standalone", "--nproc_per_node", str(nproc),
             "--max-restarts", str(max_restarts), *target]
-
-
-def kill_tree(proc: subprocess.Popen) -> None:
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for child in family:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            child.kill()
-    proc.wait(timeout=30)
 
 
 @contextlib.contextmanager
