@@ -7,10 +7,12 @@ times out, answers non-200 or sends too much is reported down with the reason; t
 
 from __future__ import annotations
 
+import gc
 import http.client
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from urllib.parse import urlsplit
 
 from fsdpmon.errors import ConfigError
@@ -19,7 +21,9 @@ from fsdpmon.top.expfmt import Parser, decode
 from fsdpmon.top.snapshot import JobSnapshot
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # a pod serving more than this is broken or hostile
-_CHUNK = 1 << 16
+# Bodies are read in pieces this large so that the deadline is checked between them; an
+# exposition (~60 KiB a pod) is one read, with no join copy.
+_CHUNK = 1 << 20
 
 
 class ScrapeError(Exception):
@@ -62,6 +66,8 @@ def http_get(
             detail = response.read(300).decode("utf-8", "replace").strip() if error_body else ""
             raise ScrapeError(f"HTTP {response.status} {response.reason}"
                               + (f": {detail}" if detail else ""))
+        if response.length is not None and response.length > max_bytes:
+            raise ScrapeError(f"body larger than {max_bytes} bytes")
         chunks, size = [], 0
         while chunk := response.read(_CHUNK):
             size += len(chunk)
@@ -70,7 +76,7 @@ def http_get(
             if time.monotonic() > deadline:
                 raise ScrapeError(f"timed out after {timeout_s:g}s")
             chunks.append(chunk)
-        return b"".join(chunks)
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except (TimeoutError, ConnectionError, OSError, http.client.HTTPException) as exc:
         raise ScrapeError(_reason(exc)) from None
     finally:
@@ -86,6 +92,24 @@ def _reason(exc: BaseException) -> str:
 
 
 Fetcher = Callable[[Target], bytes]
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Holds off Python's cyclic garbage collector for one refresh.
+
+    A refresh of a large job allocates ~100k short-lived containers (samples, rows, HTTP
+    objects); left alone, the collector runs ~120 passes and one full pass per refresh that
+    walks the parser's label caches (~50 ms of a ~400 ms refresh for 2048 ranks on 2 cores).
+    Reference counting still frees everything at once; cycles wait for the next pass after.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def scrape_all(
@@ -133,11 +157,17 @@ class TargetsSource:
         return f"{len(self.targets)} target(s)"
 
     def fetch(self) -> JobSnapshot:
+        with collector_paused():
+            self._previous = self._refresh()
+        return self._previous
+
+    def _refresh(self) -> JobSnapshot:
+        # The samples die when this returns, before the collector resumes: its first pass
+        # then sees only the new snapshot, not the ~60k samples it was built from.
         results = scrape_all(self.targets, lambda t: http_get(t.url, self.timeout_s),
                              self._parser, self._pool)
-        self._previous = aggregate(results, now=time.time(), source="targets",
-                                   previous=self._previous, job_name=self.job_name)
-        return self._previous
+        return aggregate(results, now=time.time(), source="targets", previous=self._previous,
+                         job_name=self.job_name)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
