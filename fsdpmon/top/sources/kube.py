@@ -31,7 +31,7 @@ from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
 from fsdpmon.top.aggregate import Target, aggregate, new_parser
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.targets import ScrapeError, http_get, scrape_all
+from fsdpmon.top.sources.targets import ScrapeError, collector_paused, http_get, scrape_all
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
 RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this namespace and "
@@ -288,6 +288,11 @@ class KubeSource:
             raise ScrapeError(_describe(exc)) from None
 
     def fetch(self) -> JobSnapshot:
+        with collector_paused():  # see there: a large job's refresh would run a full GC pass
+            self._previous = self._refresh()
+        return self._previous
+
+    def _refresh(self) -> JobSnapshot:
         previous = self._previous
         stale = previous is not None and previous.targets_up < len(previous.targets)
         if not self._targets or stale or self._refreshes % REDISCOVER_EVERY == 0:
@@ -295,12 +300,11 @@ class KubeSource:
         self._refreshes += 1
         results = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
         follower = self._logs
-        self._previous = aggregate(
+        return aggregate(
             results, now=time.time(), source="kubernetes", previous=previous,
             job_name=self.cfg.job, logs=tuple(follower.lines) if follower else (),
             log_pod=follower.pod if follower else "",
         )
-        return self._previous
 
     @property
     def notice(self) -> str:
