@@ -23,9 +23,11 @@ def kill_tree(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
         family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
     except psutil.NoSuchProcess:
         family = []
-    # No group of that id unless ``proc`` was started with start_new_session.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
+    # No group of that id unless ``proc`` was started with start_new_session; once ``proc`` is
+    # reaped its id may belong to someone else, so leave the group alone then.
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
     for member in family:
         with contextlib.suppress(psutil.NoSuchProcess):
             member.send_signal(sig)
