@@ -164,10 +164,12 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
         tmux("send-keys", "-t", "top", "q")
 
         def pane_dead() -> str:
-            # status for a normal exit, signal number when a signal ended it
+            # status for a normal exit, signal number when a signal ended it. tmux marks the
+            # pane dead when its pty closes, which can be before it has reaped the process and
+            # learnt how it ended: wait for that too.
             state = tmux("display-message", "-p", "-t", "top",
-                         "#{pane_dead} #{pane_dead_status}#{pane_dead_signal}")
-            return state.strip() if state.startswith("1") else ""
+                         "#{pane_dead} #{pane_dead_status}#{pane_dead_signal}").strip()
+            return state if state.startswith("1 ") else ""
 
         status = _wait("top to exit", pane_dead, 20)
         assert status == "1 0", (status, (tmp_path / "top.err").read_text()[-3000:])
