@@ -86,3 +86,24 @@ def test_url_validation():
         normalise_url("h:99999")
     with pytest.raises(ConfigError):
         TargetsSource([])
+
+
+def test_event_loop_fetch_keeps_http_get_reasons(server):
+    """The aiohttp path (TargetsSource) reports what http_get reports, body cap included."""
+    import asyncio
+
+    import aiohttp
+
+    from fsdpmon.top.sources.targets import _aget
+
+    async def get(path: str, max_bytes: int) -> str:
+        async with aiohttp.ClientSession() as session:
+            try:
+                return f"{len(await _aget(session, server.url(path), 2.0, max_bytes))} bytes"
+            except ScrapeError as exc:
+                return str(exc)
+
+    assert asyncio.run(get("/train/node-000", 100)) == "body larger than 100 bytes"
+    assert asyncio.run(get("/missing", 100)) == "HTTP 404 Not Found"
+    whole = http_get(server.url("/train/node-000"), 2.0)
+    assert asyncio.run(get("/train/node-000", 1 << 20)) == f"{len(whole)} bytes"

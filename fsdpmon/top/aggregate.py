@@ -366,6 +366,52 @@ def _carry_down_ranks(ranks: dict[int, RankRow], previous: JobSnapshot | None) -
             ranks[old.rank] = replace(old, down=True, stalled=False, slowest=False)
 
 
+class JobAggregator:
+    """Files scrape results one at a time, in any order, then builds the snapshot.
+
+    Sources add each target's result as it arrives, so filing overlaps the remaining fetches;
+    the target list keeps the targets' own order whatever the arrival order.
+    """
+
+    def __init__(self) -> None:
+        self._acc = _Acc()
+        self._results: dict[int, ScrapeResult] = {}
+        self._statuses: dict[int, TargetStatus] = {}
+
+    def add(self, index: int, result: ScrapeResult) -> None:
+        """Files the result of target number ``index``."""
+        self._results[index] = result
+        if result.samples is not None:
+            self._statuses[index] = _read(self._acc, result)
+
+    def snapshot(
+        self, *, now: float, source: str, previous: JobSnapshot | None = None,
+        job_name: str = "", logs: tuple[str, ...] = (), log_pod: str = "",
+    ) -> JobSnapshot:
+        acc = self._acc
+        last_node = {t.url: t.node for t in previous.targets} if previous else {}
+        targets = [self._statuses.get(i) or _down_status(r, last_node)
+                   for i, r in sorted(self._results.items())]
+        rank_rows = {r: _rank_row(r, d) for r, d in acc.ranks.items()}
+        _carry_down_ranks(rank_rows, previous)
+        ranks = [rank_rows[r] for r in sorted(rank_rows)]
+        slowest = _mark_slowest(ranks, acc.job)
+        gpus = _gpu_rows(acc, previous, {t.node for t in targets if not t.up and t.node})
+        return _finish(acc, previous, JobSnapshot(
+            time=now, source=source, job_name=acc.job_name or job_name, ranks=tuple(ranks),
+            gpus=tuple(gpus), nodes=tuple(_node_rows(acc, gpus)),
+            processes=tuple(_process_rows(acc)), targets=tuple(targets),
+            slowest_rank=slowest, model=acc.model, logs=logs, log_pod=log_pod,
+        ))
+
+
+def _down_status(result: ScrapeResult, last_node: dict[str, str]) -> TargetStatus:
+    target = result.target
+    return TargetStatus(url=target.url, kind="unknown", up=False, error=result.error,
+                        duration_s=result.duration_s, pod=target.pod,
+                        node=target.node or last_node.get(target.url, ""))
+
+
 def aggregate(
     results: Sequence[ScrapeResult],
     *,
@@ -377,28 +423,11 @@ def aggregate(
     log_pod: str = "",
 ) -> JobSnapshot:
     """Builds the job snapshot from one refresh's scrape results."""
-    acc = _Acc()
-    targets: list[TargetStatus] = []
-    last_node = {t.url: t.node for t in previous.targets} if previous else {}
-    for result in results:
-        if result.samples is None:
-            targets.append(TargetStatus(
-                url=result.target.url, kind="unknown", up=False, error=result.error,
-                duration_s=result.duration_s, pod=result.target.pod,
-                node=result.target.node or last_node.get(result.target.url, "")))
-        else:
-            targets.append(_read(acc, result))
-    rank_rows = {r: _rank_row(r, d) for r, d in acc.ranks.items()}
-    _carry_down_ranks(rank_rows, previous)
-    ranks = [rank_rows[r] for r in sorted(rank_rows)]
-    slowest = _mark_slowest(ranks, acc.job)
-    gpus = _gpu_rows(acc, previous, {t.node for t in targets if not t.up and t.node})
-    return _finish(acc, previous, JobSnapshot(
-        time=now, source=source, job_name=acc.job_name or job_name, ranks=tuple(ranks),
-        gpus=tuple(gpus), nodes=tuple(_node_rows(acc, gpus)),
-        processes=tuple(_process_rows(acc)), targets=tuple(targets), slowest_rank=slowest,
-        model=acc.model, logs=logs, log_pod=log_pod,
-    ))
+    aggregator = JobAggregator()
+    for i, result in enumerate(results):
+        aggregator.add(i, result)
+    return aggregator.snapshot(now=now, source=source, previous=previous, job_name=job_name,
+                               logs=logs, log_pod=log_pod)
 
 
 def _finish(acc: _Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSnapshot:

@@ -1,12 +1,14 @@
 """Plain scrape targets (`--targets URL,...`): concurrent HTTP scrapes, bounded and timed out.
 
-Every target is fetched by a bounded thread pool with a per-target deadline; the body is parsed
-in the same worker as soon as it arrives (only the series `top` reads). A target that refuses,
-times out, answers non-200 or sends too much is reported down with the reason; the rest go on.
+Every target is fetched with a per-target deadline, at most a bounded number at a time, by one
+asyncio event loop (aiohttp); each body is parsed and aggregated on that thread as soon as it
+arrives (only the series `top` reads). A target that refuses, times out, answers non-200 or
+sends too much is reported down with the reason; the rest go on.
 """
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import http.client
 import time
@@ -15,8 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from urllib.parse import urlsplit
 
+import aiohttp
+
 from fsdpmon.errors import ConfigError
-from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate, new_parser
+from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target, new_parser
 from fsdpmon.top.expfmt import Parser, decode
 from fsdpmon.top.snapshot import JobSnapshot
 
@@ -115,22 +119,96 @@ def collector_paused() -> Iterator[None]:
 def scrape_all(
     targets: Sequence[Target], fetch: Fetcher, parser: Parser, pool: ThreadPoolExecutor
 ) -> list[ScrapeResult]:
-    """Fetch and parse every target concurrently; results keep the targets' order."""
+    """Fetch and parse every target on a thread pool; results keep the targets' order.
+
+    For fetchers that block (the Kubernetes client's pod proxy); plain URLs go through the
+    event loop of TargetsSource instead.
+    """
 
     def one(target: Target) -> ScrapeResult:
         start = time.monotonic()
         try:
             body = fetch(target)
         except ScrapeError as exc:
-            return ScrapeResult(target, None, str(exc), time.monotonic() - start)
-        try:
-            samples = parser.parse(decode(body))
-        except Exception as exc:  # a parser bug must not take the whole view down
-            return ScrapeResult(target, None, f"unreadable exposition: {exc}",
-                                time.monotonic() - start)
-        return ScrapeResult(target, samples, "", time.monotonic() - start)
+            return _parsed(target, None, str(exc), time.monotonic() - start, parser)
+        return _parsed(target, body, "", time.monotonic() - start, parser)
 
     return list(pool.map(one, targets))
+
+
+def _parsed(
+    target: Target, body: bytes | None, error: str, duration_s: float, parser: Parser
+) -> ScrapeResult:
+    if body is None:
+        return ScrapeResult(target, None, error, duration_s)
+    try:
+        samples = parser.parse(decode(body))
+    except Exception as exc:  # a parser bug must not take the whole view down
+        return ScrapeResult(target, None, f"unreadable exposition: {exc}", duration_s)
+    return ScrapeResult(target, samples, "", duration_s)
+
+
+async def _aget(
+    session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int
+) -> bytes:
+    """The event-loop twin of http_get: same checks, same reasons (ScrapeError)."""
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
+                               allow_redirects=False, headers=_HEADERS) as response:
+            if response.status != 200:
+                raise ScrapeError(f"HTTP {response.status} {response.reason}")
+            if response.content_length is not None and response.content_length > max_bytes:
+                raise ScrapeError(f"body larger than {max_bytes} bytes")
+            chunks, size = [], 0
+            async for chunk in response.content.iter_any():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise ScrapeError(f"body larger than {max_bytes} bytes")
+                chunks.append(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    except (TimeoutError, asyncio.TimeoutError):
+        raise ScrapeError("timed out") from None
+    except aiohttp.ClientConnectorError as exc:
+        raise ScrapeError(_reason(exc.os_error)) from None
+    except (aiohttp.ClientError, OSError, ValueError) as exc:
+        raise ScrapeError(str(exc) or type(exc).__name__) from None
+
+
+# What http.client sends: plain text, no compression (a gzip body would cost top CPU to inflate).
+_HEADERS = {"Accept": "text/plain", "Accept-Encoding": "identity"}
+
+
+async def _scrape_async(
+    targets: Sequence[Target], parser: Parser, timeout_s: float, limit: int,
+    on_result: Callable[[int, ScrapeResult], None],
+) -> None:
+    """At most ``limit`` fetches in flight; each body is parsed and filed as it arrives.
+
+    All on one thread: the sockets wait in the event loop, not in 16 threads that each
+    need the GIL back after every system call (~13k context switches and ~2x the CPU per
+    refresh of 512 targets, measured on 2 cores).
+    """
+    gate = asyncio.Semaphore(limit)
+    connector = aiohttp.TCPConnector(limit=limit, force_close=True)
+
+    async def one(session: aiohttp.ClientSession, i: int, target: Target) -> None:
+        async with gate:
+            start = time.monotonic()
+            try:
+                body: bytes | None = await _aget(session, target.url, timeout_s, MAX_BODY_BYTES)
+                error = ""
+            except ScrapeError as exc:
+                body, error = None, str(exc)
+        on_result(i, _parsed(target, body, error, time.monotonic() - start, parser))
+
+    async with aiohttp.ClientSession(connector=connector) as session:
+        tasks = [asyncio.ensure_future(one(session, i, t)) for i, t in enumerate(targets)]
+        try:
+            await asyncio.gather(*tasks)
+        finally:  # an aggregation bug fails this refresh and leaves nothing behind in the loop
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class TargetsSource:
@@ -148,8 +226,8 @@ class TargetsSource:
         self.timeout_s = timeout_s
         self.job_name = job_name
         self._parser = new_parser()
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets))),
-                                        thread_name_prefix="fsdpmon-scrape")
+        self._limit = max(1, min(max_workers, len(self.targets)))
+        self._loop = asyncio.new_event_loop()
         self._previous: JobSnapshot | None = None
 
     @property
@@ -164,10 +242,12 @@ class TargetsSource:
     def _refresh(self) -> JobSnapshot:
         # The samples die when this returns, before the collector resumes: its first pass
         # then sees only the new snapshot, not the ~60k samples it was built from.
-        results = scrape_all(self.targets, lambda t: http_get(t.url, self.timeout_s),
-                             self._parser, self._pool)
-        return aggregate(results, now=time.time(), source="targets", previous=self._previous,
-                         job_name=self.job_name)
+        aggregator = JobAggregator()
+        self._loop.run_until_complete(_scrape_async(
+            self.targets, self._parser, self.timeout_s, self._limit, aggregator.add))
+        return aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
+                                   job_name=self.job_name)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if not self._loop.is_running():  # else a refresh is still in flight: let it end
+            self._loop.close()
