@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -88,22 +89,19 @@ def test_url_validation():
         TargetsSource([])
 
 
-def test_event_loop_fetch_keeps_http_get_reasons(server):
-    """The aiohttp path (TargetsSource) reports what http_get reports, body cap included."""
-    import asyncio
-
-    import aiohttp
-
+def test_event_loop_fetch_keeps_http_get_reasons(server, silent_port):
+    """The event-loop GET (TargetsSource) reports what http_get reports, body cap included."""
     from fsdpmon.top.sources.targets import _aget
 
-    async def get(path: str, max_bytes: int) -> str:
-        async with aiohttp.ClientSession() as session:
-            try:
-                return f"{len(await _aget(session, server.url(path), 2.0, max_bytes))} bytes"
-            except ScrapeError as exc:
-                return str(exc)
+    def get(url: str, max_bytes: int = 1 << 20, timeout_s: float = 2.0) -> str:
+        try:
+            return f"{len(asyncio.run(_aget(url, timeout_s, max_bytes)))} bytes"
+        except ScrapeError as exc:
+            return str(exc)
 
-    assert asyncio.run(get("/train/node-000", 100)) == "body larger than 100 bytes"
-    assert asyncio.run(get("/missing", 100)) == "HTTP 404 Not Found"
+    assert get(server.url("/train/node-000"), 100) == "body larger than 100 bytes"
+    assert get(server.url("/missing")) == "HTTP 404 Not Found"
+    assert get(f"http://127.0.0.1:{silent_port}/metrics", timeout_s=0.3) == "timed out"
     whole = http_get(server.url("/train/node-000"), 2.0)
-    assert asyncio.run(get("/train/node-000", 1 << 20)) == f"{len(whole)} bytes"
+    assert get(server.url("/train/node-000")) == f"{len(whole)} bytes"
+    assert get(server.url("/garbage")) == f"{len(server.payloads['/garbage'])} bytes"

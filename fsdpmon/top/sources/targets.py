@@ -1,7 +1,7 @@
 """Plain scrape targets (`--targets URL,...`): concurrent HTTP scrapes, bounded and timed out.
 
 Every target is fetched with a per-target deadline, at most a bounded number at a time, by one
-asyncio event loop (aiohttp); each body is parsed and aggregated on that thread as soon as it
+asyncio event loop; each body is parsed and aggregated on that thread as soon as it
 arrives (only the series `top` reads). A target that refuses, times out, answers non-200 or
 sends too much is reported down with the reason; the rest go on.
 """
@@ -9,15 +9,16 @@ sends too much is reported down with the reason; the rest go on.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import http.client
+import io
+import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from urllib.parse import urlsplit
-
-import aiohttp
+from urllib.parse import SplitResult, urlsplit
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target, new_parser
@@ -148,34 +149,92 @@ def _parsed(
     return ScrapeResult(target, samples, "", duration_s)
 
 
-async def _aget(
-    session: aiohttp.ClientSession, url: str, timeout_s: float, max_bytes: int
-) -> bytes:
-    """The event-loop twin of http_get: same checks, same reasons (ScrapeError)."""
+class _Collect(asyncio.Protocol):
+    """Sends one HTTP/1.0 request and keeps everything the server answers until it closes."""
+
+    def __init__(self, request: bytes, max_bytes: int, done: asyncio.Future[bytes]) -> None:
+        self.request, self.max_bytes, self.done = request, max_bytes, done
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        self.size += len(data)
+        self.chunks.append(data)
+        if self.size > self.max_bytes + _HEAD_ROOM and not self.done.done():
+            self.done.set_exception(ScrapeError(f"body larger than {self.max_bytes} bytes"))
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            if exc is None:
+                self.done.set_result(b"".join(self.chunks))
+            else:
+                self.done.set_exception(exc)
+
+
+class _Answer:
+    """What http.client.HTTPResponse reads a whole answer from (it wants a socket's makefile)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def makefile(self, mode: str) -> io.BytesIO:
+        return io.BytesIO(self.data)
+
+
+async def _aget(url: str, timeout_s: float, max_bytes: int) -> bytes:
+    """The event-loop twin of http_get: same checks, same reasons (ScrapeError).
+
+    An HTTP/1.0 GET (the server answers and closes), the answer collected by an asyncio
+    protocol and read by http.client's own response parser: ~90 ms of CPU for 512 pods
+    here, against ~135 ms through aiohttp's client and ~230 ms through 16 blocking threads.
+    """
+    parts = urlsplit(url)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    request = (f"GET {path} HTTP/1.0\r\nHost: {parts.netloc}\r\nAccept: text/plain\r\n"
+               "Accept-Encoding: identity\r\n\r\n").encode("latin-1", "replace")
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                               allow_redirects=False, headers=_HEADERS) as response:
-            if response.status != 200:
-                raise ScrapeError(f"HTTP {response.status} {response.reason}")
-            if response.content_length is not None and response.content_length > max_bytes:
-                raise ScrapeError(f"body larger than {max_bytes} bytes")
-            chunks, size = [], 0
-            async for chunk in response.content.iter_any():
-                size += len(chunk)
-                if size > max_bytes:
-                    raise ScrapeError(f"body larger than {max_bytes} bytes")
-                chunks.append(chunk)
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        raw = await asyncio.wait_for(_exchange(parts, request, max_bytes), timeout_s)
+        response = http.client.HTTPResponse(_Answer(raw))  # type: ignore[arg-type]
+        response.begin()
+        if response.status != 200:
+            raise ScrapeError(f"HTTP {response.status} {response.reason}")
+        if response.length is not None and response.length > max_bytes:
+            raise ScrapeError(f"body larger than {max_bytes} bytes")
+        body = response.read()
+        if len(body) > max_bytes:
+            raise ScrapeError(f"body larger than {max_bytes} bytes")
+        return body
     except (TimeoutError, asyncio.TimeoutError):
         raise ScrapeError("timed out") from None
-    except aiohttp.ClientConnectorError as exc:
-        raise ScrapeError(_reason(exc.os_error)) from None
-    except (aiohttp.ClientError, OSError, ValueError) as exc:
-        raise ScrapeError(str(exc) or type(exc).__name__) from None
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        raise ScrapeError(_reason(exc)) from None
 
 
-# What http.client sends: plain text, no compression (a gzip body would cost top CPU to inflate).
-_HEADERS = {"Accept": "text/plain", "Accept-Encoding": "identity"}
+async def _exchange(parts: SplitResult, request: bytes, max_bytes: int) -> bytes:
+    """Everything the server answers to ``request``; the connection is closed whatever happens."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[bytes] = loop.create_future()
+    https = parts.scheme == "https"
+    transport, _ = await loop.create_connection(
+        lambda: _Collect(request, max_bytes, done), parts.hostname,
+        parts.port or (443 if https else 80), ssl=_ssl_context() if https else None)
+    try:
+        return await done
+    finally:
+        transport.close()
+
+
+@functools.lru_cache(maxsize=1)
+def _ssl_context() -> ssl.SSLContext:
+    return ssl.create_default_context()  # verifies, as http.client's HTTPS does
+
+
+_HEAD_ROOM = 64 * 1024  # status line and headers, on top of the body cap
 
 
 async def _scrape_async(
@@ -189,26 +248,24 @@ async def _scrape_async(
     refresh of 512 targets, measured on 2 cores).
     """
     gate = asyncio.Semaphore(limit)
-    connector = aiohttp.TCPConnector(limit=limit, force_close=True)
 
-    async def one(session: aiohttp.ClientSession, i: int, target: Target) -> None:
+    async def one(i: int, target: Target) -> None:
         async with gate:
             start = time.monotonic()
             try:
-                body: bytes | None = await _aget(session, target.url, timeout_s, MAX_BODY_BYTES)
+                body: bytes | None = await _aget(target.url, timeout_s, MAX_BODY_BYTES)
                 error = ""
             except ScrapeError as exc:
                 body, error = None, str(exc)
         on_result(i, _parsed(target, body, error, time.monotonic() - start, parser))
 
-    async with aiohttp.ClientSession(connector=connector) as session:
-        tasks = [asyncio.ensure_future(one(session, i, t)) for i, t in enumerate(targets)]
-        try:
-            await asyncio.gather(*tasks)
-        finally:  # an aggregation bug fails this refresh and leaves nothing behind in the loop
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+    tasks = [asyncio.ensure_future(one(i, t)) for i, t in enumerate(targets)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:  # an aggregation bug fails this refresh and leaves nothing behind in the loop
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class TargetsSource:
