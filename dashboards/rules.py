@@ -19,6 +19,7 @@ from typing import Any
 
 from dashboards.dcgm import dcgm_rules
 from dashboards.promql import JOB_KEYS, m
+from fsdpmon.conventions import DEFAULT_STALL_FACTOR, DEFAULT_STALL_FLOOR_SECONDS
 
 Rule = dict[str, Any]
 
@@ -33,9 +34,9 @@ class RuleBounds:
     """Alert thresholds and durations (Prometheus duration strings)."""
 
     # Stalled: no step for max(stall_factor x the rank's own mean step time, stall_floor).
-    # Same defaults as the monitor's own stall flag (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
-    stall_factor: float = 10.0
-    stall_floor_seconds: float = 120.0
+    # The monitor's own stall flag uses the same defaults (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
+    stall_factor: float = DEFAULT_STALL_FACTOR
+    stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
     stall_for: str = "2m"
     # A rank seen within this window whose series are gone while its pod/target is still there.
     missing_lookback: str = "15m"

@@ -36,5 +36,10 @@ TRAINJOB_REPLICATED_JOB = "node"
 EXPORTER_APP_LABEL = "app.kubernetes.io/name"
 EXPORTER_APP_NAME = "fsdpmon-exporter"
 
+# Stall bound: no step for max(factor x median step time, floor). The monitor's stalled gauge
+# and the stall alert rule share these defaults.
+DEFAULT_STALL_FACTOR = 10.0
+DEFAULT_STALL_FLOOR_SECONDS = 120.0
+
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).
 ENV_PREFIX = "FSDPMON_"

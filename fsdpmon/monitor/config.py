@@ -12,7 +12,12 @@ from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from fsdpmon import validate
-from fsdpmon.conventions import ENV_PREFIX, TRAINING_PORT
+from fsdpmon.conventions import (
+    DEFAULT_STALL_FACTOR,
+    DEFAULT_STALL_FLOOR_SECONDS,
+    ENV_PREFIX,
+    TRAINING_PORT,
+)
 from fsdpmon.errors import ConfigError
 
 T = TypeVar("T")
@@ -28,8 +33,9 @@ class MonitorConfig:
     log_interval: int = 10  # log (sync, gather, publish) every this many optimiser steps
     disabled: bool = False  # serve nothing; listeners and JSONL still run
     jsonl_path: str | None = None  # runs/x.jsonl -> runs/x.rank0.jsonl, runs/x.rank1.jsonl, ...
-    stall_factor: float = 10.0  # stalled when no step for max(factor x median step, floor)
-    stall_floor_seconds: float = 120.0
+    # stalled when no step for max(factor x median step, floor)
+    stall_factor: float = DEFAULT_STALL_FACTOR
+    stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
     listen_address: str = "0.0.0.0"  # pods must be scrapeable; tests and local runs use loopback
     state_dir: str | None = None  # where ranks of one pod share state; default /dev/shm or tmp
     server_retry_seconds: float = 2.0  # how often a non-serving rank tries to take the port over
