@@ -106,16 +106,19 @@ def _timed(fn, texts: list[str]) -> tuple[float, float, int]:
 
 
 def bench_parser(args: argparse.Namespace) -> None:
-    texts = [b.decode() for b in job_expositions("llama2-7b", args.nodes, args.gpus).values()]
+    # Each parser gets what it takes: prometheus_client text (decoded beforehand, untimed),
+    # fsdpmon the bytes as they come off the socket.
+    payloads = list(job_expositions("llama2-7b", args.nodes, args.gpus).values())
+    texts = [b.decode() for b in payloads]
 
     def reference(ts: list[str]) -> int:
         return sum(len(f.samples) for t in ts for f in text_string_to_metric_families(t))
 
-    def ours_all(ts: list[str]) -> int:
-        return sum(len(Parser().parse(t)) for t in ts)  # fresh parser: no cache across payloads
+    def ours_all(_: list[str]) -> int:  # fresh parser: no cache across payloads
+        return sum(len(Parser().parse(b)) for b in payloads)
 
-    def ours_top(ts: list[str]) -> int:
-        return sum(len(new_parser().parse(t)) for t in ts)
+    def ours_top(_: list[str]) -> int:
+        return sum(len(new_parser().parse(b)) for b in payloads)
 
     # Interleaved, so that load from other processes hits all three alike; ratios per round.
     rounds = [[_timed(fn, texts) for fn in (reference, ours_all, ours_top)]

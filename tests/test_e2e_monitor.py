@@ -265,7 +265,10 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
             assert threshold >= STALL_FLOOR
             # Bound: the threshold plus the watchdog's tick plus scrape polling on a busy box.
             assert detected <= threshold + 3.0
-            # The frozen rank's own watchdog cannot run, yet its age is computed per scrape.
+            # The frozen rank's own watchdog cannot run, yet its age is computed per scrape
+            # (it may have finished its last step a moment after rank 0: wait for its own
+            # crossing rather than assume the same instant).
+            text = wait_until(lambda: _stalled_text(job.port, "1", 1.0), 5, "rank 1 stalled")
             age = samples(text, "fsdpmon_train_heartbeat_age_seconds")
             assert age["1"] >= threshold
             assert samples(text, "fsdpmon_train_stalled")["1"] == 1.0

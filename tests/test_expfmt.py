@@ -28,6 +28,7 @@ def test_matches_prometheus_client_on_catalog_expositions():
     for body in job_expositions("llama", 2, 4).values():
         text = body.decode()
         assert _same([tuple(s) for s in parse(text)], _reference(text))
+        assert _same([tuple(s) for s in parse(body)], _reference(text))  # bytes as received
 
 
 def test_wanted_names_keep_only_those_series():
@@ -97,7 +98,9 @@ _LINE_PIECES = st.sampled_from([
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.one_of(st.text(max_size=400), st.lists(_LINE_PIECES, max_size=80).map("".join)))
+@given(st.one_of(st.text(max_size=400), st.lists(_LINE_PIECES, max_size=80).map("".join),
+                 st.binary(max_size=400),
+                 st.lists(_LINE_PIECES, max_size=80).map(lambda p: "".join(p).encode())))
 def test_fuzzed_input_never_raises(text):
     for parser in (Parser(), Parser(WANTED)):
         for sample in parser.parse(text):

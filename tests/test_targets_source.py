@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import socket
+import threading
 import time
 
 import pytest
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.snapshot import JobState
-from fsdpmon.top.sources.targets import ScrapeError, TargetsSource, http_get, normalise_url
+from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
+from fsdpmon.top.sources.targets import TargetsSource, normalise_url
 from fsdpmon.top.synthetic import PayloadServer, job_expositions
 
 
@@ -89,15 +90,17 @@ def test_url_validation():
         TargetsSource([])
 
 
-def test_event_loop_fetch_keeps_http_get_reasons(server, silent_port):
-    """The event-loop GET (TargetsSource) reports what http_get reports, body cap included."""
-    from fsdpmon.top.sources.targets import _aget
+def test_selector_fetch_keeps_http_get_reasons(server, silent_port):
+    """The many-at-once GET (TargetsSource) reports what http_get reports, body cap included."""
 
     def get(url: str, max_bytes: int = 1 << 20, timeout_s: float = 2.0) -> str:
-        try:
-            return f"{len(asyncio.run(_aget(url, timeout_s, max_bytes)))} bytes"
-        except ScrapeError as exc:
-            return str(exc)
+        got: list[str] = []
+
+        def done(index: int, body: bytes | None, error: str, duration_s: float) -> None:
+            got.append(error or f"{len(body or b'')} bytes")
+
+        get_all([url], timeout_s, 4, done, max_bytes=max_bytes)
+        return got[0]
 
     assert get(server.url("/train/node-000"), 100) == "body larger than 100 bytes"
     assert get(server.url("/missing")) == "HTTP 404 Not Found"
@@ -105,3 +108,28 @@ def test_event_loop_fetch_keeps_http_get_reasons(server, silent_port):
     whole = http_get(server.url("/train/node-000"), 2.0)
     assert get(server.url("/train/node-000")) == f"{len(whole)} bytes"
     assert get(server.url("/garbage")) == f"{len(server.payloads['/garbage'])} bytes"
+
+
+def test_https_targets_go_through_blocking_gets_beside_the_loop(server):
+    """An https URL is fetched by http_get on a thread (TLS, certificate checks) while the
+    plain ones share the selector loop; a failed handshake marks only that target down."""
+    plain_http = socket.socket()  # answers plain HTTP at once: a TLS client must refuse it
+    plain_http.bind(("127.0.0.1", 0))
+    plain_http.listen(4)
+
+    def answer() -> None:
+        conn, _ = plain_http.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.0 400 Bad Request\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    tls = f"https://127.0.0.1:{plain_http.getsockname()[1]}/metrics"
+    source = TargetsSource([*_urls(server)[:1], tls], timeout_s=2.0)
+    try:
+        snap = source.fetch()
+    finally:
+        source.close()
+        plain_http.close()
+    plain, secure = snap.targets
+    assert plain.up and plain.kind == "train"
+    assert not secure.up and "SSL" in secure.error

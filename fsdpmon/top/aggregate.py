@@ -182,15 +182,18 @@ def _add_host(acc: _Acc, s: Sample, node: str) -> None:
         host[HOST_METRICS[s.name]] = s.value
 
 
+_PROCESS_OWNER = ("namespace", "pod", "container")
+
+
 def _add_process(acc: _Acc, s: Sample, node: str) -> None:
     labels = s.labels
     pid = _as_int(labels.get("pid", ""))
     if pid is None:
         return
-    proc = acc.procs.setdefault((node, pid), {})
-    for key in ("namespace", "pod", "container"):
-        if labels.get(key):
-            proc[key] = labels[key]
+    proc = acc.procs.get((node, pid))
+    if proc is None:  # a process's series all carry its pod: read it from the first one
+        proc = acc.procs[node, pid] = {key: labels[key] for key in _PROCESS_OWNER
+                                       if labels.get(key)}
     if s.name == PROCESS_INFO:
         proc["command"] = labels.get("command", "")
         proc["user"] = labels.get("user", "")

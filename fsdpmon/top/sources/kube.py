@@ -29,9 +29,10 @@ from kubernetes.watch.watch import iter_resp_lines
 from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
-from fsdpmon.top.aggregate import Target, aggregate, new_parser
+from fsdpmon.top.aggregate import JobAggregator, Target, new_parser
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.targets import ScrapeError, collector_paused, http_get, scrape_all
+from fsdpmon.top.sources.httpget import ScrapeError
+from fsdpmon.top.sources.targets import collector_paused, scrape_all, scrape_urls
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
 RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this namespace and "
@@ -274,8 +275,6 @@ class KubeSource:
     # --- scraping --------------------------------------------------------------------------
 
     def _fetch_target(self, target: Target) -> bytes:
-        if self.inside:
-            return http_get(target.url, self.cfg.timeout_s)
         port = target.url.rsplit(":", 1)[-1].split("/", 1)[0]
         try:
             response = self.api.connect_get_namespaced_pod_proxy_with_path(
@@ -298,10 +297,17 @@ class KubeSource:
         if not self._targets or stale or self._refreshes % REDISCOVER_EVERY == 0:
             self._targets = self.discover()
         self._refreshes += 1
-        results = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
+        aggregator = JobAggregator()
+        if self.inside:  # pod IPs: one selector loop for every scrape, as for --targets
+            scrape_urls(self._targets, self._parser, self.cfg.timeout_s, self.cfg.max_workers,
+                        self._pool, aggregator.add)
+        else:  # through the API server's pod proxy, with the client's auth
+            scraped = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
+            for i, result in enumerate(scraped):
+                aggregator.add(i, result)
         follower = self._logs
-        return aggregate(
-            results, now=time.time(), source="kubernetes", previous=previous,
+        return aggregator.snapshot(
+            now=time.time(), source="kubernetes", previous=previous,
             job_name=self.cfg.job, logs=tuple(follower.lines) if follower else (),
             log_pod=follower.pod if follower else "",
         )

@@ -30,7 +30,8 @@ from fsdpmon.top.aggregate import (
 )
 from fsdpmon.top.expfmt import Sample
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.targets import ScrapeError, http_get, normalise_url
+from fsdpmon.top.sources.httpget import ScrapeError, http_get
+from fsdpmon.top.sources.targets import normalise_url
 
 LOOKBACK = "10m"  # a target seen within this window and silent now is reported down
 TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO})
