@@ -4,7 +4,7 @@
 sockets, one selector, an HTTP/1.0 request, the answer read until the server closes. A scrape
 needs no more of HTTP than that, and the generic layers cost more than the work: for the 512
 pods of a 256-node job, asyncio's transports, tasks and futures plus http.client's header
-parser spent ~95 ms of CPU per refresh on this 2-core machine; this loop spends ~30 ms (the
+parser spent ~95 ms of CPU per refresh on this 2-core machine; this loop spends ~35 ms (the
 system calls included). Whatever is not a plain ``200`` is handed to http.client's own
 parser, so the failure reasons read exactly as ``http_get``'s.
 """

@@ -64,8 +64,8 @@ def scrape_all(
 ) -> list[ScrapeResult]:
     """Fetch and parse every target on a thread pool; results keep the targets' order.
 
-    For fetchers that block (the Kubernetes client's pod proxy); plain URLs go through the
-    selector loop of TargetsSource instead.
+    For fetchers that block (the Kubernetes client's pod proxy); plain URLs go through
+    scrape_urls instead.
     """
 
     def one(target: Target) -> ScrapeResult:
