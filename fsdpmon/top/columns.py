@@ -38,7 +38,7 @@ def _opt_str(value: Any) -> str:
 RANK_COLUMNS: tuple[Column, ...] = (
     Column("rank", "RANK", lambda r: r.rank),
     Column("pod", "POD", lambda r: r.pod or short_target(r.target), justify="left",
-           min_width=10, ratio=1),
+           min_width=10, max_width=40),
     Column("node", "NODE", lambda r: r.node, justify="left", min_width=6, max_width=16),
     Column("step", "STEP", lambda r: r.step, _opt_str),
     Column("step_time", "STEP T", lambda r: r.step_time_s, fmt.seconds),
@@ -46,7 +46,9 @@ RANK_COLUMNS: tuple[Column, ...] = (
     Column("memory", "MEM", lambda r: r.peak_memory_bytes, fmt.size),
     Column("loss", "LOSS", lambda r: r.loss, fmt.fixed),
     Column("heartbeat", "BEAT", lambda r: r.heartbeat_age_s, lambda v: fmt.num(v, 2)),
-    Column("flags", "FLAGS", lambda r: r.flags, justify="left", min_width=5),
+    # The last column takes the spare width, as htop's command does: on a wide terminal the
+    # figures stay next to the pod they belong to.
+    Column("flags", "FLAGS", lambda r: r.flags, justify="left", min_width=5, ratio=1),
 )
 
 GPU_COLUMNS: tuple[Column, ...] = (
