@@ -18,8 +18,8 @@ class RawServer:
     """Answers every connection with fixed bytes after ``delay_s``, counting how many
     connections were open at once (what a bounded pool must keep under its limit)."""
 
-    def __init__(self, answer: bytes, delay_s: float = 0.0) -> None:
-        self.answer, self.delay_s = answer, delay_s
+    def __init__(self, answer: bytes, delay_s: float = 0.0, linger_s: float = 0.0) -> None:
+        self.answer, self.delay_s, self.linger_s = answer, delay_s, linger_s
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(128)
@@ -54,6 +54,7 @@ class RawServer:
                 self.open -= 1
                 self.served += 1
             conn.sendall(self.answer)
+            time.sleep(self.linger_s)  # a server that keeps the connection open after answering
 
     @property
     def url(self) -> str:
@@ -95,6 +96,17 @@ def test_request_is_a_plain_http10_get_with_host_and_path():
         head = srv.requests[0].decode()
         assert head.startswith("GET /x/metrics?a=1 HTTP/1.0\r\n")
         assert f"Host: 127.0.0.1:{srv.port}\r\n" in head
+    finally:
+        srv.close()
+
+
+def test_an_answer_with_its_length_is_done_without_waiting_for_close():
+    srv = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n", linger_s=5.0)
+    try:
+        start = time.monotonic()
+        assert _get_all([srv.url], timeout_s=3.0) == {0: b"m 1\n"}
+        assert time.monotonic() - start < 1.0
+        assert b"\r\nConnection: close\r\n" in srv.requests[0]
     finally:
         srv.close()
 
