@@ -107,6 +107,11 @@ class _Exchange:
         self.start = time.monotonic()
         self.deadline = self.start + timeout_s
 
+    @property
+    def complete(self) -> bool:
+        """All that the answer's Content-Length announced has arrived."""
+        return 0 <= self.ends_at <= self.size
+
 
 @functools.lru_cache(maxsize=8192)  # the same targets every refresh
 def _request(url: str) -> tuple[str, int, bytes]:
@@ -307,7 +312,7 @@ class _Loop:
         ex.chunks.append(data)
         if ex.ends_at == _UNKNOWN:
             ex.ends_at = _answer_length(ex.chunks[0])
-        if 0 <= ex.ends_at <= ex.size:
+        if ex.complete:
             # All that Content-Length announced is here. Servers close at once after an
             # HTTP/1.0 answer, and letting them close first keeps TIME_WAIT on their side
             # (closing first here cost ~30 ms per 512 scrapes); one that keeps the connection
@@ -317,7 +322,7 @@ class _Loop:
 
     def _expire(self, now: float) -> None:
         for ex in [ex for ex in self.open.values() if ex.deadline <= now]:
-            if 0 <= ex.ends_at <= ex.size:  # complete, but the server did not close
+            if ex.complete:  # but the server did not close
                 try:
                     body, error = body_of(_joined(ex), self.max_bytes), ""
                 except ScrapeError as exc:
