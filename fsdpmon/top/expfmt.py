@@ -171,8 +171,8 @@ class Parser:
         """Only the families (from one ``# TYPE`` line to the next) that hold wanted names.
 
         Expositions group each family's samples under its TYPE line, so whole sections of
-        unwanted families are dropped without looking at their lines, and only what is kept
-        gets decoded: about a quarter of what pods serve. Lines before the first TYPE line, or
+        unwanted families are dropped without looking at their lines, and the line regex
+        reads only what is kept: about a quarter of what pods serve. Lines before the first TYPE line, or
         an exposition without any, are filtered per line.
         """
         at_start = self._first_header.match(data)
