@@ -172,8 +172,8 @@ class Parser:
 
         Expositions group each family's samples under its TYPE line, so whole sections of
         unwanted families are dropped without looking at their lines, and the line regex
-        reads only what is kept: about a quarter of what pods serve. Lines before the first TYPE line, or
-        an exposition without any, are filtered per line.
+        reads only what is kept: about a quarter of what pods serve. Lines before the first
+        TYPE line, or an exposition without any, are filtered per line.
         """
         at_start = self._first_header.match(data)
         first = 0 if data.startswith(b"# TYPE ") else data.find(_TYPE_SEP)
