@@ -7,6 +7,18 @@ Names follow Prometheus practice: prefix ``fsdpmon_``, base unit in the name, co
 ``_total``, ``*_info`` gauges carry static labels with value 1. ``Metric.name`` is the name as it
 appears in the exposition (counters with their ``_total``; histograms without the ``_bucket`` /
 ``_sum`` / ``_count`` suffixes).
+
+How to refer to a metric (the contract; tests/test_layers.py enforces it):
+
+- Every metric is a module-level symbol: the name without ``fsdpmon_``, upper-cased
+  (``fsdpmon_train_loss`` is ``TRAIN_LOSS``, a :class:`Metric`; the string is
+  ``TRAIN_LOSS.name``). Every recorded rule is a :class:`Recorded` symbol: ``REC_`` + the name
+  without ``fsdpmon_``, ``:`` as ``_`` (``fsdpmon_job:loss:avg`` is ``REC_JOB_LOSS_AVG``).
+- Code elsewhere imports the symbols (``from fsdpmon.catalog import TRAIN_LOSS``) and never
+  retypes a quoted ``fsdpmon_`` name: a misspelt symbol then fails at import (ImportError) or
+  at lint (ruff F821), never as a silently missing series. Renaming a metric is one edit here
+  plus ``python -m dashboards`` to regenerate the dashboards and rules.
+- ``get(name)`` remains for names that arrive as data (a scraped exposition, a dashboard query).
 """
 
 from __future__ import annotations
@@ -55,182 +67,335 @@ C, Gg, H = Kind.COUNTER, Kind.GAUGE, Kind.HISTOGRAM
 # Step durations from ~10 ms (tiny CPU models) to minutes (70B with accumulation).
 STEP_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
+# Training: served by the in-trainer monitor on each rank's /metrics.
+# Progress
+TRAIN_INFO = Metric(
+    "fsdpmon_train_info", Gg, "", "Static facts about the run (value 1).",
+    (*T, "model", "world_size", "nodes", "dtype", "torch_version", "node", "device"))
+TRAIN_STEPS_TOTAL = Metric(
+    "fsdpmon_train_steps_total", C, "", "Optimiser steps completed by this process.", T)
+TRAIN_STEP = Metric(
+    "fsdpmon_train_step", Gg, "", "Global step number of the last completed step.", T)
+TRAIN_TOTAL_STEPS = Metric(
+    "fsdpmon_train_total_steps", Gg, "", "Planned number of steps, when known.", T)
+TRAIN_LAST_STEP_TIMESTAMP_SECONDS = Metric(
+    "fsdpmon_train_last_step_timestamp_seconds", Gg, "seconds",
+    "Unix time the last step completed: the heartbeat that stall alerts use.", T)
+TRAIN_TOKENS_TOTAL = Metric(
+    "fsdpmon_train_tokens_total", C, "", "Tokens processed by this rank.", T)
+TRAIN_TOKENS_PER_SECOND = Metric(
+    "fsdpmon_train_tokens_per_second", Gg, "",
+    "Tokens per second on this rank over the last log window.", T)
+TRAIN_RESTARTS = Metric(
+    "fsdpmon_train_restarts", Gg, "",
+    "Times the job was restarted by the elastic agent (TORCHELASTIC_RESTART_COUNT).", T)
+# Speed
+TRAIN_STEP_DURATION_SECONDS = Metric(
+    "fsdpmon_train_step_duration_seconds", H, "seconds",
+    "Duration of each optimiser step.", T, STEP_BUCKETS)
+TRAIN_STEP_TIME_SECONDS = Metric(
+    "fsdpmon_train_step_time_seconds", Gg, "seconds",
+    "Mean step duration over the last log window.", T)
+TRAIN_PHASE_SECONDS_TOTAL = Metric(
+    "fsdpmon_train_phase_seconds_total", C, "seconds",
+    "Time spent in each phase of the step (data, forward, backward, optimizer, "
+    "checkpoint).", (*T, "phase"))
+TRAIN_PHASE_DURATION_SECONDS = Metric(
+    "fsdpmon_train_phase_duration_seconds", Gg, "seconds",
+    "Mean time per step spent in each phase over the last log window.", (*T, "phase"))
+TRAIN_DATA_WAIT_RATIO = Metric(
+    "fsdpmon_train_data_wait_ratio", Gg, "ratio",
+    "Share of step time spent blocked waiting for data over the last log window.", T)
+TRAIN_MFU_RATIO = Metric(
+    "fsdpmon_train_mfu_ratio", Gg, "ratio",
+    "Model FLOPs utilisation over the last log window (absent for unknown devices).", T)
+TRAIN_MODEL_FLOPS_PER_TOKEN = Metric(
+    "fsdpmon_train_model_flops_per_token", Gg, "",
+    "Training FLOPs per token: 6*(N - N_embedding) + 12*layers*heads*head_dim*seq_len.", T)
+TRAIN_DEVICE_PEAK_FLOPS = Metric(
+    "fsdpmon_train_device_peak_flops", Gg, "",
+    "Peak dense FLOP/s of this rank's device used for MFU.", T)
+# Memory
+TRAIN_MEMORY_ALLOCATED_BYTES = Metric(
+    "fsdpmon_train_memory_allocated_bytes", Gg, "bytes",
+    "CUDA memory allocated by tensors.", T)
+TRAIN_MEMORY_RESERVED_BYTES = Metric(
+    "fsdpmon_train_memory_reserved_bytes", Gg, "bytes",
+    "CUDA memory reserved by the caching allocator.", T)
+TRAIN_MEMORY_PEAK_ACTIVE_BYTES = Metric(
+    "fsdpmon_train_memory_peak_active_bytes", Gg, "bytes",
+    "Peak active CUDA memory in the last log window.", T)
+TRAIN_MEMORY_PEAK_RESERVED_BYTES = Metric(
+    "fsdpmon_train_memory_peak_reserved_bytes", Gg, "bytes",
+    "Peak reserved CUDA memory in the last log window.", T)
+TRAIN_DEVICE_MEMORY_CAPACITY_BYTES = Metric(
+    "fsdpmon_train_device_memory_capacity_bytes", Gg, "bytes",
+    "Total memory of this rank's device.", T)
+TRAIN_ALLOC_RETRIES_TOTAL = Metric(
+    "fsdpmon_train_alloc_retries_total", C, "",
+    "Allocator retries (cudaMalloc failed, cache flushed and retried).", T)
+TRAIN_OOMS_TOTAL = Metric(
+    "fsdpmon_train_ooms_total", C, "", "Out-of-memory errors seen by the allocator.", T)
+TRAIN_PROCESS_RSS_BYTES = Metric(
+    "fsdpmon_train_process_rss_bytes", Gg, "bytes",
+    "Resident memory of this rank's process.", T)
+# Quality
+TRAIN_LOSS = Metric("fsdpmon_train_loss", Gg, "", "Training loss at the last log step.", T)
+TRAIN_LEARNING_RATE = Metric(
+    "fsdpmon_train_learning_rate", Gg, "", "Learning rate at the last log step.", T)
+TRAIN_GRAD_NORM = Metric(
+    "fsdpmon_train_grad_norm", Gg, "", "Gradient norm at the last log step.", T)
+TRAIN_LOSS_NONFINITE = Metric(
+    "fsdpmon_train_loss_nonfinite", Gg, "",
+    "1 when the last logged loss was NaN or infinite, else 0.", T)
+# Stalls
+TRAIN_STALLED = Metric(
+    "fsdpmon_train_stalled", Gg, "",
+    "1 while no step has completed within the stall threshold, else 0.", T)
+TRAIN_HEARTBEAT_AGE_SECONDS = Metric(
+    "fsdpmon_train_heartbeat_age_seconds", Gg, "seconds",
+    "Seconds since the last step completed, as of the scrape.", T)
+TRAIN_STALL_THRESHOLD_SECONDS = Metric(
+    "fsdpmon_train_stall_threshold_seconds", Gg, "seconds",
+    "Current stall threshold: max(factor x median step time, floor).", T)
+TRAIN_UNRESPONSIVE = Metric(
+    "fsdpmon_train_unresponsive", Gg, "",
+    "1 when this rank's process has not run its monitor thread for 5 s (stopped, or "
+    "hung holding the GIL): the rank that hangs, not one waiting for it.", T)
+MONITOR_INTERNAL_ERRORS_TOTAL = Metric(
+    "fsdpmon_monitor_internal_errors_total", C, "",
+    "Internal monitor failures (logged once, never raised into training).", T)
+# Job level, published by rank 0 once per log interval
+JOB_STEP_TIME_MIN_SECONDS = Metric(
+    "fsdpmon_job_step_time_min_seconds", Gg, "seconds",
+    "Fastest rank's mean step time over the last log window.", J)
+JOB_STEP_TIME_MEDIAN_SECONDS = Metric(
+    "fsdpmon_job_step_time_median_seconds", Gg, "seconds",
+    "Median over ranks of the mean step time in the last log window.", J)
+JOB_STEP_TIME_MAX_SECONDS = Metric(
+    "fsdpmon_job_step_time_max_seconds", Gg, "seconds",
+    "Slowest rank's mean step time over the last log window.", J)
+JOB_SLOWEST_RANK = Metric(
+    "fsdpmon_job_slowest_rank", Gg, "",
+    "Rank whose busy time (step time minus collective wait) was highest.", J)
+JOB_SLOWEST_RANK_STEP_TIME_SECONDS = Metric(
+    "fsdpmon_job_slowest_rank_step_time_seconds", Gg, "seconds",
+    "Mean step time of the slowest rank over the last log window.", J)
+JOB_PEAK_MEMORY_MAX_BYTES = Metric(
+    "fsdpmon_job_peak_memory_max_bytes", Gg, "bytes",
+    "Highest peak memory over ranks in the last log window.", J)
+JOB_PEAK_MEMORY_MAX_RANK = Metric(
+    "fsdpmon_job_peak_memory_max_rank", Gg, "", "Rank with the highest peak memory.", J)
+JOB_LOSS_MEAN = Metric(
+    "fsdpmon_job_loss_mean", Gg, "", "Mean loss over ranks at the last log step.", J)
+JOB_LOSS_MAX = Metric(
+    "fsdpmon_job_loss_max", Gg, "", "Max loss over ranks at the last log step.", J)
+JOB_WORLD_SIZE = Metric("fsdpmon_job_world_size", Gg, "", "Number of ranks in the job.", J)
 TRAINING: tuple[Metric, ...] = (
-    # Progress
-    Metric("fsdpmon_train_info", Gg, "", "Static facts about the run (value 1).",
-           (*T, "model", "world_size", "nodes", "dtype", "torch_version", "node", "device")),
-    Metric("fsdpmon_train_steps_total", C, "", "Optimiser steps completed by this process.", T),
-    Metric("fsdpmon_train_step", Gg, "", "Global step number of the last completed step.", T),
-    Metric("fsdpmon_train_total_steps", Gg, "", "Planned number of steps, when known.", T),
-    Metric("fsdpmon_train_last_step_timestamp_seconds", Gg, "seconds",
-           "Unix time the last step completed: the heartbeat that stall alerts use.", T),
-    Metric("fsdpmon_train_tokens_total", C, "", "Tokens processed by this rank.", T),
-    Metric("fsdpmon_train_tokens_per_second", Gg, "",
-           "Tokens per second on this rank over the last log window.", T),
-    Metric("fsdpmon_train_restarts", Gg, "",
-           "Times the job was restarted by the elastic agent (TORCHELASTIC_RESTART_COUNT).", T),
-    # Speed
-    Metric("fsdpmon_train_step_duration_seconds", H, "seconds",
-           "Duration of each optimiser step.", T, STEP_BUCKETS),
-    Metric("fsdpmon_train_step_time_seconds", Gg, "seconds",
-           "Mean step duration over the last log window.", T),
-    Metric("fsdpmon_train_phase_seconds_total", C, "seconds",
-           "Time spent in each phase of the step (data, forward, backward, optimizer, "
-           "checkpoint).", (*T, "phase")),
-    Metric("fsdpmon_train_phase_duration_seconds", Gg, "seconds",
-           "Mean time per step spent in each phase over the last log window.", (*T, "phase")),
-    Metric("fsdpmon_train_data_wait_ratio", Gg, "ratio",
-           "Share of step time spent blocked waiting for data over the last log window.", T),
-    Metric("fsdpmon_train_mfu_ratio", Gg, "ratio",
-           "Model FLOPs utilisation over the last log window (absent for unknown devices).", T),
-    Metric("fsdpmon_train_model_flops_per_token", Gg, "",
-           "Training FLOPs per token: 6*(N - N_embedding) + 12*layers*heads*head_dim*seq_len.", T),
-    Metric("fsdpmon_train_device_peak_flops", Gg, "",
-           "Peak dense FLOP/s of this rank's device used for MFU.", T),
-    # Memory
-    Metric("fsdpmon_train_memory_allocated_bytes", Gg, "bytes",
-           "CUDA memory allocated by tensors.", T),
-    Metric("fsdpmon_train_memory_reserved_bytes", Gg, "bytes",
-           "CUDA memory reserved by the caching allocator.", T),
-    Metric("fsdpmon_train_memory_peak_active_bytes", Gg, "bytes",
-           "Peak active CUDA memory in the last log window.", T),
-    Metric("fsdpmon_train_memory_peak_reserved_bytes", Gg, "bytes",
-           "Peak reserved CUDA memory in the last log window.", T),
-    Metric("fsdpmon_train_device_memory_capacity_bytes", Gg, "bytes",
-           "Total memory of this rank's device.", T),
-    Metric("fsdpmon_train_alloc_retries_total", C, "",
-           "Allocator retries (cudaMalloc failed, cache flushed and retried).", T),
-    Metric("fsdpmon_train_ooms_total", C, "", "Out-of-memory errors seen by the allocator.", T),
-    Metric("fsdpmon_train_process_rss_bytes", Gg, "bytes",
-           "Resident memory of this rank's process.", T),
-    # Quality
-    Metric("fsdpmon_train_loss", Gg, "", "Training loss at the last log step.", T),
-    Metric("fsdpmon_train_learning_rate", Gg, "", "Learning rate at the last log step.", T),
-    Metric("fsdpmon_train_grad_norm", Gg, "", "Gradient norm at the last log step.", T),
-    Metric("fsdpmon_train_loss_nonfinite", Gg, "",
-           "1 when the last logged loss was NaN or infinite, else 0.", T),
-    # Stalls
-    Metric("fsdpmon_train_stalled", Gg, "",
-           "1 while no step has completed within the stall threshold, else 0.", T),
-    Metric("fsdpmon_train_heartbeat_age_seconds", Gg, "seconds",
-           "Seconds since the last step completed, as of the scrape.", T),
-    Metric("fsdpmon_train_stall_threshold_seconds", Gg, "seconds",
-           "Current stall threshold: max(factor x median step time, floor).", T),
-    Metric("fsdpmon_train_unresponsive", Gg, "",
-           "1 when this rank's process has not run its monitor thread for 5 s (stopped, or "
-           "hung holding the GIL): the rank that hangs, not one waiting for it.", T),
-    Metric("fsdpmon_monitor_internal_errors_total", C, "",
-           "Internal monitor failures (logged once, never raised into training).", T),
-    # Job level, published by rank 0 once per log interval
-    Metric("fsdpmon_job_step_time_min_seconds", Gg, "seconds",
-           "Fastest rank's mean step time over the last log window.", J),
-    Metric("fsdpmon_job_step_time_median_seconds", Gg, "seconds",
-           "Median over ranks of the mean step time in the last log window.", J),
-    Metric("fsdpmon_job_step_time_max_seconds", Gg, "seconds",
-           "Slowest rank's mean step time over the last log window.", J),
-    Metric("fsdpmon_job_slowest_rank", Gg, "",
-           "Rank whose busy time (step time minus collective wait) was highest.", J),
-    Metric("fsdpmon_job_slowest_rank_step_time_seconds", Gg, "seconds",
-           "Mean step time of the slowest rank over the last log window.", J),
-    Metric("fsdpmon_job_peak_memory_max_bytes", Gg, "bytes",
-           "Highest peak memory over ranks in the last log window.", J),
-    Metric("fsdpmon_job_peak_memory_max_rank", Gg, "", "Rank with the highest peak memory.", J),
-    Metric("fsdpmon_job_loss_mean", Gg, "", "Mean loss over ranks at the last log step.", J),
-    Metric("fsdpmon_job_loss_max", Gg, "", "Max loss over ranks at the last log step.", J),
-    Metric("fsdpmon_job_world_size", Gg, "", "Number of ranks in the job.", J),
+    TRAIN_INFO, TRAIN_STEPS_TOTAL, TRAIN_STEP, TRAIN_TOTAL_STEPS,
+    TRAIN_LAST_STEP_TIMESTAMP_SECONDS, TRAIN_TOKENS_TOTAL, TRAIN_TOKENS_PER_SECOND,
+    TRAIN_RESTARTS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
+    TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
+    TRAIN_MFU_RATIO, TRAIN_MODEL_FLOPS_PER_TOKEN, TRAIN_DEVICE_PEAK_FLOPS,
+    TRAIN_MEMORY_ALLOCATED_BYTES, TRAIN_MEMORY_RESERVED_BYTES, TRAIN_MEMORY_PEAK_ACTIVE_BYTES,
+    TRAIN_MEMORY_PEAK_RESERVED_BYTES, TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,
+    TRAIN_ALLOC_RETRIES_TOTAL, TRAIN_OOMS_TOTAL, TRAIN_PROCESS_RSS_BYTES, TRAIN_LOSS,
+    TRAIN_LEARNING_RATE, TRAIN_GRAD_NORM, TRAIN_LOSS_NONFINITE, TRAIN_STALLED,
+    TRAIN_HEARTBEAT_AGE_SECONDS, TRAIN_STALL_THRESHOLD_SECONDS, TRAIN_UNRESPONSIVE,
+    MONITOR_INTERNAL_ERRORS_TOTAL, JOB_STEP_TIME_MIN_SECONDS, JOB_STEP_TIME_MEDIAN_SECONDS,
+    JOB_STEP_TIME_MAX_SECONDS, JOB_SLOWEST_RANK, JOB_SLOWEST_RANK_STEP_TIME_SECONDS,
+    JOB_PEAK_MEMORY_MAX_BYTES, JOB_PEAK_MEMORY_MAX_RANK, JOB_LOSS_MEAN, JOB_LOSS_MAX,
+    JOB_WORLD_SIZE,
 )
 
+# GPUs: served by the per-node exporter (NVML), or recorded from dcgm-exporter's names.
+NVML_UP = Metric(
+    "fsdpmon_nvml_up", Gg, "", "1 when NVML initialised on this node, else 0.", ("node",))
+GPU_UP = Metric("fsdpmon_gpu_up", Gg, "", "1 while this GPU answers NVML, 0 once it is lost.", G)
+GPU_INFO = Metric(
+    "fsdpmon_gpu_info", Gg, "", "Static facts about a GPU (value 1).",
+    (*G, "driver_version", "cuda_version", "pci_bus_id", "mig_mode"))
+GPU_UTILIZATION_RATIO = Metric(
+    "fsdpmon_gpu_utilization_ratio", Gg, "ratio",
+    "Share of time a kernel was running on the GPU.", GP)
+GPU_MEMORY_UTILIZATION_RATIO = Metric(
+    "fsdpmon_gpu_memory_utilization_ratio", Gg, "ratio",
+    "Share of time device memory was being read or written.", GP)
+GPU_MEMORY_USED_BYTES = Metric(
+    "fsdpmon_gpu_memory_used_bytes", Gg, "bytes", "Device memory in use.", GP)
+GPU_MEMORY_FREE_BYTES = Metric(
+    "fsdpmon_gpu_memory_free_bytes", Gg, "bytes", "Device memory free.", GP)
+GPU_MEMORY_TOTAL_BYTES = Metric(
+    "fsdpmon_gpu_memory_total_bytes", Gg, "bytes", "Device memory in total.", GP)
+GPU_MEMORY_RESERVED_BYTES = Metric(
+    "fsdpmon_gpu_memory_reserved_bytes", Gg, "bytes",
+    "Device memory reserved by the driver.", GP)
+GPU_TEMPERATURE_CELSIUS = Metric(
+    "fsdpmon_gpu_temperature_celsius", Gg, "celsius", "GPU die temperature.", GP)
+GPU_MEMORY_TEMPERATURE_CELSIUS = Metric(
+    "fsdpmon_gpu_memory_temperature_celsius", Gg, "celsius", "HBM temperature.", GP)
+GPU_POWER_WATTS = Metric("fsdpmon_gpu_power_watts", Gg, "watts", "Power draw.", GP)
+GPU_POWER_LIMIT_WATTS = Metric(
+    "fsdpmon_gpu_power_limit_watts", Gg, "watts", "Enforced power limit.", GP)
+GPU_ENERGY_JOULES_TOTAL = Metric(
+    "fsdpmon_gpu_energy_joules_total", C, "joules",
+    "Energy consumed since the driver loaded.", GP)
+GPU_SM_CLOCK_HERTZ = Metric("fsdpmon_gpu_sm_clock_hertz", Gg, "hertz", "SM clock.", GP)
+GPU_MEMORY_CLOCK_HERTZ = Metric("fsdpmon_gpu_memory_clock_hertz", Gg, "hertz", "Memory clock.", GP)
+GPU_SM_CLOCK_MAX_HERTZ = Metric(
+    "fsdpmon_gpu_sm_clock_max_hertz", Gg, "hertz", "Maximum SM clock.", GP)
+GPU_MEMORY_CLOCK_MAX_HERTZ = Metric(
+    "fsdpmon_gpu_memory_clock_max_hertz", Gg, "hertz", "Maximum memory clock.", GP)
+GPU_CLOCK_EVENT_ACTIVE = Metric(
+    "fsdpmon_gpu_clock_event_active", Gg, "",
+    "1 while a clock-event (throttle) reason is active, per reason.", (*GP, "reason"))
+GPU_ECC_ERRORS_TOTAL = Metric(
+    "fsdpmon_gpu_ecc_errors_total", C, "",
+    "ECC errors since the driver loaded, by type (corrected/uncorrected).",
+    (*GP, "type"))
+GPU_REMAPPED_ROWS = Metric(
+    "fsdpmon_gpu_remapped_rows", Gg, "",
+    "Remapped memory rows, by cause (correctable/uncorrectable/pending/failure).",
+    (*GP, "cause"))
+GPU_XID_ERRORS_TOTAL = Metric(
+    "fsdpmon_gpu_xid_errors_total", C, "", "XID errors seen, by XID code.",
+    (*GP, "xid"))
+GPU_PCIE_BYTES_PER_SECOND = Metric(
+    "fsdpmon_gpu_pcie_bytes_per_second", Gg, "", "PCIe throughput by direction.",
+    (*GP, "direction"))
+GPU_PCIE_REPLAY_ERRORS_TOTAL = Metric(
+    "fsdpmon_gpu_pcie_replay_errors_total", C, "", "PCIe replay counter.", GP)
+GPU_NVLINK_BYTES_PER_SECOND = Metric(
+    "fsdpmon_gpu_nvlink_bytes_per_second", Gg, "",
+    "NVLink throughput summed over links, by direction.", (*GP, "direction"))
+GPU_SM_ACTIVITY_RATIO = Metric(
+    "fsdpmon_gpu_sm_activity_ratio", Gg, "ratio",
+    "GPM SM activity (Hopper and newer, where supported).", GP)
+GPU_TENSOR_ACTIVITY_RATIO = Metric(
+    "fsdpmon_gpu_tensor_activity_ratio", Gg, "ratio",
+    "GPM tensor-core activity (Hopper and newer, where supported).", GP)
+GPU_PROCESS_MEMORY_USED_BYTES = Metric(
+    "fsdpmon_gpu_process_memory_used_bytes", Gg, "bytes",
+    "Device memory used by one process on a GPU.", (*GP, "pid"))
+GPU_PROCESS_SM_UTILIZATION_RATIO = Metric(
+    "fsdpmon_gpu_process_sm_utilization_ratio", Gg, "ratio",
+    "SM utilisation of one process on a GPU.", (*GP, "pid"))
 GPU: tuple[Metric, ...] = (
-    Metric("fsdpmon_nvml_up", Gg, "", "1 when NVML initialised on this node, else 0.", ("node",)),
-    Metric("fsdpmon_gpu_up", Gg, "", "1 while this GPU answers NVML, 0 once it is lost.", G),
-    Metric("fsdpmon_gpu_info", Gg, "", "Static facts about a GPU (value 1).",
-           (*G, "driver_version", "cuda_version", "pci_bus_id", "mig_mode")),
-    Metric("fsdpmon_gpu_utilization_ratio", Gg, "ratio",
-           "Share of time a kernel was running on the GPU.", GP),
-    Metric("fsdpmon_gpu_memory_utilization_ratio", Gg, "ratio",
-           "Share of time device memory was being read or written.", GP),
-    Metric("fsdpmon_gpu_memory_used_bytes", Gg, "bytes", "Device memory in use.", GP),
-    Metric("fsdpmon_gpu_memory_free_bytes", Gg, "bytes", "Device memory free.", GP),
-    Metric("fsdpmon_gpu_memory_total_bytes", Gg, "bytes", "Device memory in total.", GP),
-    Metric("fsdpmon_gpu_memory_reserved_bytes", Gg, "bytes",
-           "Device memory reserved by the driver.", GP),
-    Metric("fsdpmon_gpu_temperature_celsius", Gg, "celsius", "GPU die temperature.", GP),
-    Metric("fsdpmon_gpu_memory_temperature_celsius", Gg, "celsius", "HBM temperature.", GP),
-    Metric("fsdpmon_gpu_power_watts", Gg, "watts", "Power draw.", GP),
-    Metric("fsdpmon_gpu_power_limit_watts", Gg, "watts", "Enforced power limit.", GP),
-    Metric("fsdpmon_gpu_energy_joules_total", C, "joules",
-           "Energy consumed since the driver loaded.", GP),
-    Metric("fsdpmon_gpu_sm_clock_hertz", Gg, "hertz", "SM clock.", GP),
-    Metric("fsdpmon_gpu_memory_clock_hertz", Gg, "hertz", "Memory clock.", GP),
-    Metric("fsdpmon_gpu_sm_clock_max_hertz", Gg, "hertz", "Maximum SM clock.", GP),
-    Metric("fsdpmon_gpu_memory_clock_max_hertz", Gg, "hertz", "Maximum memory clock.", GP),
-    Metric("fsdpmon_gpu_clock_event_active", Gg, "",
-           "1 while a clock-event (throttle) reason is active, per reason.", (*GP, "reason")),
-    Metric("fsdpmon_gpu_ecc_errors_total", C, "",
-           "ECC errors since the driver loaded, by type (corrected/uncorrected).",
-           (*GP, "type")),
-    Metric("fsdpmon_gpu_remapped_rows", Gg, "",
-           "Remapped memory rows, by cause (correctable/uncorrectable/pending/failure).",
-           (*GP, "cause")),
-    Metric("fsdpmon_gpu_xid_errors_total", C, "", "XID errors seen, by XID code.",
-           (*GP, "xid")),
-    Metric("fsdpmon_gpu_pcie_bytes_per_second", Gg, "", "PCIe throughput by direction.",
-           (*GP, "direction")),
-    Metric("fsdpmon_gpu_pcie_replay_errors_total", C, "", "PCIe replay counter.", GP),
-    Metric("fsdpmon_gpu_nvlink_bytes_per_second", Gg, "",
-           "NVLink throughput summed over links, by direction.", (*GP, "direction")),
-    Metric("fsdpmon_gpu_sm_activity_ratio", Gg, "ratio",
-           "GPM SM activity (Hopper and newer, where supported).", GP),
-    Metric("fsdpmon_gpu_tensor_activity_ratio", Gg, "ratio",
-           "GPM tensor-core activity (Hopper and newer, where supported).", GP),
-    Metric("fsdpmon_gpu_process_memory_used_bytes", Gg, "bytes",
-           "Device memory used by one process on a GPU.", (*GP, "pid")),
-    Metric("fsdpmon_gpu_process_sm_utilization_ratio", Gg, "ratio",
-           "SM utilisation of one process on a GPU.", (*GP, "pid")),
+    NVML_UP, GPU_UP, GPU_INFO, GPU_UTILIZATION_RATIO, GPU_MEMORY_UTILIZATION_RATIO,
+    GPU_MEMORY_USED_BYTES, GPU_MEMORY_FREE_BYTES, GPU_MEMORY_TOTAL_BYTES,
+    GPU_MEMORY_RESERVED_BYTES, GPU_TEMPERATURE_CELSIUS, GPU_MEMORY_TEMPERATURE_CELSIUS,
+    GPU_POWER_WATTS, GPU_POWER_LIMIT_WATTS, GPU_ENERGY_JOULES_TOTAL, GPU_SM_CLOCK_HERTZ,
+    GPU_MEMORY_CLOCK_HERTZ, GPU_SM_CLOCK_MAX_HERTZ, GPU_MEMORY_CLOCK_MAX_HERTZ,
+    GPU_CLOCK_EVENT_ACTIVE, GPU_ECC_ERRORS_TOTAL, GPU_REMAPPED_ROWS, GPU_XID_ERRORS_TOTAL,
+    GPU_PCIE_BYTES_PER_SECOND, GPU_PCIE_REPLAY_ERRORS_TOTAL, GPU_NVLINK_BYTES_PER_SECOND,
+    GPU_SM_ACTIVITY_RATIO, GPU_TENSOR_ACTIVITY_RATIO, GPU_PROCESS_MEMORY_USED_BYTES,
+    GPU_PROCESS_SM_UTILIZATION_RATIO,
 )
 
+# The exporter itself and its host.
+EXPORTER_INFO = Metric(
+    "fsdpmon_exporter_info", Gg, "", "Static facts about the exporter (value 1).",
+    ("node", "version", "simulated"))
+EXPORTER_SAMPLE_AGE_SECONDS = Metric(
+    "fsdpmon_exporter_sample_age_seconds", Gg, "seconds",
+    "Age of the sample this scrape served.", ("node",))
+EXPORTER_SAMPLE_STALE = Metric(
+    "fsdpmon_exporter_sample_stale", Gg, "",
+    "1 when the background sampler has not finished a sample in time.", ("node",))
+EXPORTER_SAMPLE_DURATION_SECONDS = Metric(
+    "fsdpmon_exporter_sample_duration_seconds", Gg, "seconds",
+    "Time the last background sample took.", ("node", "source"))
+EXPORTER_ERRORS_TOTAL = Metric(
+    "fsdpmon_exporter_errors_total", C, "", "Errors while sampling, by source.",
+    ("node", "source"))
+HOST_CPU_SECONDS_TOTAL = Metric(
+    "fsdpmon_host_cpu_seconds_total", C, "seconds", "Host CPU time by mode.",
+    ("node", "mode"))
+HOST_CPU_UTILIZATION_RATIO = Metric(
+    "fsdpmon_host_cpu_utilization_ratio", Gg, "ratio",
+    "Host CPU busy share, per core and in total (cpu=\"all\").", ("node", "cpu"))
+HOST_LOAD1 = Metric("fsdpmon_host_load1", Gg, "", "1-minute load average.", ("node",))
+HOST_LOAD5 = Metric("fsdpmon_host_load5", Gg, "", "5-minute load average.", ("node",))
+HOST_LOAD15 = Metric("fsdpmon_host_load15", Gg, "", "15-minute load average.", ("node",))
+HOST_MEMORY_TOTAL_BYTES = Metric(
+    "fsdpmon_host_memory_total_bytes", Gg, "bytes", "Host memory in total.", ("node",))
+HOST_MEMORY_AVAILABLE_BYTES = Metric(
+    "fsdpmon_host_memory_available_bytes", Gg, "bytes", "Host memory available.",
+    ("node",))
+HOST_MEMORY_USED_BYTES = Metric(
+    "fsdpmon_host_memory_used_bytes", Gg, "bytes", "Host memory in use.", ("node",))
 HOST: tuple[Metric, ...] = (
-    Metric("fsdpmon_exporter_info", Gg, "", "Static facts about the exporter (value 1).",
-           ("node", "version", "simulated")),
-    Metric("fsdpmon_exporter_sample_age_seconds", Gg, "seconds",
-           "Age of the sample this scrape served.", ("node",)),
-    Metric("fsdpmon_exporter_sample_stale", Gg, "",
-           "1 when the background sampler has not finished a sample in time.", ("node",)),
-    Metric("fsdpmon_exporter_sample_duration_seconds", Gg, "seconds",
-           "Time the last background sample took.", ("node", "source")),
-    Metric("fsdpmon_exporter_errors_total", C, "", "Errors while sampling, by source.",
-           ("node", "source")),
-    Metric("fsdpmon_host_cpu_seconds_total", C, "seconds", "Host CPU time by mode.",
-           ("node", "mode")),
-    Metric("fsdpmon_host_cpu_utilization_ratio", Gg, "ratio",
-           "Host CPU busy share, per core and in total (cpu=\"all\").", ("node", "cpu")),
-    Metric("fsdpmon_host_load1", Gg, "", "1-minute load average.", ("node",)),
-    Metric("fsdpmon_host_load5", Gg, "", "5-minute load average.", ("node",)),
-    Metric("fsdpmon_host_load15", Gg, "", "15-minute load average.", ("node",)),
-    Metric("fsdpmon_host_memory_total_bytes", Gg, "bytes", "Host memory in total.", ("node",)),
-    Metric("fsdpmon_host_memory_available_bytes", Gg, "bytes", "Host memory available.",
-           ("node",)),
-    Metric("fsdpmon_host_memory_used_bytes", Gg, "bytes", "Host memory in use.", ("node",)),
+    EXPORTER_INFO, EXPORTER_SAMPLE_AGE_SECONDS, EXPORTER_SAMPLE_STALE,
+    EXPORTER_SAMPLE_DURATION_SECONDS, EXPORTER_ERRORS_TOTAL, HOST_CPU_SECONDS_TOTAL,
+    HOST_CPU_UTILIZATION_RATIO, HOST_LOAD1, HOST_LOAD5, HOST_LOAD15, HOST_MEMORY_TOTAL_BYTES,
+    HOST_MEMORY_AVAILABLE_BYTES, HOST_MEMORY_USED_BYTES,
 )
 
 P = ("node", "pid", *POD_LABELS)
+# Processes that use a GPU or belong to a training pod (exporter).
+PROCESS_INFO = Metric(
+    "fsdpmon_process_info", Gg, "",
+    "A process that uses a GPU or belongs to a training pod (value 1).",
+    (*P, "command", "user"))
+PROCESS_CPU_SECONDS_TOTAL = Metric(
+    "fsdpmon_process_cpu_seconds_total", C, "seconds", "CPU time of the process.", P)
+PROCESS_CPU_UTILIZATION_RATIO = Metric(
+    "fsdpmon_process_cpu_utilization_ratio", Gg, "ratio",
+    "CPU use of the process over the last sample, in cores.", P)
+PROCESS_RESIDENT_MEMORY_BYTES = Metric(
+    "fsdpmon_process_resident_memory_bytes", Gg, "bytes", "Resident set size.", P)
+PROCESS_THREADS = Metric("fsdpmon_process_threads", Gg, "", "Threads of the process.", P)
+PROCESS_STATE = Metric(
+    "fsdpmon_process_state", Gg, "", "1 for the process's current state.",
+    (*P, "state"))
+PROCESS_START_TIME_SECONDS = Metric(
+    "fsdpmon_process_start_time_seconds", Gg, "seconds",
+    "Unix time the process started.", P)
 PROCESS: tuple[Metric, ...] = (
-    Metric("fsdpmon_process_info", Gg, "",
-           "A process that uses a GPU or belongs to a training pod (value 1).",
-           (*P, "command", "user")),
-    Metric("fsdpmon_process_cpu_seconds_total", C, "seconds", "CPU time of the process.", P),
-    Metric("fsdpmon_process_cpu_utilization_ratio", Gg, "ratio",
-           "CPU use of the process over the last sample, in cores.", P),
-    Metric("fsdpmon_process_resident_memory_bytes", Gg, "bytes", "Resident set size.", P),
-    Metric("fsdpmon_process_threads", Gg, "", "Threads of the process.", P),
-    Metric("fsdpmon_process_state", Gg, "", "1 for the process's current state.",
-           (*P, "state")),
-    Metric("fsdpmon_process_start_time_seconds", Gg, "seconds",
-           "Unix time the process started.", P),
+    PROCESS_INFO, PROCESS_CPU_SECONDS_TOTAL, PROCESS_CPU_UTILIZATION_RATIO,
+    PROCESS_RESIDENT_MEMORY_BYTES, PROCESS_THREADS, PROCESS_STATE, PROCESS_START_TIME_SECONDS,
 )
 
 ALL: tuple[Metric, ...] = TRAINING + GPU + HOST + PROCESS
 BY_NAME: dict[str, Metric] = {m.name: m for m in ALL}
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A series that a Prometheus recording rule makes (``level:metric:operations``).
+
+    dashboards/rules.py holds the expression; dashboards and alerts read the series by symbol.
+    """
+
+    name: str
+
+
+# Job level: one series per namespace/job_name.
+REC_JOB_TOKENS_PER_SECOND_SUM = Recorded("fsdpmon_job:tokens_per_second:sum")
+REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG = Recorded("fsdpmon_job:tokens_per_second_per_rank:avg")
+REC_JOB_RANKS_COUNT = Recorded("fsdpmon_job:ranks:count")
+REC_JOB_HEARTBEAT_AGE_SECONDS_MAX = Recorded("fsdpmon_job:heartbeat_age_seconds:max")
+REC_JOB_STEP_TIME_SECONDS_MAX = Recorded("fsdpmon_job:step_time_seconds:max")
+REC_JOB_STEP_TIME_SECONDS_P50 = Recorded("fsdpmon_job:step_time_seconds:p50")
+REC_JOB_MFU_RATIO_AVG = Recorded("fsdpmon_job:mfu_ratio:avg")
+REC_JOB_LOSS_AVG = Recorded("fsdpmon_job:loss:avg")
+REC_JOB_LOSS_MAX = Recorded("fsdpmon_job:loss:max")
+REC_JOB_DATA_WAIT_RATIO_MAX = Recorded("fsdpmon_job:data_wait_ratio:max")
+REC_JOB_PEAK_MEMORY_BYTES_MAX = Recorded("fsdpmon_job:peak_memory_bytes:max")
+REC_JOB_STEP_MAX = Recorded("fsdpmon_job:step:max")
+REC_JOB_TOTAL_STEPS_MAX = Recorded("fsdpmon_job:total_steps:max")
+REC_JOB_STEPS_PER_SECOND_RATE5M = Recorded("fsdpmon_job:steps_per_second:rate5m")
+REC_JOB_ETA_SECONDS_ESTIMATE = Recorded("fsdpmon_job:eta_seconds:estimate")
+# Node, pod and GPU level.
+REC_NODE_GPU_UTILIZATION_RATIO_AVG = Recorded("fsdpmon_node:gpu_utilization_ratio:avg")
+REC_NODE_GPU_MEMORY_USED_BYTES_SUM = Recorded("fsdpmon_node:gpu_memory_used_bytes:sum")
+REC_NODE_GPU_POWER_WATTS_SUM = Recorded("fsdpmon_node:gpu_power_watts:sum")
+REC_POD_GPU_MEMORY_USED_BYTES_SUM = Recorded("fsdpmon_pod:gpu_memory_used_bytes:sum")
+REC_GPU_MEMORY_USED_BYTES_RATIO = Recorded("fsdpmon_gpu:memory_used_bytes:ratio")
+REC_GPU_DCGM_XID_ERRORS_CHANGES = Recorded("fsdpmon_gpu:dcgm_xid_errors:changes")
+
+RECORDED: tuple[Recorded, ...] = tuple(
+    v for k, v in sorted(globals().items()) if k.startswith("REC_") and isinstance(v, Recorded))
 
 
 def get(name: str) -> Metric:

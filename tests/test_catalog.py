@@ -58,3 +58,30 @@ def test_unknown_metric_is_named_in_the_error():
         assert "fsdpmon_nope" in str(exc)
     else:
         raise AssertionError("expected KeyError")
+
+
+def _symbol(name: str) -> str:
+    """The catalog's naming rule for symbols (see the module docstring)."""
+    stem = name.removeprefix("fsdpmon_").replace(":", "_").upper()
+    return ("REC_" + stem) if ":" in name else stem
+
+
+def test_every_metric_and_recorded_rule_has_its_symbol():
+    for entry in (*catalog.ALL, *catalog.RECORDED):
+        symbol = _symbol(entry.name)
+        assert getattr(catalog, symbol, None) is entry, f"{entry.name}: no catalog.{symbol}"
+
+
+def test_every_symbol_is_listed():
+    """A symbol left out of ALL / RECORDED would be missing from dashboards checks and BY_NAME."""
+    listed = {id(e) for e in (*catalog.ALL, *catalog.RECORDED)}
+    loose = [k for k, v in vars(catalog).items()
+             if isinstance(v, catalog.Metric | catalog.Recorded) and id(v) not in listed]
+    assert not loose, f"symbols in no tuple: {loose}"
+
+
+def test_recorded_names_are_level_metric_operations():
+    names = [r.name for r in catalog.RECORDED]
+    assert len(names) == len(set(names)), f"duplicates: {len(names) - len(set(names))}"
+    for name in names:
+        assert re.fullmatch(r"fsdpmon_[a-z]+:[a-z0-9_]+:[a-z0-9_]+", name), name
