@@ -24,7 +24,21 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from fsdpmon import catalog
-from fsdpmon.catalog import Kind
+from fsdpmon.catalog import (
+    TRAIN_HEARTBEAT_AGE_SECONDS,
+    TRAIN_INFO,
+    TRAIN_LAST_STEP_TIMESTAMP_SECONDS,
+    TRAIN_PHASE_DURATION_SECONDS,
+    TRAIN_PHASE_SECONDS_TOTAL,
+    TRAIN_STALL_THRESHOLD_SECONDS,
+    TRAIN_STALLED,
+    TRAIN_STEP,
+    TRAIN_STEP_DURATION_SECONDS,
+    TRAIN_STEPS_TOTAL,
+    TRAIN_TOKENS_TOTAL,
+    TRAIN_UNRESPONSIVE,
+    Kind,
+)
 from fsdpmon.monitor.state import RankState, read_job_states
 
 log = logging.getLogger(__name__)
@@ -33,8 +47,7 @@ log = logging.getLogger(__name__)
 # stopped, or hung while holding the GIL: the rank that hangs, not one waiting for it.
 UNRESPONSIVE_AFTER_SECONDS = 5.0
 
-INFO = "fsdpmon_train_info"
-INFO_LABELS = catalog.get(INFO).labels[3:]
+INFO_LABELS = TRAIN_INFO.labels[3:]
 
 
 class JobStateCollector(Collector):
@@ -73,7 +86,7 @@ def _add_rank(builder: _Families, state: RankState, now: float) -> None:
     snap, hb = state.snapshot, state.heartbeat
     labels = (str(snap.get("job_name", "")), str(state.rank), str(snap.get("local_rank", "")))
     info = _mapping(snap.get("info"))
-    builder.add(INFO, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
+    builder.add(TRAIN_INFO.name, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
     started = _number(snap.get("started_unix"))
     started = started if started is not None and math.isfinite(started) else now
     last = hb.last_step_unix if hb.last_step_unix > 0 else None
@@ -83,25 +96,25 @@ def _add_rank(builder: _Families, state: RankState, now: float) -> None:
     overdue = last is not None and threshold > 0 and age > threshold
     stalled = 1.0 if hb.stalled or overdue else 0.0
     live = {
-        "fsdpmon_train_steps_total": hb.steps_total,
-        "fsdpmon_train_step": hb.step,
-        "fsdpmon_train_tokens_total": hb.tokens_total,
-        "fsdpmon_train_last_step_timestamp_seconds": last,
-        "fsdpmon_train_heartbeat_age_seconds": age,
-        "fsdpmon_train_stalled": stalled,
-        "fsdpmon_train_stall_threshold_seconds": threshold if threshold > 0 else None,
-        "fsdpmon_train_unresponsive": None if hb.watchdog_unix <= 0 else float(
+        TRAIN_STEPS_TOTAL.name: hb.steps_total,
+        TRAIN_STEP.name: hb.step,
+        TRAIN_TOKENS_TOTAL.name: hb.tokens_total,
+        TRAIN_LAST_STEP_TIMESTAMP_SECONDS.name: last,
+        TRAIN_HEARTBEAT_AGE_SECONDS.name: age,
+        TRAIN_STALLED.name: stalled,
+        TRAIN_STALL_THRESHOLD_SECONDS.name: threshold if threshold > 0 else None,
+        TRAIN_UNRESPONSIVE.name: None if hb.watchdog_unix <= 0 else float(
             now - hb.watchdog_unix > UNRESPONSIVE_AFTER_SECONDS),
     }
     for name, value in {**_mapping(snap.get("values")), **live}.items():
         builder.add(name, labels, value)
-    for key, name in (("phase_totals", "fsdpmon_train_phase_seconds_total"),
-                      ("phase_means", "fsdpmon_train_phase_duration_seconds")):
+    for key, name in (("phase_totals", TRAIN_PHASE_SECONDS_TOTAL.name),
+                      ("phase_means", TRAIN_PHASE_DURATION_SECONDS.name)):
         for phase, value in _mapping(snap.get(key)).items():
             builder.add(name, (*labels, str(phase)), value)
     hist = snap.get("histogram")
     if isinstance(hist, dict):
-        builder.histogram("fsdpmon_train_step_duration_seconds", labels, hist)
+        builder.histogram(TRAIN_STEP_DURATION_SECONDS.name, labels, hist)
 
 
 class _Families:

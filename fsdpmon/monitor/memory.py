@@ -10,6 +10,17 @@ from dataclasses import dataclass
 
 import psutil
 
+from fsdpmon.catalog import (
+    TRAIN_ALLOC_RETRIES_TOTAL,
+    TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,
+    TRAIN_MEMORY_ALLOCATED_BYTES,
+    TRAIN_MEMORY_PEAK_ACTIVE_BYTES,
+    TRAIN_MEMORY_PEAK_RESERVED_BYTES,
+    TRAIN_MEMORY_RESERVED_BYTES,
+    TRAIN_OOMS_TOTAL,
+    TRAIN_PROCESS_RSS_BYTES,
+)
+
 
 @dataclass(frozen=True)
 class MemoryStats:
@@ -32,23 +43,23 @@ class MemoryReader:
     def read(self) -> MemoryStats:
         rss = float(self._process.memory_info().rss)
         if not self.cuda:
-            return MemoryStats(rss, {"fsdpmon_train_process_rss_bytes": rss})
+            return MemoryStats(rss, {TRAIN_PROCESS_RSS_BYTES.name: rss})
         stats = self._torch.cuda.memory_stats()
         # Peaks are per window: reset after reading.
         self._torch.cuda.reset_peak_memory_stats()
         peak_active = float(stats.get("active_bytes.all.peak", 0))
         values = {
-            "fsdpmon_train_process_rss_bytes": rss,
-            "fsdpmon_train_memory_allocated_bytes": float(
+            TRAIN_PROCESS_RSS_BYTES.name: rss,
+            TRAIN_MEMORY_ALLOCATED_BYTES.name: float(
                 stats.get("allocated_bytes.all.current", 0)),
-            "fsdpmon_train_memory_reserved_bytes": float(
+            TRAIN_MEMORY_RESERVED_BYTES.name: float(
                 stats.get("reserved_bytes.all.current", 0)),
-            "fsdpmon_train_memory_peak_active_bytes": peak_active,
-            "fsdpmon_train_memory_peak_reserved_bytes": float(
+            TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name: peak_active,
+            TRAIN_MEMORY_PEAK_RESERVED_BYTES.name: float(
                 stats.get("reserved_bytes.all.peak", 0)),
-            "fsdpmon_train_alloc_retries_total": float(stats.get("num_alloc_retries", 0)),
-            "fsdpmon_train_ooms_total": float(stats.get("num_ooms", 0)),
+            TRAIN_ALLOC_RETRIES_TOTAL.name: float(stats.get("num_alloc_retries", 0)),
+            TRAIN_OOMS_TOTAL.name: float(stats.get("num_ooms", 0)),
         }
         if self.capacity is not None:
-            values["fsdpmon_train_device_memory_capacity_bytes"] = self.capacity
+            values[TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name] = self.capacity
         return MemoryStats(peak_active, values)

@@ -23,6 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from fsdpmon.catalog import (
+    MONITOR_INTERNAL_ERRORS_TOTAL,
+    TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,
+    TRAIN_DEVICE_PEAK_FLOPS,
+    TRAIN_MODEL_FLOPS_PER_TOKEN,
+    TRAIN_RESTARTS,
+    TRAIN_TOTAL_STEPS,
+)
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
 from fsdpmon.monitor.gather import Topology, gather_rows, topology
@@ -137,12 +145,12 @@ class Monitor:
 
     def _static_values(self) -> dict[str, float | None]:
         return {
-            "fsdpmon_train_model_flops_per_token": self.flops_per_token or None,
-            "fsdpmon_train_device_peak_flops": self.peak_flops,
-            "fsdpmon_train_total_steps": self.total_steps,
-            "fsdpmon_train_restarts": self.run_record.get("restarts"),
-            "fsdpmon_train_device_memory_capacity_bytes": self._memory and self._memory.capacity,
-            "fsdpmon_monitor_internal_errors_total": self.internal_errors,
+            TRAIN_MODEL_FLOPS_PER_TOKEN.name: self.flops_per_token or None,
+            TRAIN_DEVICE_PEAK_FLOPS.name: self.peak_flops,
+            TRAIN_TOTAL_STEPS.name: self.total_steps,
+            TRAIN_RESTARTS.name: self.run_record.get("restarts"),
+            TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name: self._memory and self._memory.capacity,
+            MONITOR_INTERNAL_ERRORS_TOTAL.name: self.internal_errors,
         }
 
     # ---- the training loop's API --------------------------------------------------------

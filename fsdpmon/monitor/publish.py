@@ -13,7 +13,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdpmon import catalog
+from fsdpmon.catalog import (
+    MONITOR_INTERNAL_ERRORS_TOTAL,
+    TRAIN_DATA_WAIT_RATIO,
+    TRAIN_GRAD_NORM,
+    TRAIN_LEARNING_RATE,
+    TRAIN_LOSS,
+    TRAIN_LOSS_NONFINITE,
+    TRAIN_MFU_RATIO,
+    TRAIN_STEP_DURATION_SECONDS,
+    TRAIN_STEP_TIME_SECONDS,
+    TRAIN_TOKENS_PER_SECOND,
+)
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.gather import Topology
 from fsdpmon.monitor.server import PortKeeper
@@ -24,7 +35,7 @@ from fsdpmon.monitor.watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 
-STEP_BUCKETS = catalog.get("fsdpmon_train_step_duration_seconds").buckets
+STEP_BUCKETS = TRAIN_STEP_DURATION_SECONDS.buckets
 INFO_KEYS = ("model", "world_size", "nodes", "dtype", "torch_version", "node", "device")
 
 FailHandler = Callable[[str, BaseException], None]
@@ -127,15 +138,15 @@ class Publication:
         self.snapshot["phase_means"] = dict(stats.phase_means)
         loss = record.get("loss")
         self._set_values({
-            "fsdpmon_train_tokens_per_second": stats.tokens_per_second,
-            "fsdpmon_train_step_time_seconds": stats.step_time_s,
-            "fsdpmon_train_data_wait_ratio": stats.data_wait_ratio,
-            "fsdpmon_train_mfu_ratio": stats.mfu,
-            "fsdpmon_train_loss": loss,
-            "fsdpmon_train_learning_rate": record.get("lr"),
-            "fsdpmon_train_grad_norm": record.get("grad_norm"),
-            "fsdpmon_train_loss_nonfinite": None if loss is None else record["loss_nonfinite"],
-            "fsdpmon_monitor_internal_errors_total": errors,
+            TRAIN_TOKENS_PER_SECOND.name: stats.tokens_per_second,
+            TRAIN_STEP_TIME_SECONDS.name: stats.step_time_s,
+            TRAIN_DATA_WAIT_RATIO.name: stats.data_wait_ratio,
+            TRAIN_MFU_RATIO.name: stats.mfu,
+            TRAIN_LOSS.name: loss,
+            TRAIN_LEARNING_RATE.name: record.get("lr"),
+            TRAIN_GRAD_NORM.name: record.get("grad_norm"),
+            TRAIN_LOSS_NONFINITE.name: None if loss is None else record["loss_nonfinite"],
+            MONITOR_INTERNAL_ERRORS_TOTAL.name: errors,
             **memory,
         })
         if job is not None:
@@ -143,7 +154,7 @@ class Publication:
         self._write()
 
     def count_errors(self, errors: int) -> None:
-        self.snapshot["values"]["fsdpmon_monitor_internal_errors_total"] = errors
+        self.snapshot["values"][MONITOR_INTERNAL_ERRORS_TOTAL.name] = errors
         try:
             self._write()
         except Exception:  # reporting a failure must not fail again

@@ -7,6 +7,18 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fsdpmon.catalog import (
+    JOB_LOSS_MAX,
+    JOB_LOSS_MEAN,
+    JOB_PEAK_MEMORY_MAX_BYTES,
+    JOB_PEAK_MEMORY_MAX_RANK,
+    JOB_SLOWEST_RANK,
+    JOB_SLOWEST_RANK_STEP_TIME_SECONDS,
+    JOB_STEP_TIME_MAX_SECONDS,
+    JOB_STEP_TIME_MEDIAN_SECONDS,
+    JOB_STEP_TIME_MIN_SECONDS,
+    JOB_WORLD_SIZE,
+)
 from fsdpmon.monitor.flops import mfu
 from fsdpmon.monitor.timing import WindowTimes
 
@@ -73,16 +85,16 @@ class JobFigures:
 
     def as_metrics(self) -> dict[str, float]:
         return {
-            "fsdpmon_job_step_time_min_seconds": self.step_time_min_s,
-            "fsdpmon_job_step_time_median_seconds": self.step_time_median_s,
-            "fsdpmon_job_step_time_max_seconds": self.step_time_max_s,
-            "fsdpmon_job_slowest_rank": self.slowest_rank,
-            "fsdpmon_job_slowest_rank_step_time_seconds": self.slowest_rank_step_time_s,
-            "fsdpmon_job_peak_memory_max_bytes": self.peak_memory_max_bytes,
-            "fsdpmon_job_peak_memory_max_rank": self.peak_memory_max_rank,
-            "fsdpmon_job_loss_mean": self.loss_mean,
-            "fsdpmon_job_loss_max": self.loss_max,
-            "fsdpmon_job_world_size": self.world_size,
+            JOB_STEP_TIME_MIN_SECONDS.name: self.step_time_min_s,
+            JOB_STEP_TIME_MEDIAN_SECONDS.name: self.step_time_median_s,
+            JOB_STEP_TIME_MAX_SECONDS.name: self.step_time_max_s,
+            JOB_SLOWEST_RANK.name: self.slowest_rank,
+            JOB_SLOWEST_RANK_STEP_TIME_SECONDS.name: self.slowest_rank_step_time_s,
+            JOB_PEAK_MEMORY_MAX_BYTES.name: self.peak_memory_max_bytes,
+            JOB_PEAK_MEMORY_MAX_RANK.name: self.peak_memory_max_rank,
+            JOB_LOSS_MEAN.name: self.loss_mean,
+            JOB_LOSS_MAX.name: self.loss_max,
+            JOB_WORLD_SIZE.name: self.world_size,
         }
 
 
