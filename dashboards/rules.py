@@ -19,7 +19,11 @@ from typing import Any
 
 from dashboards.dcgm import dcgm_rules
 from dashboards.promql import JOB_KEYS, m
-from fsdpmon.conventions import DEFAULT_STALL_FACTOR, DEFAULT_STALL_FLOOR_SECONDS
+from fsdpmon.conventions import (
+    DEFAULT_STALL_FACTOR,
+    DEFAULT_STALL_FLOOR_SECONDS,
+    MEMORY_PRESSURE_RATIO,
+)
 
 Rule = dict[str, Any]
 
@@ -48,7 +52,7 @@ class RuleBounds:
     straggler_factor: float = 1.25
     straggler_data_share: float = 0.10
     straggler_for: str = "15m"
-    memory_ratio: float = 0.95  # a rank's peak active memory over its device's capacity
+    memory_ratio: float = MEMORY_PRESSURE_RATIO  # a rank's peak active memory / capacity
     memory_for: str = "5m"
     allocator_window: str = "15m"
     low_util_ratio: float = 0.30

@@ -106,6 +106,16 @@ TRAIN_PHASE_DURATION_SECONDS = Metric(
 TRAIN_DATA_WAIT_RATIO = Metric(
     "fsdpmon_train_data_wait_ratio", Gg, "ratio",
     "Share of step time spent blocked waiting for data over the last log window.", T)
+TRAIN_BUSY_SECONDS = Metric(
+    "fsdpmon_train_busy_seconds", Gg, "seconds",
+    "Mean time per step not spent waiting in collectives, over the last log window.", T)
+TRAIN_COLLECTIVE_WAIT_RATIO = Metric(
+    "fsdpmon_train_collective_wait_ratio", Gg, "ratio",
+    "Share of step time spent waiting in collectives over the last log window.", T)
+TRAIN_STRAGGLER_SCORE = Metric(
+    "fsdpmon_train_straggler_score", Gg, "",
+    "Median busy time over ranks / this rank's busy time (below the threshold: a straggler).",
+    T)
 TRAIN_MFU_RATIO = Metric(
     "fsdpmon_train_mfu_ratio", Gg, "ratio",
     "Model FLOPs utilisation over the last log window (absent for unknown devices).", T)
@@ -196,6 +206,7 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS, TRAIN_TOKENS_TOTAL, TRAIN_TOKENS_PER_SECOND,
     TRAIN_RESTARTS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
+    TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE,
     TRAIN_MFU_RATIO, TRAIN_MODEL_FLOPS_PER_TOKEN, TRAIN_DEVICE_PEAK_FLOPS,
     TRAIN_MEMORY_ALLOCATED_BYTES, TRAIN_MEMORY_RESERVED_BYTES, TRAIN_MEMORY_PEAK_ACTIVE_BYTES,
     TRAIN_MEMORY_PEAK_RESERVED_BYTES, TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,

@@ -43,3 +43,33 @@ DEFAULT_STALL_FLOOR_SECONDS = 120.0
 
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).
 ENV_PREFIX = "FSDPMON_"
+
+# Diagnosis thresholds (`fsdpmon diagnose`, top's Diagnosis view, the alert rules): one
+# definition each.
+# A rank whose busy time (step time not spent waiting in collectives) is this share of the
+# median rank's or less is a straggler: median busy / own busy < 0.75 (nvidia-resiliency-ext).
+STRAGGLER_SCORE_THRESHOLD = 0.75
+# Device (or GPU) memory in use at or above this share of capacity is memory pressure.
+MEMORY_PRESSURE_RATIO = 0.95
+# A verdict needs its evidence in every sample spanning at least this long (never one sample);
+# with top's 2 s refresh that is 6 samples, and it stays under the 30 s the hang target allows.
+DIAGNOSIS_EVIDENCE_SECONDS = 10.0
+# A straggler's excess busy time is put down to data loading (or checkpointing) when at least
+# this share of it is extra data wait (or checkpoint time) compared to the median rank.
+STRAGGLER_CAUSE_SHARE = 0.5
+# Job loss above this multiple of its recent median (sustained) is a loss spike.
+LOSS_SPIKE_FACTOR = 2.0
+# Checkpoint time above this share of the step time (job median) is a slow checkpoint.
+CHECKPOINT_SHARE_LIMIT = 0.25
+# A node's CPUs busy at or above this share, under a straggling rank, is host CPU contention.
+HOST_CPU_BUSY_RATIO = 0.95
+# Restarts within the history that make a crash loop (one restart is a recovered crash).
+CRASH_LOOP_RESTARTS = 2
+# Clock-event reasons that mean a GPU runs slower than it should (NVML clock event reasons).
+# sw_power_cap is also active on healthy GPUs at full load, so it counts only on a straggler.
+GPU_THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",
+                        "sw_thermal_slowdown")
+GPU_POWER_CAP_REASON = "sw_power_cap"
+# XID codes that mean the GPU or its node must be drained (NVIDIA's XID catalogue: 79 fell
+# off the bus, 48/63/64/94/95 memory, 74 NVLink, 92 high single-bit ECC, 119/120 GSP).
+GPU_XID_CRITICAL = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)

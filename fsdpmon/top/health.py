@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from fsdpmon.conventions import MEMORY_PRESSURE_RATIO
 from fsdpmon.top.snapshot import Alert, JobSnapshot, JobState, Severity
 
 STRAGGLER_RATIO = 1.2  # slowest rank's step time over the median that makes it a straggler
-MEMORY_PRESSURE_RATIO = 0.95
 
 
 def _fmt_ranks(ranks: Sequence[int], limit: int = 8) -> str:
