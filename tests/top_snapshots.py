@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fsdpmon.top.aggregate import WANTED, ScrapeResult, Target, aggregate
-from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate, new_parser
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.synthetic import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
@@ -29,7 +28,7 @@ def ranks(n_nodes: int = 2, per_node: int = 2, **overrides: dict[int, dict]) -> 
 def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = (),
             gpu_util: dict[tuple[int, int], float] | None = None) -> list[ScrapeResult]:
     """One training target and one exporter target per node; nodes in ``down`` don't answer."""
-    parser = Parser(WANTED)
+    parser = new_parser()
     out = []
     for n in range(len(specs) // per_node):
         node = f"node-{n}"

@@ -50,6 +50,12 @@ RANK_METRICS = {
     _n("fsdpmon_train_stall_threshold_seconds"): "stall_threshold_s",
     _n("fsdpmon_train_stalled"): "stalled",
     _n("fsdpmon_train_restarts"): "restarts",
+    catalog.TRAIN_BUSY_SECONDS.name: "busy_s",
+    catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
+    catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
+    catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
+    # served per phase; REQUIRE keeps only the checkpoint phase's series
+    catalog.TRAIN_PHASE_DURATION_SECONDS.name: "checkpoint_s",
 }
 TRAIN_INFO = _n("fsdpmon_train_info")
 JOB_METRICS = {
@@ -69,6 +75,11 @@ GPU_METRICS = {
     _n("fsdpmon_gpu_power_limit_watts"): "power_limit_watts",
 }
 GPU_PROCESS_MEMORY = _n("fsdpmon_gpu_process_memory_used_bytes")
+# GPU fault evidence, one series per reason / XID code / ECC type.
+GPU_CLOCK_EVENT = catalog.GPU_CLOCK_EVENT_ACTIVE.name
+GPU_XID = catalog.GPU_XID_ERRORS_TOTAL.name
+GPU_ECC = catalog.GPU_ECC_ERRORS_TOTAL.name
+GPU_EVENTS = frozenset([GPU_CLOCK_EVENT, GPU_XID, GPU_ECC])
 EXPORTER_INFO = _n("fsdpmon_exporter_info")
 HOST_METRICS = {
     _n("fsdpmon_host_memory_used_bytes"): "memory_used_bytes",
@@ -86,12 +97,14 @@ PROCESS_METRICS = {
 # Everything top reads; sources pass it to the parser so that other series are never built.
 WANTED: frozenset[str] = frozenset(
     [*RANK_METRICS, TRAIN_INFO, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY, EXPORTER_INFO,
+     *GPU_EVENTS,
      *HOST_METRICS, HOST_CPU, PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS]
 )
 
 
 # Of the per-core host CPU series, top shows only the node total.
-REQUIRE = {HOST_CPU: 'cpu="all"'}
+REQUIRE = {HOST_CPU: 'cpu="all"', catalog.TRAIN_PHASE_DURATION_SECONDS.name: 'phase="checkpoint"',
+           GPU_ECC: 'type="uncorrected"'}
 
 
 def new_parser() -> Parser:
@@ -171,6 +184,17 @@ def _gpu_entry(acc: _Acc, labels: dict[str, str]) -> dict[str, object]:
     return gpu
 
 
+def _add_gpu_event(gpu: dict[str, object], s: Sample) -> None:
+    """Throttle reasons active now, XID counts by code, uncorrected ECC count."""
+    if s.name == GPU_CLOCK_EVENT:
+        if s.value == 1.0:
+            gpu.setdefault("clock_events", []).append(s.labels.get("reason", ""))  # type: ignore[union-attr]
+    elif s.name == GPU_XID:
+        gpu.setdefault("xid_counts", []).append((s.labels.get("xid", ""), s.value))  # type: ignore[union-attr]
+    elif s.labels.get("type") == "uncorrected":
+        gpu["ecc_uncorrected"] = s.value
+
+
 def _add_host(acc: _Acc, s: Sample, node: str) -> None:
     host = acc.nodes.setdefault(node, {})
     if s.name == EXPORTER_INFO:
@@ -223,16 +247,21 @@ def _read(acc: _Acc, result: ScrapeResult) -> TargetStatus:
         name, labels = s.name, s.labels
         field_name = RANK_METRICS.get(name)
         if field_name is not None:
+            train = True
+            if field_name == "checkpoint_s" and labels.get("phase") != "checkpoint":
+                continue  # (a parser without REQUIRE passes every phase)
             row = rank_memo.get(id(labels)) or _rank_entry(acc, labels, target)
             if row is not None:
                 row[field_name] = s.value
-            train = True
             continue
         field_name = GPU_METRICS.get(name)
         if field_name is not None:
             gpu = gpu_memo.get(id(labels)) or _gpu_entry(acc, labels)
             gpu[field_name] = s.value
             node, exporter = labels.get("node") or node, True
+        elif name in GPU_EVENTS:
+            _add_gpu_event(gpu_memo.get(id(labels)) or _gpu_entry(acc, labels), s)
+            exporter = True
         elif name == TRAIN_INFO:
             row = rank_memo.get(id(labels)) or _rank_entry(acc, labels, target)
             if row is not None:
@@ -278,7 +307,11 @@ def _rank_row(rank: int, d: dict[str, object]) -> RankRow:
         tokens_per_second=_opt(d.get("tokens_per_second")), mfu_ratio=_opt(d.get("mfu_ratio")),
         loss=_opt(d.get("loss")), peak_memory_bytes=_opt(peak),
         memory_capacity_bytes=_opt(d.get("memory_capacity_bytes")), heartbeat_age_s=age,
-        stall_threshold_s=threshold, stalled=stalled,
+        stall_threshold_s=threshold, stalled=stalled, busy_s=_opt(d.get("busy_s")),
+        collective_wait_ratio=_opt(d.get("collective_wait_ratio")),
+        straggler_score=_opt(d.get("straggler_score")), unresponsive=d.get("unresponsive") == 1.0,
+        loss_nonfinite=d.get("loss_nonfinite") == 1.0, checkpoint_s=_opt(d.get("checkpoint_s")),
+        restarts=_opt_int(d.get("restarts")),
     )
 
 
@@ -304,6 +337,9 @@ def _gpu_rows(acc: _Acc, previous: JobSnapshot | None, down_nodes: set[str]) -> 
             power_limit_watts=_opt(d.get("power_limit_watts")),
             namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
             container=str(d.get("container", "")),
+            clock_events=tuple(sorted(d.get("clock_events", ()))),  # type: ignore[call-overload]
+            xid_counts=tuple(sorted(d.get("xid_counts", ()))),  # type: ignore[call-overload]
+            ecc_uncorrected=_opt(d.get("ecc_uncorrected")),
             utilization_history=_push(old.utilization_history if old else (), util),
             memory_history=_push(old.memory_history if old else (), mem_ratio),
         ))

@@ -64,6 +64,13 @@ class RankRow:
     stall_threshold_s: float | None = None
     stalled: bool = False
     slowest: bool = False
+    busy_s: float | None = None  # mean per-step time not waiting in collectives
+    collective_wait_ratio: float | None = None
+    straggler_score: float | None = None  # median busy / own busy; low = straggler
+    unresponsive: bool = False  # its monitor thread stopped: the rank that hangs
+    loss_nonfinite: bool = False
+    checkpoint_s: float | None = None  # mean per-step checkpoint time, last log window
+    restarts: int | None = None
     down: bool = False  # its series vanished or its target stopped answering; last figures kept
     target: str = ""  # the URL its series came from
 
@@ -95,6 +102,9 @@ class GpuRow:
     namespace: str = ""
     pod: str = ""
     container: str = ""
+    clock_events: tuple[str, ...] = ()  # active clock-event (throttle) reasons
+    xid_counts: tuple[tuple[str, float], ...] = ()  # (XID code, count since driver load)
+    ecc_uncorrected: float | None = None  # uncorrected ECC errors since driver load
     utilization_history: tuple[float, ...] = ()
     memory_history: tuple[float, ...] = ()
 

@@ -40,6 +40,13 @@ class RankSpec:
     stalled: bool = False
     world_size: int = 1
     nodes: int = 1
+    busy_s: float | None = None  # None: step time x (1 - collective wait)
+    collective_wait_ratio: float = 0.1
+    straggler_score: float = 1.0
+    unresponsive: bool = False
+    loss_nonfinite: bool = False
+    checkpoint_s: float = 0.0  # per-step checkpoint phase time
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,10 @@ class GpuSpec:
     power_watts: float = 550.0
     pod: str = ""
     pid: int = 0
+    up: bool = True
+    clock_events: tuple[str, ...] = ()  # active clock-event reasons
+    xids: tuple[tuple[int, int], ...] = ()  # (XID code, count)
+    ecc_uncorrected: int = 0
 
 
 def _family(name: str, labels: Sequence[str]) -> Metric:
@@ -105,6 +116,11 @@ _RANK_FIELDS = {
     "fsdpmon_train_heartbeat_age_seconds": "heartbeat_age_s",
     "fsdpmon_train_stall_threshold_seconds": "stall_threshold_s",
     "fsdpmon_train_stalled": "stalled",
+    "fsdpmon_train_collective_wait_ratio": "collective_wait_ratio",
+    "fsdpmon_train_straggler_score": "straggler_score",
+    "fsdpmon_train_unresponsive": "unresponsive",
+    "fsdpmon_train_loss_nonfinite": "loss_nonfinite",
+    "fsdpmon_train_restarts": "restarts",
 }
 _GPU_FIELDS = {
     "fsdpmon_gpu_utilization_ratio": "utilization_ratio",
@@ -113,6 +129,8 @@ _GPU_FIELDS = {
     "fsdpmon_gpu_temperature_celsius": "temperature_celsius",
     "fsdpmon_gpu_power_watts": "power_watts",
     "fsdpmon_gpu_process_memory_used_bytes": "memory_used_bytes",
+    "fsdpmon_gpu_up": "up",
+    "fsdpmon_gpu_ecc_errors_total": "ecc_uncorrected",
 }
 _FIXED = {  # everything else a healthy node reports
     "fsdpmon_gpu_power_limit_watts": 700.0, "fsdpmon_host_memory_total_bytes": 2e12,
@@ -133,12 +151,13 @@ def _expand(metric: catalog.Metric, known: dict[str, str]) -> list[list[str]]:
 
 
 def _add(fams: dict[str, Metric], metric: catalog.Metric, known: dict[str, str],
-         value: float) -> None:
+         value: float, per: dict[str, float] | None = None) -> None:
+    """``per`` overrides the value by the series' last label value (a phase, a reason)."""
     fam = fams.get(metric.name)
     if fam is None:
         fam = fams[metric.name] = _family(metric.name, metric.labels)
     for values in _expand(metric, known):
-        fam.add_metric(values, value)
+        fam.add_metric(values, (per or {}).get(values[-1], value) if values else value)
 
 
 def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
@@ -148,6 +167,8 @@ def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
         return None if value is None else float(value)
     if metric.name.endswith("_phase_seconds_total"):
         return r.step * r.step_time_s / 5
+    if metric.name == "fsdpmon_train_busy_seconds":
+        return r.busy_s if r.busy_s is not None else r.step_time_s * (1 - r.collective_wait_ratio)
     return _FIXED.get(metric.name, 1.0)
 
 
@@ -177,7 +198,9 @@ def training_exposition(
                                r.step * r.step_time_s)
                 continue
             value = _rank_value(metric, r)
-            if value is not None:
+            if metric.name == "fsdpmon_train_phase_duration_seconds":
+                _add(fams, metric, known, r.step_time_s / 5, {"checkpoint": r.checkpoint_s})
+            elif value is not None:
                 _add(fams, metric, known, value)
     if ranks and ranks[0].rank == 0:
         for name, value in _job_values(job_ranks or ranks).items():
@@ -228,8 +251,22 @@ def exporter_exposition(node: str, gpus: Sequence[GpuSpec], namespace: str = "de
         for g in gpus:
             if "pid" in metric.labels and not g.pid:
                 continue
-            _add(fams, metric, _gpu_known(node, g, namespace), _node_value(metric, g))
+            _add_gpu(fams, metric, _gpu_known(node, g, namespace), g)
+    for g in gpus:  # XID series exist only once an XID happened, as the real exporter's
+        for code, count in g.xids:
+            _add(fams, catalog.GPU_XID_ERRORS_TOTAL,
+                 {**_gpu_known(node, g, namespace), "xid": str(code)}, float(count))
     return _render(list(fams.values()))
+
+
+def _add_gpu(fams: dict[str, Metric], metric: catalog.Metric, known: dict[str, str],
+             g: GpuSpec) -> None:
+    if metric is catalog.GPU_CLOCK_EVENT_ACTIVE:
+        _add(fams, metric, known, 0.0, dict.fromkeys(g.clock_events, 1.0))
+    elif metric is catalog.GPU_ECC_ERRORS_TOTAL:
+        _add(fams, metric, known, 0.0, {"uncorrected": float(g.ecc_uncorrected)})
+    else:
+        _add(fams, metric, known, _node_value(metric, g))
 
 
 def _gpu_known(node: str, g: GpuSpec, namespace: str) -> dict[str, str]:
