@@ -83,6 +83,15 @@ def _mapped(target: str, expr: str, label: tuple[str, str] | None) -> dict[str, 
     return rule
 
 
+def _xid_changed(window: str) -> str:
+    """Changes of the last-XID field, or a series born within ``window`` with an XID in it.
+
+    ``changes()`` of a series whose first sample already holds XID 79 is 0; the second arm
+    catches it (its value is then the code, still > 0, which is all the alert asks)."""
+    xid = "DCGM_FI_DEV_XID_ERRORS"
+    return f"changes({xid}[{window}]) > 0 or ({xid} > 0 unless {xid} offset {window})"
+
+
 def dcgm_rules(xid_window: str) -> list[dict[str, Any]]:
     rules: list[dict[str, Any]] = []
     for field, target, factor, label in FIELD_MAP:
@@ -93,7 +102,7 @@ def dcgm_rules(xid_window: str) -> list[dict[str, Any]]:
         rules.append(_mapped("fsdpmon_gpu_clock_event_active", bit_set, ("reason", reason)))
     rules.append({
         "record": "fsdpmon_gpu:dcgm_xid_errors:changes",
-        "expr": _not_ours(relabel(f"changes(DCGM_FI_DEV_XID_ERRORS[{xid_window}])")),
+        "expr": _not_ours(relabel(_xid_changed(xid_window))),
     })
     return rules
 

@@ -68,6 +68,19 @@ class RuleBounds:
     throughput_for: str = "15m"
 
 
+def _rose(series: str, window: str) -> str:
+    """A counter that went up within ``window``, including one born within it above 0.
+
+    ``increase()`` needs a baseline sample: a series whose first sample is already 1 (the
+    exporter creates ``fsdpmon_gpu_xid_errors_total{xid="79"}`` on the first XID 79) has an
+    increase of 0, so that first event would never alert. The second arm catches a series that
+    is above 0 now and had no sample ``window`` ago, for as long as ``increase()`` would have.
+    After a Prometheus restart an old non-zero counter counts as new for one window: a repeat
+    notification, never a missed event.
+    """
+    return f"increase({series}[{window}]) > 0\nor\n({series} > 0 unless {series} offset {window})"
+
+
 def _record(name: str, expr: str) -> Rule:
     return {"record": name, "expr": expr}
 
@@ -263,8 +276,8 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
         ),
         _alert(
             "FsdpmonAllocatorRetries",
-            f"increase({m('fsdpmon_train_alloc_retries_total')}[{w}]) > 0\nor\n"
-            f"increase({m('fsdpmon_train_ooms_total')}[{w}]) > 0",
+            f"{_rose(m('fsdpmon_train_alloc_retries_total'), w)}\nor\n"
+            f"{_rose(m('fsdpmon_train_ooms_total'), w)}",
             "", "warning",
             "CUDA allocator retries or OOMs on {{ $labels.job_name }} rank {{ $labels.rank }}",
             f"The caching allocator had to free its cache and retry (or hit OOM) in the last {w}; "
@@ -317,7 +330,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
     return [
         _alert(
             "FsdpmonGPUXidErrors",
-            f"increase({m('fsdpmon_gpu_xid_errors_total')}[{w}]) > 0\nor\n"
+            f"{_rose(m('fsdpmon_gpu_xid_errors_total'), w)}\nor\n"
             "fsdpmon_gpu:dcgm_xid_errors:changes > 0",
             "", "critical",
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
@@ -330,7 +343,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
         ),
         _alert(
             "FsdpmonGPUEccErrors",
-            f"increase({uncorrected}[{w}]) > 0\nor\n{failed_remap} > 0",
+            f"{_rose(uncorrected, w)}\nor\n{failed_remap} > 0",
             "", "critical",
             "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "
