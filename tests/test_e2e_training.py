@@ -22,8 +22,8 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from trainer_launch import TORCHRUN, child_env, launched, run, torchrun_args
 
+from fsdpmon.faultspec import ENV_VAR as FAULT
 from trainer.checkpoint import MARKER, complete_checkpoints
-from trainer.faults import CRASH_IN_SAVE, PAUSE_AT_STEP, PAUSE_DIR
 
 pytestmark = pytest.mark.slow
 
@@ -124,7 +124,7 @@ def wait_for(path: Path, timeout: float) -> None:
 def test_kill_9_one_rank_resumes_and_matches_uninterrupted_run(reference, tmp_path):
     pause_dir = tmp_path / "pause"
     pause_dir.mkdir()
-    env = child_env(**{PAUSE_AT_STEP: "15", PAUSE_DIR: str(pause_dir)})
+    env = child_env(**{FAULT: f"pause:at_step=15,dir={pause_dir}"})
     args = torchrun_args(2, job_args(tmp_path), max_restarts=1)
     with launched(args, env, tmp_path / "out.txt") as proc:
         wait_for(pause_dir / "pause.rank1", timeout=120)
@@ -141,7 +141,7 @@ def test_kill_9_one_rank_resumes_and_matches_uninterrupted_run(reference, tmp_pa
 
 def test_crash_during_checkpoint_save_is_never_resumed_from(reference, tmp_path):
     args = torchrun_args(2, job_args(tmp_path), max_restarts=1)
-    code, log = run(args, tmp_path / "out.txt", timeout=200, **{CRASH_IN_SAVE: "20"})
+    code, log = run(args, tmp_path / "out.txt", timeout=200, **{FAULT: "crash-in-save:at_step=20"})
     assert code == 0, log[-4000:]
     # The first attempt died with the step-20 files written but not committed ...
     assert "removing incomplete checkpoint" in log and ".tmp-step_00000020" in log, log[-4000:]

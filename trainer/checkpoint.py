@@ -81,8 +81,10 @@ class TrainState:
 
 
 class Checkpointer:
-    def __init__(self, root: str | Path, keep: int, rank: int) -> None:
+    def __init__(self, root: str | Path, keep: int, rank: int,
+                 fault_plan: faults.FaultPlan | None = None) -> None:
         self.root, self.keep, self.rank = Path(root), keep, rank
+        self.faults = fault_plan or faults.FaultPlan()
 
     def remove_incomplete(self) -> None:
         """Drop what crashed saves left behind (rank 0, before training starts)."""
@@ -107,7 +109,7 @@ class Checkpointer:
              "cuda_rng": torch.cuda.get_rng_state() if torch.cuda.is_available() else None},
             tmp / f"extra_rank{self.rank}.pt",
         )
-        faults.maybe_crash_in_save(state.step, self.rank)
+        self.faults.in_save(state.step)
         _barrier()  # every rank's files are written
         if self.rank == 0:
             self._commit(tmp, final, state.step)

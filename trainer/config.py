@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from fsdpmon import validate
+from fsdpmon import faultspec, validate
 from fsdpmon.errors import ConfigError, InputError
 from trainer.model import FLAVOURS, ModelArgs
 
@@ -72,6 +72,7 @@ class LogConfig:
 class TrainConfig:
     max_steps: int = 30
     seed: int = 0
+    fault: str | None = None  # fsdpmon.faultspec grammar; FSDPMON_FAULT applies as well
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -111,6 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at end)")
     a("--keep-checkpoints", type=int, default=2)
     a("--seed", type=int, default=0)
+    a("--fault", default=None, metavar="SPEC",
+      help="inject a fault, e.g. compute-slow:rank=1,factor=1.5 (see fsdpmon.faultspec; "
+           "FSDPMON_FAULT applies too)")
     a("--log-every", type=int, default=10)
     a("--log-jsonl", default=None, help="PATH: each rank writes PATH with .rankN inserted")
     a("--metrics-port", type=int, default=None, help="Prometheus port (0: do not serve)")
@@ -130,6 +134,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
     cfg = TrainConfig(
         max_steps=ns.max_steps,
         seed=ns.seed,
+        fault=ns.fault,
         model=ModelConfig(ns.model, ns.hf_checkpoint, overrides),
         data=DataConfig(ns.data, ns.tokenizer, ns.seq_len, ns.batch_size, ns.grad_accum),
         optim=OptimConfig(ns.lr, ns.warmup_steps, ns.min_lr_ratio, ns.weight_decay, ns.grad_clip),
@@ -144,6 +149,7 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
 
 def validate_config(cfg: TrainConfig) -> None:
     validate.one_of("--model", cfg.model.name, FLAVOURS)
+    faultspec.from_sources(cfg.fault)  # a bad spec fails here, naming it
     validate.positive("--max-steps", cfg.max_steps)
     validate.positive("--seq-len", cfg.data.seq_len)
     validate.positive("--batch-size", cfg.data.batch_size)

@@ -1,42 +1,152 @@
-"""Test-only fault injection, switched on by environment variables and inert otherwise.
+"""Real faults in the trainer, from the one spec grammar (``fsdpmon.faultspec``); inert unless set.
 
-The fault tests use these to make real failures happen at a known point: a rank that dies
-with SIGKILL in the middle of a checkpoint save, and a job that holds still at a given step
-so that a test can ``kill -9`` one of its ranks from outside. Both act only on the first
-attempt (TORCHELASTIC_RESTART_COUNT 0), so the restarted job runs through.
+``FSDPMON_FAULT`` and ``--fault`` (both apply) are parsed once at start, before any process
+group exists, so a bad spec is one line and exit 2. Each rank keeps only the faults aimed at
+it (``FaultPlan.for_rank``); the loop then calls a few cheap hooks that do nothing when the
+plan is empty. Steps are counted as the console shows them: step S is the S-th completed
+optimiser step, and "after step S" is right after it completes.
+
+What each kind does, and why it is made that way:
+- compute-slow: after this rank's forward and after its backward, sleep (factor - 1) x the
+  time that phase just took. Sleeping (rather than burning CPU) slows this rank alone by the
+  asked factor without stealing cores from the other ranks on a shared CPU host, which would
+  slow them too and blur which rank is the straggler.
+- data-slow: each batch this rank loads takes ``seconds`` longer (inside ``next(loader)``).
+- hang: after step S, the rank blocks forever in plain Python outside any collective: in its
+  data loader (``where=data``) or in a host-side call (``where=host``); the others then wait in
+  their next collective, as with a stuck filesystem read or a dead-locked host call.
+- nonfinite-loss: the loss this rank reports becomes NaN/+Inf/-Inf. Backward still uses the
+  real loss, so the fault stays on one rank (a real NaN would reach every rank's weights within
+  one step and hide who started it) and the run goes on for the monitor to show.
+- checkpoint-slow: this rank's save takes ``seconds`` longer (inside the checkpoint phase).
+- crash / crash-in-save: SIGKILL, like the OOM killer, on the first attempt only
+  (TORCHELASTIC_RESTART_COUNT 0), so torchrun's restart runs through.
+- pause: every rank holds still after step S (first attempt) and writes ``dir/pause.rank{r}``
+  holding its pid, so a test can kill one rank from outside at a known point.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-CRASH_IN_SAVE = "FSDPMON_TEST_CRASH_IN_SAVE_STEP"  # step whose save the last rank dies in
-PAUSE_AT_STEP = "FSDPMON_TEST_PAUSE_AT_STEP"  # step after which every rank holds still
-PAUSE_DIR = "FSDPMON_TEST_PAUSE_DIR"  # where each paused rank writes pause.rank{r} (its pid)
+from fsdpmon import faultspec as fs
+
+NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 
 def _first_attempt() -> bool:
     return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
-def _armed(variable: str, step: int) -> bool:
-    return os.environ.get(variable) == str(step) and _first_attempt()
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
-def maybe_crash_in_save(step: int, rank: int) -> None:
-    """Die like an OOM-killed process after this rank's files are written, before the commit."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if rank == world - 1 and _armed(CRASH_IN_SAVE, step):
-        os.kill(os.getpid(), signal.SIGKILL)
+def block_forever_in_host_call() -> None:
+    """A host-side call that never returns (a stuck NFS read, a dead-locked library call)."""
+    threading.Event().wait()
 
 
-def maybe_pause(step: int, rank: int, max_seconds: float = 120.0) -> None:
-    if not _armed(PAUSE_AT_STEP, step):
-        return
-    folder = Path(os.environ.get(PAUSE_DIR, "."))
+@dataclass(frozen=True)
+class FaultPlan:
+    """The faults aimed at one rank; every hook is a no-op for the kinds it does not hold."""
+
+    faults: tuple[Any, ...] = ()
+    rank: int = 0
+    world_size: int = 1
+
+    @classmethod
+    def for_rank(cls, faults: tuple[Any, ...], rank: int, world_size: int) -> FaultPlan:
+        mine = tuple(f for f in faults if isinstance(f, fs.TRAINER_KINDS)
+                     and fs.select([f], type(f), rank, world_size))
+        return cls(mine, rank, world_size)
+
+    def _of(self, cls: type) -> list[Any]:
+        return [f for f in self.faults if isinstance(f, cls)]
+
+    def slow_compute(self, step: int, seconds: float) -> None:
+        """Called after forward and after backward of ``step`` with the time that phase took."""
+        for f in self._of(fs.ComputeSlow):
+            if step >= f.from_step:
+                time.sleep((f.factor - 1.0) * seconds)
+
+    def wrap_loader(self, loader: Iterator[Any], current_step: Any) -> Iterator[Any]:
+        """The loader, behind data-slow and hang(where=data) when aimed here."""
+        if not (self._of(fs.DataSlow) or any(h.where == "data" for h in self._of(fs.Hang))):
+            return loader
+        return FaultyLoader(loader, self, current_step)
+
+    def loss(self, step: int, value: Any) -> Any:
+        for f in self._of(fs.NonfiniteLoss):
+            if step >= f.from_step:
+                return value * 0 + NONFINITE[f.value]
+        return value
+
+    def after_step(self, step: int) -> None:
+        """Right after ``step`` completes: crash, host-side hang, pause."""
+        first = _first_attempt()
+        for f in self._of(fs.Crash):
+            if f.at_step == step and first:
+                _die()
+        for f in self._of(fs.Hang):
+            if f.at_step == step and f.where == "host":
+                block_forever_in_host_call()
+        for f in self._of(fs.Pause):
+            if f.at_step == step and first:
+                pause(Path(f.dir), self.rank)
+
+    def in_save(self, step: int) -> None:
+        """Inside the save of ``step``, after this rank's files are written, before the commit."""
+        for f in self._of(fs.CheckpointSlow):
+            time.sleep(f.seconds)
+        for f in self._of(fs.CrashInSave):
+            if f.at_step == step and _first_attempt():
+                _die()
+
+
+class FaultyLoader:
+    """Wraps the rank's loader: extra seconds per batch, or a hang inside ``next``."""
+
+    def __init__(self, inner: Iterator[Any], plan: FaultPlan, current_step: Any) -> None:
+        self.inner, self.plan, self.current_step = inner, plan, current_step
+
+    def __getattr__(self, name: str) -> Any:  # position, state_dict, ... of the real loader
+        return getattr(self.inner, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in ("inner", "plan", "current_step"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
+    def __iter__(self) -> FaultyLoader:
+        return self
+
+    def __next__(self) -> Any:
+        step = self.current_step()  # steps completed so far
+        for f in self.plan._of(fs.Hang):
+            if f.where == "data" and step >= f.at_step:
+                hang_in_data_loader()
+        for f in self.plan._of(fs.DataSlow):
+            if step + 1 >= f.from_step:
+                time.sleep(f.seconds)
+        return next(self.inner)
+
+
+def hang_in_data_loader() -> None:
+    """Never returns: a loader stuck on its input (the frame a stack dump should show)."""
+    while True:
+        time.sleep(1.0)
+
+
+def pause(folder: Path, rank: int, max_seconds: float = 120.0) -> None:
     (folder / f"pause.rank{rank}").write_text(str(os.getpid()))
     deadline = time.monotonic() + max_seconds
     while time.monotonic() < deadline:

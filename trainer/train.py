@@ -11,7 +11,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from fsdpmon import faultspec
 from fsdpmon.cli import guarded
 from fsdpmon.monitor import Monitor, MonitorConfig
 from trainer import faults
@@ -96,6 +97,7 @@ class Trainer:
     sched: Any
     loader: BatchLoader
     checkpointer: Checkpointer | None
+    faults: faults.FaultPlan = field(default_factory=faults.FaultPlan)
     step: int = 0
 
     @property
@@ -124,19 +126,24 @@ class Trainer:
         """Forward and backward over this step's micro-batches; returns this rank's mean loss."""
         d = self.cfg.data
         loss_total = torch.zeros((), device=self.device)
+        step = self.step + 1  # the step being made, as the console counts it
         for _ in range(d.grad_accum):
             with mon.phase("data"):
                 inputs, targets = next(self.loader)
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
             with mon.phase("forward"):
+                began = time.perf_counter()
                 logits = self.model(inputs)
                 loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
                                            reduction="sum")
+                self.faults.slow_compute(step, time.perf_counter() - began)
             with mon.phase("backward"):
+                began = time.perf_counter()
                 # Normalised by the GLOBAL token count; FSDP sums gradients over ranks.
                 (loss_sum / self.global_tokens).backward()
+                self.faults.slow_compute(step, time.perf_counter() - began)
             loss_total += loss_sum.detach()
-        return loss_total / (d.batch_size * d.seq_len * d.grad_accum)
+        return self.faults.loss(step, loss_total / (d.batch_size * d.seq_len * d.grad_accum))
 
     def optimizer_step(self) -> tuple[torch.Tensor, float]:
         grad_norm = clip_gradients(self.model, self.cfg.optim.grad_clip)
@@ -166,7 +173,7 @@ class Trainer:
         started, first = time.monotonic(), self.step
         while self.step < self.cfg.max_steps:
             self.train_step(mon)
-            faults.maybe_pause(self.step, self.env.rank)
+            self.faults.after_step(self.step)
             if (every and self.step % every == 0) or self.step == self.cfg.max_steps:
                 self.save(mon)
         if self.env.rank == 0:
@@ -196,7 +203,7 @@ def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
 
 
 def build_trainer(cfg: TrainConfig, env: DistEnv, device: torch.device, mesh: DeviceMesh,
-                  source: SampleSource) -> Trainer:
+                  source: SampleSource, plan: faults.FaultPlan | None = None) -> Trainer:
     """Model (sharded, initialised or loaded), optimiser, schedule, data; resumed if possible."""
     hf_dir = cfg.model.hf_checkpoint
     args = model_args_for(cfg, read_config(hf_dir)[0] if hf_dir else None)
@@ -205,10 +212,12 @@ def build_trainer(cfg: TrainConfig, env: DistEnv, device: torch.device, mesh: De
     if hf_dir:
         load_hf_weights(model, hf_dir)
     optim, sched = build_optimizer(model, cfg)
+    plan = plan or faults.FaultPlan()
     loader = BatchLoader(source, cfg.data.batch_size, env.rank, env.world_size)
-    ckpt = (Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.keep, env.rank)
+    ckpt = (Checkpointer(cfg.checkpoint.dir, cfg.checkpoint.keep, env.rank, plan)
             if cfg.checkpoint.dir else None)
-    trainer = Trainer(cfg, env, device, model, optim, sched, loader, ckpt)
+    trainer = Trainer(cfg, env, device, model, optim, sched, loader, ckpt, plan)
+    trainer.loader = plan.wrap_loader(loader, lambda: trainer.step)
     trainer.resume()
     return trainer
 
@@ -216,6 +225,10 @@ def build_trainer(cfg: TrainConfig, env: DistEnv, device: torch.device, mesh: De
 def train(cfg: TrainConfig) -> int:
     env = DistEnv.from_env()
     _setup_logging(env.rank)
+    plan = faults.FaultPlan.for_rank(faultspec.from_sources(cfg.fault), env.rank, env.world_size)
+    if plan.faults:
+        log.warning("fault injection on rank %d: %s", env.rank,
+                    "; ".join(faultspec.describe(f) for f in plan.faults))
     device = choose_device(env)
     hf_dir = cfg.model.hf_checkpoint
     args = model_args_for(cfg, read_config(hf_dir)[0] if hf_dir else None)
@@ -224,7 +237,7 @@ def train(cfg: TrainConfig) -> int:
                           cfg.data.seq_len, cfg.seed)
     mesh = init_distributed(env, device)
     try:
-        trainer = build_trainer(cfg, env, device, mesh, source)
+        trainer = build_trainer(cfg, env, device, mesh, source, plan)
         mon = _monitor_for(trainer, cfg)
         try:
             trainer.run(mon)
