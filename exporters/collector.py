@@ -2,40 +2,48 @@
 
 Families are built on every scrape from the frozen sample, so a process that exited or a GPU
 field that stopped answering simply disappears; there is no label bookkeeping to go stale.
-Names, types, help and label names all come from ``fsdpmon.catalog``.
+Names, types, help and label names all come from ``fsdpmon.catalog``; the encoding into
+families is ``fsdpmon.families`` (shared with the in-trainer monitor).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from exporters.sample import NO_POD, GpuSample, HostSample, NodeSample, PodRef, ProcessSample
 from exporters.sampler import Sampler
-from fsdpmon import catalog
-from fsdpmon.catalog import Kind
-
-
-class _Families:
-    """Metric families created on first use, keyed by catalog name."""
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, Metric] = {}
-
-    def add(self, name: str, labels: Sequence[str], value: float) -> None:
-        family = self.by_name.get(name)
-        if family is None:
-            family = self.by_name[name] = self._new(name)
-        family.add_metric(list(labels), value)
-
-    @staticmethod
-    def _new(name: str) -> Metric:
-        meta = catalog.get(name)
-        family_cls = CounterMetricFamily if meta.kind is Kind.COUNTER else GaugeMetricFamily
-        unit = meta.unit if meta.unit and meta.family.endswith("_" + meta.unit) else ""
-        return family_cls(meta.family, meta.help, labels=list(meta.labels), unit=unit)
+from fsdpmon.catalog import (
+    BY_NAME,
+    EXPORTER_ERRORS_TOTAL,
+    EXPORTER_INFO,
+    EXPORTER_SAMPLE_AGE_SECONDS,
+    EXPORTER_SAMPLE_DURATION_SECONDS,
+    EXPORTER_SAMPLE_STALE,
+    GPU_INFO,
+    GPU_PROCESS_MEMORY_USED_BYTES,
+    GPU_PROCESS_SM_UTILIZATION_RATIO,
+    GPU_UP,
+    HOST_CPU_SECONDS_TOTAL,
+    HOST_CPU_UTILIZATION_RATIO,
+    HOST_LOAD1,
+    HOST_LOAD5,
+    HOST_LOAD15,
+    HOST_MEMORY_AVAILABLE_BYTES,
+    HOST_MEMORY_TOTAL_BYTES,
+    HOST_MEMORY_USED_BYTES,
+    NVML_UP,
+    PROCESS_CPU_SECONDS_TOTAL,
+    PROCESS_CPU_UTILIZATION_RATIO,
+    PROCESS_INFO,
+    PROCESS_RESIDENT_MEMORY_BYTES,
+    PROCESS_START_TIME_SECONDS,
+    PROCESS_STATE,
+    PROCESS_THREADS,
+)
+from fsdpmon.families import Families
 
 
 def _gpu_pod(gpu: GpuSample, pods: Mapping[int, PodRef]) -> PodRef:
@@ -74,26 +82,26 @@ class FrozenCollector(Collector):
 
 def live_families(sampler: Sampler, sample: NodeSample | None) -> list[Metric]:
     """The series that must be computed at scrape time: staleness and the sample's age."""
-    out = _Families()
+    out = Families()
     node = sampler.node
-    out.add("fsdpmon_exporter_sample_stale", [node], float(sampler.is_stale(sample)))
+    out.add(EXPORTER_SAMPLE_STALE, [node], float(sampler.is_stale(sample)))
     if sample is not None:
-        out.add("fsdpmon_exporter_sample_age_seconds", [node], sampler.age_s(sample))
-    return list(out.by_name.values())
+        out.add(EXPORTER_SAMPLE_AGE_SECONDS, [node], sampler.age_s(sample))
+    return out.families()
 
 
 def sample_families(sample: NodeSample | None, node: str, version: str,
                     simulated: bool) -> list[Metric]:
     """Fresh families for everything one frozen sample holds."""
-    out = _Families()
-    out.add("fsdpmon_exporter_info", [node, version, str(simulated).lower()], 1.0)
+    out = Families()
+    out.add(EXPORTER_INFO, [node, version, str(simulated).lower()], 1.0)
     if sample is None:
-        return list(out.by_name.values())
+        return out.families()
     for source, seconds in sample.durations.items():
-        out.add("fsdpmon_exporter_sample_duration_seconds", [node, source], seconds)
+        out.add(EXPORTER_SAMPLE_DURATION_SECONDS, [node, source], seconds)
     for source, count in sample.errors_total.items():
-        out.add("fsdpmon_exporter_errors_total", [node, source], float(count))
-    out.add("fsdpmon_nvml_up", [node], float(sample.gpu.nvml_up))
+        out.add(EXPORTER_ERRORS_TOTAL, [node, source], float(count))
+    out.add(NVML_UP, [node], float(sample.gpu.nvml_up))
     pods = {p.pid: p.pod for p in sample.processes}
     for gpu in sample.gpu.gpus:
         _gpu(out, node, gpu, pods)
@@ -101,50 +109,49 @@ def sample_families(sample: NodeSample | None, node: str, version: str,
         _host(out, node, sample.host)
     for process in sample.processes:
         _process(out, node, process)
-    return list(out.by_name.values())
+    return out.families()
 
 
-def _gpu(out: _Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -> None:
+def _gpu(out: Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -> None:
     ident = gpu.identity
     base = [str(ident.index), ident.uuid, ident.model, node]
-    out.add("fsdpmon_gpu_up", base, float(gpu.up))
-    out.add("fsdpmon_gpu_info", [*base, ident.driver_version, ident.cuda_version,
-                                 ident.pci_bus_id, ident.mig_mode], 1.0)
+    out.add(GPU_UP, base, float(gpu.up))
+    out.add(GPU_INFO, [*base, ident.driver_version, ident.cuda_version,
+                       ident.pci_bus_id, ident.mig_mode], 1.0)
     labels = [*base, *_gpu_pod(gpu, pods).labels()]
     for name, value in gpu.values.items():
-        out.add(name, labels, value)
+        out.add(BY_NAME[name], labels, value)
     for name, by_label in gpu.labelled.items():
+        metric = BY_NAME[name]
         for extra, value in by_label.items():
-            out.add(name, [*labels, extra], value)
+            out.add(metric, [*labels, extra], value)
     for process in gpu.processes:
         plabels = [*base, *pods.get(process.pid, NO_POD).labels(), str(process.pid)]
         if process.memory_used_bytes is not None:
-            out.add("fsdpmon_gpu_process_memory_used_bytes", plabels,
-                    process.memory_used_bytes)
+            out.add(GPU_PROCESS_MEMORY_USED_BYTES, plabels, process.memory_used_bytes)
         if process.sm_utilization_ratio is not None:
-            out.add("fsdpmon_gpu_process_sm_utilization_ratio", plabels,
-                    process.sm_utilization_ratio)
+            out.add(GPU_PROCESS_SM_UTILIZATION_RATIO, plabels, process.sm_utilization_ratio)
 
 
-def _host(out: _Families, node: str, host: HostSample) -> None:
+def _host(out: Families, node: str, host: HostSample) -> None:
     for mode, seconds in host.cpu_seconds.items():
-        out.add("fsdpmon_host_cpu_seconds_total", [node, mode], seconds)
+        out.add(HOST_CPU_SECONDS_TOTAL, [node, mode], seconds)
     for cpu, share in host.cpu_utilization.items():
-        out.add("fsdpmon_host_cpu_utilization_ratio", [node, cpu], share)
-    for suffix, value in zip(("1", "5", "15"), host.load, strict=False):
-        out.add(f"fsdpmon_host_load{suffix}", [node], value)
-    out.add("fsdpmon_host_memory_total_bytes", [node], host.memory_total_bytes)
-    out.add("fsdpmon_host_memory_available_bytes", [node], host.memory_available_bytes)
-    out.add("fsdpmon_host_memory_used_bytes", [node], host.memory_used_bytes)
+        out.add(HOST_CPU_UTILIZATION_RATIO, [node, cpu], share)
+    for metric, value in zip((HOST_LOAD1, HOST_LOAD5, HOST_LOAD15), host.load, strict=False):
+        out.add(metric, [node], value)
+    out.add(HOST_MEMORY_TOTAL_BYTES, [node], host.memory_total_bytes)
+    out.add(HOST_MEMORY_AVAILABLE_BYTES, [node], host.memory_available_bytes)
+    out.add(HOST_MEMORY_USED_BYTES, [node], host.memory_used_bytes)
 
 
-def _process(out: _Families, node: str, p: ProcessSample) -> None:
+def _process(out: Families, node: str, p: ProcessSample) -> None:
     labels = [node, str(p.pid), *p.pod.labels()]
-    out.add("fsdpmon_process_info", [*labels, p.command, p.user], 1.0)
-    out.add("fsdpmon_process_cpu_seconds_total", labels, p.cpu_seconds)
+    out.add(PROCESS_INFO, [*labels, p.command, p.user], 1.0)
+    out.add(PROCESS_CPU_SECONDS_TOTAL, labels, p.cpu_seconds)
     if p.cpu_utilization is not None:
-        out.add("fsdpmon_process_cpu_utilization_ratio", labels, p.cpu_utilization)
-    out.add("fsdpmon_process_resident_memory_bytes", labels, p.rss_bytes)
-    out.add("fsdpmon_process_threads", labels, float(p.threads))
-    out.add("fsdpmon_process_state", [*labels, p.state], 1.0)
-    out.add("fsdpmon_process_start_time_seconds", labels, p.start_time_seconds)
+        out.add(PROCESS_CPU_UTILIZATION_RATIO, labels, p.cpu_utilization)
+    out.add(PROCESS_RESIDENT_MEMORY_BYTES, labels, p.rss_bytes)
+    out.add(PROCESS_THREADS, labels, float(p.threads))
+    out.add(PROCESS_STATE, [*labels, p.state], 1.0)
+    out.add(PROCESS_START_TIME_SECONDS, labels, p.start_time_seconds)

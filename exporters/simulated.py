@@ -18,6 +18,31 @@ from collections.abc import Callable, Sequence
 
 from exporters.nvml import CLOCK_EVENT_REASONS
 from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
+from fsdpmon.catalog import (
+    GPU_CLOCK_EVENT_ACTIVE,
+    GPU_ECC_ERRORS_TOTAL,
+    GPU_ENERGY_JOULES_TOTAL,
+    GPU_MEMORY_CLOCK_HERTZ,
+    GPU_MEMORY_CLOCK_MAX_HERTZ,
+    GPU_MEMORY_FREE_BYTES,
+    GPU_MEMORY_RESERVED_BYTES,
+    GPU_MEMORY_TEMPERATURE_CELSIUS,
+    GPU_MEMORY_TOTAL_BYTES,
+    GPU_MEMORY_USED_BYTES,
+    GPU_MEMORY_UTILIZATION_RATIO,
+    GPU_NVLINK_BYTES_PER_SECOND,
+    GPU_PCIE_BYTES_PER_SECOND,
+    GPU_PCIE_REPLAY_ERRORS_TOTAL,
+    GPU_POWER_LIMIT_WATTS,
+    GPU_POWER_WATTS,
+    GPU_REMAPPED_ROWS,
+    GPU_SM_ACTIVITY_RATIO,
+    GPU_SM_CLOCK_HERTZ,
+    GPU_SM_CLOCK_MAX_HERTZ,
+    GPU_TEMPERATURE_CELSIUS,
+    GPU_TENSOR_ACTIVITY_RATIO,
+    GPU_UTILIZATION_RATIO,
+)
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
 
 GIB = 1024**3
@@ -91,24 +116,24 @@ class SimulatedReader:
     def _values(self, i: int, wave: float, util: float, power: float,
                 used: float) -> dict[str, float]:
         return {
-            "fsdpmon_gpu_utilization_ratio": util,
-            "fsdpmon_gpu_memory_utilization_ratio": 0.35 + 0.3 * wave,
-            "fsdpmon_gpu_memory_used_bytes": used,
-            "fsdpmon_gpu_memory_free_bytes": TOTAL_MEMORY - used,
-            "fsdpmon_gpu_memory_total_bytes": float(TOTAL_MEMORY),
-            "fsdpmon_gpu_memory_reserved_bytes": 0.5 * GIB,
-            "fsdpmon_gpu_temperature_celsius": round(52 + 20 * wave),
-            "fsdpmon_gpu_memory_temperature_celsius": round(58 + 18 * wave),
-            "fsdpmon_gpu_power_watts": power,
-            "fsdpmon_gpu_power_limit_watts": POWER_LIMIT_WATTS,
-            "fsdpmon_gpu_energy_joules_total": self._energy[i],
-            "fsdpmon_gpu_sm_clock_hertz": SM_CLOCK_MAX_HZ - 200e6 * wave,
-            "fsdpmon_gpu_memory_clock_hertz": MEM_CLOCK_MAX_HZ,
-            "fsdpmon_gpu_sm_clock_max_hertz": SM_CLOCK_MAX_HZ,
-            "fsdpmon_gpu_memory_clock_max_hertz": MEM_CLOCK_MAX_HZ,
-            "fsdpmon_gpu_pcie_replay_errors_total": 0.0,
-            "fsdpmon_gpu_sm_activity_ratio": util * 0.9,
-            "fsdpmon_gpu_tensor_activity_ratio": util * 0.55,
+            GPU_UTILIZATION_RATIO.name: util,
+            GPU_MEMORY_UTILIZATION_RATIO.name: 0.35 + 0.3 * wave,
+            GPU_MEMORY_USED_BYTES.name: used,
+            GPU_MEMORY_FREE_BYTES.name: TOTAL_MEMORY - used,
+            GPU_MEMORY_TOTAL_BYTES.name: float(TOTAL_MEMORY),
+            GPU_MEMORY_RESERVED_BYTES.name: 0.5 * GIB,
+            GPU_TEMPERATURE_CELSIUS.name: round(52 + 20 * wave),
+            GPU_MEMORY_TEMPERATURE_CELSIUS.name: round(58 + 18 * wave),
+            GPU_POWER_WATTS.name: power,
+            GPU_POWER_LIMIT_WATTS.name: POWER_LIMIT_WATTS,
+            GPU_ENERGY_JOULES_TOTAL.name: self._energy[i],
+            GPU_SM_CLOCK_HERTZ.name: SM_CLOCK_MAX_HZ - 200e6 * wave,
+            GPU_MEMORY_CLOCK_HERTZ.name: MEM_CLOCK_MAX_HZ,
+            GPU_SM_CLOCK_MAX_HERTZ.name: SM_CLOCK_MAX_HZ,
+            GPU_MEMORY_CLOCK_MAX_HERTZ.name: MEM_CLOCK_MAX_HZ,
+            GPU_PCIE_REPLAY_ERRORS_TOTAL.name: 0.0,
+            GPU_SM_ACTIVITY_RATIO.name: util * 0.9,
+            GPU_TENSOR_ACTIVITY_RATIO.name: util * 0.55,
         }
 
 
@@ -116,11 +141,11 @@ def _labelled(wave: float) -> dict[str, dict[str, float]]:
     events = {r: 0.0 for r in CLOCK_EVENT_REASONS}
     events["sw_power_cap"] = float(wave > 0.9)
     return {
-        "fsdpmon_gpu_clock_event_active": events,
-        "fsdpmon_gpu_ecc_errors_total": {"corrected": 0.0, "uncorrected": 0.0},
-        "fsdpmon_gpu_remapped_rows": {
+        GPU_CLOCK_EVENT_ACTIVE.name: events,
+        GPU_ECC_ERRORS_TOTAL.name: {"corrected": 0.0, "uncorrected": 0.0},
+        GPU_REMAPPED_ROWS.name: {
             "correctable": 0.0, "uncorrectable": 0.0, "pending": 0.0, "failure": 0.0,
         },
-        "fsdpmon_gpu_pcie_bytes_per_second": {"tx": 2.0e9 * wave, "rx": 3.5e9 * wave},
-        "fsdpmon_gpu_nvlink_bytes_per_second": {"tx": 180e9 * wave, "rx": 180e9 * wave},
+        GPU_PCIE_BYTES_PER_SECOND.name: {"tx": 2.0e9 * wave, "rx": 3.5e9 * wave},
+        GPU_NVLINK_BYTES_PER_SECOND.name: {"tx": 180e9 * wave, "rx": 180e9 * wave},
     }

@@ -15,16 +15,11 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from fsdpmon import catalog
 from fsdpmon.catalog import (
+    BY_NAME,
     TRAIN_HEARTBEAT_AGE_SECONDS,
     TRAIN_INFO,
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS,
@@ -39,6 +34,7 @@ from fsdpmon.catalog import (
     TRAIN_UNRESPONSIVE,
     Kind,
 )
+from fsdpmon.families import Families
 from fsdpmon.monitor.state import RankState, read_job_states
 
 log = logging.getLogger(__name__)
@@ -65,7 +61,7 @@ class JobStateCollector(Collector):
 
 def build_families(states: list[RankState], now: float) -> list[Metric]:
     """Pure: every live rank's series as catalogued metric families."""
-    builder = _Families()
+    builder = Families()
     for state in states:
         try:
             _add_rank(builder, state, now)
@@ -77,16 +73,16 @@ def build_families(states: list[RankState], now: float) -> list[Metric]:
         if isinstance(job, dict):
             job_name = str(state.snapshot.get("job_name", ""))
             for name, value in _mapping(job).items():
-                builder.add(name, (job_name,), value)
+                _add(builder, name, (job_name,), value)
             break  # only rank 0 publishes job figures
     return builder.families()
 
 
-def _add_rank(builder: _Families, state: RankState, now: float) -> None:
+def _add_rank(builder: Families, state: RankState, now: float) -> None:
     snap, hb = state.snapshot, state.heartbeat
     labels = (str(snap.get("job_name", "")), str(state.rank), str(snap.get("local_rank", "")))
     info = _mapping(snap.get("info"))
-    builder.add(TRAIN_INFO.name, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
+    builder.add(TRAIN_INFO, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
     started = _number(snap.get("started_unix"))
     started = started if started is not None and math.isfinite(started) else now
     last = hb.last_step_unix if hb.last_step_unix > 0 else None
@@ -107,63 +103,41 @@ def _add_rank(builder: _Families, state: RankState, now: float) -> None:
             now - hb.watchdog_unix > UNRESPONSIVE_AFTER_SECONDS),
     }
     for name, value in {**_mapping(snap.get("values")), **live}.items():
-        builder.add(name, labels, value)
+        _add(builder, name, labels, value)
     for key, name in (("phase_totals", TRAIN_PHASE_SECONDS_TOTAL.name),
                       ("phase_means", TRAIN_PHASE_DURATION_SECONDS.name)):
         for phase, value in _mapping(snap.get(key)).items():
-            builder.add(name, (*labels, str(phase)), value)
+            _add(builder, name, (*labels, str(phase)), value)
     hist = snap.get("histogram")
     if isinstance(hist, dict):
-        builder.histogram(TRAIN_STEP_DURATION_SECONDS.name, labels, hist)
+        _histogram(builder, labels, hist)
 
 
-class _Families:
-    """Collects samples per catalogued metric; skips unknown names and missing values."""
+def _add(out: Families, name: str, labels: tuple[str, ...], value: Any) -> None:
+    """One value from a state file: names it does not catalogue and non-numbers are skipped."""
+    metric = BY_NAME.get(name)
+    number = _number(value)
+    if metric is None or number is None or metric.kind is Kind.HISTOGRAM:
+        return
+    if len(labels) == len(metric.labels):
+        out.add(metric, labels, number)
 
-    def __init__(self) -> None:
-        self._families: dict[str, Metric] = {}
 
-    def _family(self, name: str) -> Metric | None:
-        if name in self._families:
-            return self._families[name]
-        try:
-            meta = catalog.get(name)
-        except KeyError:
-            return None
-        make: dict[Kind, Callable[..., Metric]] = {
-            Kind.GAUGE: GaugeMetricFamily,
-            Kind.COUNTER: CounterMetricFamily,
-            Kind.HISTOGRAM: HistogramMetricFamily,
-        }
-        family = make[meta.kind](meta.family, meta.help, labels=list(meta.labels))
-        self._families[name] = family
-        return family
-
-    def add(self, name: str, labels: tuple[str, ...], value: Any) -> None:
-        number = _number(value)
-        family = self._family(name)
-        if family is None or number is None or len(labels) != len(catalog.get(name).labels):
-            return
-        family.add_metric(list(labels), number)  # type: ignore[attr-defined]
-
-    def histogram(self, name: str, labels: tuple[str, ...], hist: dict[str, Any]) -> None:
-        family = self._family(name)
-        bounds = catalog.get(name).buckets
-        counts = hist.get("counts")
-        total = _number(hist.get("sum"))
-        if family is None or not isinstance(counts, list) or len(counts) != len(bounds) + 1:
-            return
-        numbers = [_number(c) for c in counts]
-        if any(n is None or not math.isfinite(n) or n < 0 for n in numbers):
-            return
-        cumulative, running = [], 0.0
-        for bound, count in zip((*bounds, math.inf), numbers, strict=True):
-            running += count or 0.0
-            cumulative.append((_le(bound), running))
-        family.add_metric(list(labels), cumulative, total or 0.0)  # type: ignore[attr-defined]
-
-    def families(self) -> list[Metric]:
-        return [f for f in self._families.values() if f.samples]
+def _histogram(out: Families, labels: tuple[str, ...], hist: dict[str, Any]) -> None:
+    """Per-bucket counts from the state file -> the cumulative buckets Prometheus serves."""
+    bounds = TRAIN_STEP_DURATION_SECONDS.buckets
+    counts = hist.get("counts")
+    total = _number(hist.get("sum"))
+    if not isinstance(counts, list) or len(counts) != len(bounds) + 1:
+        return
+    numbers = [_number(c) for c in counts]
+    if any(n is None or not math.isfinite(n) or n < 0 for n in numbers):
+        return
+    cumulative, running = [], 0.0
+    for bound, count in zip((*bounds, math.inf), numbers, strict=True):
+        running += count or 0.0
+        cumulative.append((_le(bound), running))
+    out.histogram(TRAIN_STEP_DURATION_SECONDS, labels, cumulative, total or 0.0)
 
 
 def _mapping(value: Any) -> dict[str, Any]:
