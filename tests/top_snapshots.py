@@ -26,8 +26,10 @@ def ranks(n_nodes: int = 2, per_node: int = 2, **overrides: dict[int, dict]) -> 
 
 
 def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = (),
-            gpu_util: dict[tuple[int, int], float] | None = None) -> list[ScrapeResult]:
-    """One training target and one exporter target per node; nodes in ``down`` don't answer."""
+            gpu_util: dict[tuple[int, int], float] | None = None,
+            gpu: dict[tuple[int, int], dict] | None = None) -> list[ScrapeResult]:
+    """One training target and one exporter target per node; nodes in ``down`` don't answer.
+    ``gpu`` maps (node index, GPU index) to GpuSpec fields, e.g. {(1, 0): {"up": False}}."""
     parser = new_parser()
     out = []
     for n in range(len(specs) // per_node):
@@ -40,7 +42,8 @@ def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = ()
             continue
         mine = [s for s in specs if s.node == node]
         gpus = [GpuSpec(gpu=s.local_rank, pod=f"{JOB}-worker-{n}", pid=4000 + s.rank,
-                        utilization_ratio=(gpu_util or {}).get((n, s.local_rank), 0.97))
+                        utilization_ratio=(gpu_util or {}).get((n, s.local_rank), 0.97),
+                        **(gpu or {}).get((n, s.local_rank), {}))
                 for s in mine]
         body = training_exposition(JOB, mine, specs)
         out.append(ScrapeResult(train, parser.parse(body.decode())))

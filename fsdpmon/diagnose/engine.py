@@ -1,0 +1,319 @@
+"""The diagnosis: observations over the window → findings, causes before symptoms.
+
+Each rule takes the facts it explains out of the observations, so a cascade is one finding:
+a lost GPU explains its rank's stall and every rank waiting for it; an unresponsive rank
+explains the others' stalls; a throttled GPU explains its rank's straggling.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import TypedDict
+
+from fsdpmon.conventions import (
+    CHECKPOINT_SHARE_LIMIT,
+    CRASH_LOOP_RESTARTS,
+    DIAGNOSIS_EVIDENCE_SECONDS,
+    GPU_XID_CRITICAL,
+    STRAGGLER_CAUSE_SHARE,
+)
+from fsdpmon.diagnose.findings import CRITICAL, WARNING, Finding, ranked, ranks_text
+from fsdpmon.diagnose.observe import GpuKey, Observations, Places, observe
+from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
+from fsdpmon.diagnose.window import Window
+from fsdpmon.top.snapshot import JobSnapshot, RankRow
+
+
+def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
+             span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> list[Finding]:
+    """Findings, most urgent first, from snapshots oldest first (the last is now) and, when
+    ranks are stalled, the stacks they published. No verdict before ``span_s`` of history."""
+    if not history:
+        return []
+    obs = observe(Window(history, span_s))
+    places = Places(obs.now)
+    out: list[Finding] = []
+    for rule in (_gpu_lost, _gpu_ecc, _gpu_xid, _unresponsive, _missing, _hang):
+        out += rule(obs, places, stacks)
+    for rule in (_stragglers, _throttled, _loss, _memory, _checkpoint, _targets):
+        out += rule(obs, places)
+    return ranked(out)
+
+
+class Where(TypedDict):
+    rank: int | None
+    pod: str | None
+    node: str | None
+    gpu: str | None
+
+
+def _where(places: Places, rank: int | None, gpu: GpuKey | None = None) -> Where:
+    """The culprit's place: its rank, pod and node, and the GPU it runs on."""
+    row = places.rank(rank)
+    gpu = gpu or (places.gpu_of(rank) if rank is not None else None)
+    return {"rank": rank, "pod": (row.pod if row else None) or None,
+            "node": (row.node if row else None) or (gpu[0] if gpu else None),
+            "gpu": gpu[1] if gpu else None}
+
+
+def _waiters(obs: Observations, culprits: set[int]) -> list[str]:
+    """The stalled ranks a culprit explains, taken out of the observations as evidence."""
+    waiting = sorted(obs.stalled - culprits)
+    obs.stalled -= set(waiting) | culprits
+    return [f"{len(waiting)} other {ranks_text(waiting)} stalled waiting for it"] if waiting else []
+
+
+def _age(row: RankRow | None) -> str:
+    if row is None or row.heartbeat_age_s is None:
+        return ""
+    return f"; no step for {row.heartbeat_age_s:.0f}s (threshold {row.stall_threshold_s or 0:.0f}s)"
+
+
+def _gpu_lost(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
+    out = []
+    for key in sorted(obs.lost):
+        rank = places.rank_of(key)
+        evidence = [f"GPU {key[1]} on {key[0]} not answering NVML for {obs.seconds:.0f}s"]
+        evidence += [f"XID {code} ({a:.0f} → {b:.0f})" for (n, g, code), (a, b)
+                     in sorted(obs.xids.items()) if (n, g) == key]
+        obs.xids = {k: v for k, v in obs.xids.items() if k[:2] != key}
+        if rank is not None:
+            evidence.append(f"it serves rank {rank}{_age(places.rank(rank))}")
+            obs.unresponsive.discard(rank)
+            obs.missing.discard(rank)
+            evidence += _waiters(obs, {rank})
+        out.append(Finding("gpu_lost", CRITICAL, f"GPU {key[1]} on {key[0]} lost"
+                           + (f" (rank {rank})" if rank is not None else ""),
+                           evidence=tuple(evidence), **_where(places, rank, key)))
+    return out
+
+
+def _gpu_ecc(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
+    out = []
+    for key, (before, now) in sorted(obs.ecc.items()):
+        rank = places.rank_of(key)
+        evidence = [f"uncorrected ECC errors {before:.0f} → {now:.0f}"]
+        if rank is not None:
+            evidence += _waiters(obs, {rank})
+            obs.stragglers.discard(rank)
+        out.append(Finding("gpu_ecc", CRITICAL, f"GPU {key[1]} on {key[0]}: uncorrected ECC "
+                           f"errors (+{now - before:.0f})", evidence=tuple(evidence),
+                           **_where(places, rank, key)))
+    return out
+
+
+def _gpu_xid(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
+    by_gpu: dict[GpuKey, list[tuple[str, float, float]]] = {}
+    for (node, gpu, code), (a, b) in sorted(obs.xids.items()):
+        by_gpu.setdefault((node, gpu), []).append((code, a, b))
+    out = []
+    for key, events in by_gpu.items():
+        rank = places.rank_of(key)
+        critical = any(code.isdigit() and int(code) in GPU_XID_CRITICAL for code, _, _ in events)
+        codes = ", ".join(code for code, _, _ in events)
+        evidence = [f"XID {code}: {a:.0f} → {b:.0f}" for code, a, b in events]
+        if rank is not None:
+            evidence.append(f"it serves rank {rank}")
+            if critical:
+                evidence += _waiters(obs, {rank})
+        out.append(Finding("gpu_xid", CRITICAL if critical else WARNING,
+                           f"GPU {key[1]} on {key[0]} raised XID {codes}", evidence=tuple(evidence),
+                           **_where(places, rank, key)))
+    return out
+
+
+def _unresponsive(obs: Observations, places: Places,
+                  stacks: Sequence[RankStack]) -> list[Finding]:
+    out = []
+    for rank in sorted(obs.unresponsive):
+        evidence = [f"its monitor thread has not run for {obs.seconds:.0f}s or more (process "
+                    f"stopped or holding the GIL){_age(places.rank(rank))}"]
+        evidence += _waiters(obs, {rank})
+        classes = merge(stacks) if stacks else []
+        evidence += [c.describe() for c in classes]
+        out.append(Finding("rank_unresponsive", CRITICAL, f"rank {rank} is unresponsive",
+                           evidence=tuple(evidence), stacks=tuple(classes),
+                           **_where(places, rank)))
+    obs.unresponsive.clear()
+    return out
+
+
+def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
+    """The first ranks to vanish are the culprits; those that went with them are evidence."""
+    if not obs.missing:
+        return []
+    first = min(obs.missing_since.get(r, obs.now.time) for r in obs.missing)
+    culprits = sorted(r for r in obs.missing if obs.missing_since.get(r, obs.now.time) == first)
+    later = sorted(obs.missing - set(culprits))
+    row = places.rank(culprits[0])
+    evidence = [f"{ranks_text(culprits)} stopped reporting {obs.now.time - first:.0f}s ago"]
+    if row is not None and row.target in obs.targets_down:
+        evidence.append(f"its target {row.target} does not answer")
+    if later:
+        evidence.append(f"{ranks_text(later)} stopped after it")
+    evidence += _waiters(obs, set(culprits))
+    obs.targets_down -= {places.ranks[r].target for r in obs.missing if r in places.ranks}
+    nodes = {places.ranks[r].node for r in culprits if r in places.ranks} - {""}
+    same_node = {t.url for t in obs.now.targets if t.url in obs.targets_down and t.node in nodes}
+    if same_node:
+        evidence.append("the node's other targets do not answer either: "
+                        + ", ".join(sorted(same_node)))
+        obs.targets_down -= same_node
+    obs.missing.clear()
+    restarts = obs.restarts
+    if restarts is not None and restarts[1] - restarts[0] >= CRASH_LOOP_RESTARTS:
+        evidence.insert(0, f"job restarted {restarts[1] - restarts[0]:.0f} times "
+                           f"({restarts[0]:.0f} → {restarts[1]:.0f})")
+        cause, summary = "crash_loop", f"crash loop: {ranks_text(culprits)} keeps failing"
+    else:
+        cause, summary = "rank_missing", f"{ranks_text(culprits)} missing"
+    return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
+                    **_where(places, culprits[0]))]
+
+
+def _hang_culprit(obs: Observations, places: Places,
+                  classes: list[StackClass]) -> tuple[list[int], str]:
+    """The odd stack class (behind in collectives, or smallest), else the rank behind in
+    steps; ([], reason) when the ranks cannot be told apart."""
+    if len(classes) > 1:
+        return list(classes[0].ranks), "odd stack class"
+    live = [r for r in places.ranks.values() if not r.down and r.step is not None]
+    steps = sorted({r.step for r in live})
+    if len(steps) > 1:
+        behind = [r.rank for r in live if r.step == steps[0]]
+        if len(behind) < len(live) / 2:
+            return behind, f"behind at step {steps[0]} (others at {steps[-1]})"
+    return [], "every rank stalled alike"
+
+
+def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> list[Finding]:
+    if not obs.stalled:
+        return []
+    classes = merge(stacks)
+    culprits, why = _hang_culprit(obs, places, classes)
+    stalled = sorted(obs.stalled)
+    evidence = [f"culprit: {ranks_text(culprits)} ({why})"] if culprits else []
+    evidence += [c.describe() for c in classes]
+    evidence.append(f"{ranks_text(stalled)} made no step for {obs.seconds:.0f}s or more"
+                    f"{_age(places.rank(stalled[0]))}")
+    obs.stalled.clear()
+    rank = culprits[0] if len(culprits) == 1 else None
+    summary = (f"hang: {ranks_text(culprits)} holds up {len(stalled) - len(culprits)} ranks"
+               if culprits else f"hang: {ranks_text(stalled)} stalled")
+    return [Finding("hang", CRITICAL, summary, evidence=tuple(evidence), stacks=tuple(classes),
+                    **_where(places, rank))]
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def _straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
+    """compute, data or checkpoint: which part of the extra busy time is the rank's own."""
+    busy = [r.busy_s for r in live if r.busy_s is not None]
+    excess = (row.busy_s or 0.0) - _median(busy)
+    data = [(r.data_wait_ratio or 0.0) * (r.step_time_s or 0.0) for r in live]
+    own_data = (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
+    extra_data = own_data - _median(data)
+    extra_ckpt = (row.checkpoint_s or 0.0) - _median([r.checkpoint_s or 0.0 for r in live])
+    if excess > 0 and extra_ckpt >= STRAGGLER_CAUSE_SHARE * excess:
+        return "checkpoint_slow", f"{extra_ckpt:.3g}s of its {excess:.3g}s extra is checkpointing"
+    if excess > 0 and extra_data >= STRAGGLER_CAUSE_SHARE * excess:
+        return "straggler_data", f"{extra_data:.3g}s of its {excess:.3g}s extra is data wait"
+    return "straggler_compute", f"busy {row.busy_s or 0:.3g}s vs median {_median(busy):.3g}s"
+
+
+def _stragglers(obs: Observations, places: Places) -> list[Finding]:
+    live = [r for r in obs.now.ranks if not r.down]
+    out = []
+    for rank in sorted(obs.stragglers):
+        row = places.ranks[rank]
+        gpu = places.gpu_of(rank)
+        score = f"straggler score {row.straggler_score:.2f} for {obs.seconds:.0f}s"
+        if gpu is not None and (gpu in obs.throttled or gpu in obs.power_capped):
+            reasons = obs.throttled.pop(gpu, []) or ["sw_power_cap"]
+            out.append(Finding(
+                "gpu_throttled", WARNING,
+                f"GPU {gpu[1]} on {gpu[0]} throttled ({', '.join(reasons)}) slows rank {rank}",
+                evidence=(f"clock events active for {obs.seconds:.0f}s: {', '.join(reasons)}",
+                          f"rank {rank} {score}"), **_where(places, rank, gpu)))
+            continue
+        cause, detail = _straggler_cause(row, live)
+        if cause == "straggler_compute" and row.node in obs.busy_nodes:
+            cause, detail = "host_cpu_contention", f"node {row.node} CPUs saturated; {detail}"
+        out.append(Finding(cause, WARNING, f"rank {rank} straggles ({cause.replace('_', ' ')})",
+                           evidence=(score, detail), **_where(places, rank)))
+    return out
+
+
+def _throttled(obs: Observations, places: Places) -> list[Finding]:
+    out = []
+    for key, reasons in sorted(obs.throttled.items()):
+        rank = places.rank_of(key)
+        row = places.rank(rank)
+        evidence = [f"clock events active for {obs.seconds:.0f}s: {', '.join(reasons)}"]
+        if row is not None and row.straggler_score is not None:
+            evidence.append(f"rank {rank} straggler score {row.straggler_score:.2f} "
+                            "(not below the threshold yet)")
+        out.append(Finding("gpu_throttled", WARNING, f"GPU {key[1]} on {key[0]} throttled "
+                           f"({', '.join(reasons)})", evidence=tuple(evidence),
+                           **_where(places, rank, key)))
+    return out
+
+
+def _loss(obs: Observations, places: Places) -> list[Finding]:
+    out = []
+    if obs.nonfinite:
+        bad = sorted(obs.nonfinite)
+        live = [r for r in obs.now.ranks if not r.down]
+        rank = bad[0] if len(bad) < len(live) else None
+        out.append(Finding("loss_nonfinite", CRITICAL, f"loss is NaN/inf on {ranks_text(bad)}",
+                           evidence=(f"non-finite loss on {ranks_text(bad)} for "
+                                     f"{obs.seconds:.0f}s",), **_where(places, rank)))
+    elif obs.loss_spike:
+        base, low = obs.loss_spike
+        out.append(Finding("loss_spike", WARNING, f"loss spiked: {low:.3g} vs {base:.3g} before",
+                           evidence=(f"job loss ≥ {low:.3g} for {obs.seconds:.0f}s, median "
+                                     f"before {base:.3g}",)))
+    return out
+
+
+def _memory(obs: Observations, places: Places) -> list[Finding]:
+    if not obs.rank_memory and not obs.gpu_memory:
+        return []
+    evidence = []
+    for rank in sorted(obs.rank_memory):
+        row = places.ranks[rank]
+        evidence.append(f"rank {rank} peak {row.peak_memory_bytes or 0:.3g} of "
+                        f"{row.memory_capacity_bytes or 0:.3g} bytes")
+    for key in sorted(obs.gpu_memory):
+        g = places.gpu(key)
+        evidence.append(f"GPU {key[1]} on {key[0]} at {(g.memory_ratio or 0) if g else 0:.0%}")
+    rank = min(obs.rank_memory) if obs.rank_memory else (
+        places.rank_of(min(obs.gpu_memory)) if obs.gpu_memory else None)
+    return [Finding("memory_pressure", WARNING, f"memory pressure: {evidence[0]}",
+                    evidence=tuple(evidence), **_where(places, rank))]
+
+
+def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
+    live = [r for r in obs.now.ranks if not r.down]
+    ckpt = _median([r.checkpoint_s for r in live if r.checkpoint_s is not None])
+    step = _median([r.step_time_s for r in live if r.step_time_s is not None])
+    if not obs.seconds or not step or ckpt < CHECKPOINT_SHARE_LIMIT * step:
+        return []
+    return [Finding("checkpoint_slow", WARNING, f"checkpointing takes {ckpt / step:.0%} of the "
+                    "step time", evidence=(f"median checkpoint time {ckpt:.3g}s per step of "
+                                           f"{step:.3g}s",))]
+
+
+def _targets(obs: Observations, places: Places) -> list[Finding]:
+    out = []
+    status = {t.url: t for t in obs.now.targets}
+    for url in sorted(obs.targets_down):
+        t = status[url]
+        out.append(Finding("target_down", WARNING, f"target {t.pod or url} down",
+                           evidence=(f"{url} ({t.kind}) not answering for {obs.seconds:.0f}s: "
+                                     f"{t.error or 'no answer'}",),
+                           pod=t.pod or None, node=t.node or None))
+    return out

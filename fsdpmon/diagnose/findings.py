@@ -1,0 +1,97 @@
+"""What a diagnosis says: findings with a stable cause name, a severity, the culprit's place
+(rank, pod, node, GPU) and the evidence, ranked most urgent first.
+
+Plain data; the cause names are a public interface (alerts, the runbook's sections, scripts
+reading `fsdpmon diagnose --json`), so they never change once released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fsdpmon.diagnose.stacks import StackClass
+
+CRITICAL, WARNING = "critical", "warning"
+
+# Most urgent first within a severity: causes that stop the job, then GPU faults, then what
+# slows it, then what only threatens it.
+CAUSES = (
+    "hang", "rank_unresponsive", "rank_missing", "crash_loop", "gpu_lost", "gpu_xid", "gpu_ecc",
+    "loss_nonfinite", "gpu_throttled", "straggler_compute", "straggler_data",
+    "host_cpu_contention", "checkpoint_slow", "memory_pressure", "loss_spike", "target_down",
+)
+
+NEXT_STEPS = {
+    "hang": "look at the odd rank first: `kubectl logs {pod}`, then `py-spy dump --pid <pid>` "
+            "in its pod; restart from the last checkpoint once its cause is known",
+    "rank_unresponsive": "the process is stopped or holds the GIL: `kubectl exec {pod} -- "
+                         "py-spy dump --pid <pid>`; check `kubectl describe pod {pod}` for OOM "
+                         "or eviction",
+    "rank_missing": "its process is gone: `kubectl describe pod {pod}` and `kubectl logs {pod} "
+                    "--previous` for the exit reason (OOMKilled, error, node lost)",
+    "crash_loop": "the job keeps restarting: `kubectl logs {pod} --previous` for the first "
+                  "failure; fix it before the restart budget runs out",
+    "gpu_lost": "cordon and drain {node} (`kubectl cordon {node}`), replace the instance; the "
+                "job restarts on a healthy node from its last checkpoint",
+    "gpu_xid": "look the XID up in NVIDIA's XID catalogue; for 48/63/64/74/79/94/95 cordon and "
+               "drain {node} and replace the instance",
+    "gpu_ecc": "uncorrected memory errors: cordon and drain {node}; reset or replace GPU {gpu} "
+               "before scheduling work on it again",
+    "loss_nonfinite": "stop and resume from the last good checkpoint with a lower learning rate "
+                      "or gradient clipping; check the batch that produced it",
+    "gpu_throttled": "check cooling and power on {node} (`nvidia-smi -q -d PERFORMANCE` in the "
+                     "exporter pod); replace the instance if it persists",
+    "straggler_compute": "compare {node} with its peers (GPU clocks, other processes); cordon "
+                         "it and restart the job elsewhere if it stays slow",
+    "straggler_data": "the rank waits for its data: check the data loader workers, dataset "
+                      "storage (FSx/S3) throughput and CPU limits of {pod}",
+    "host_cpu_contention": "the node's CPUs are saturated: raise the pod's CPU request/limit, "
+                           "fewer data loader workers, or move other pods off {node}",
+    "checkpoint_slow": "checkpoint writes are slow: check the storage (FSx/EBS throughput), "
+                       "use async checkpointing, or checkpoint less often",
+    "memory_pressure": "close to out-of-memory: lower the micro-batch, enable activation "
+                       "checkpointing or CPU offload before it OOMs",
+    "loss_spike": "watch the next windows; if it does not come back, resume from the checkpoint "
+                  "before the spike with a lower learning rate",
+    "target_down": "a scrape target stopped answering: `kubectl get pod {pod} -o wide`; check "
+                   "the exporter DaemonSet and the network policy",
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    cause: str
+    severity: str
+    summary: str  # one line in words: the header's alert line
+    rank: int | None = None
+    pod: str | None = None
+    node: str | None = None
+    gpu: str | None = None
+    evidence: tuple[str, ...] = ()
+    stacks: tuple[StackClass, ...] = field(default=(), compare=False)
+
+    @property
+    def next_step(self) -> str:
+        return NEXT_STEPS[self.cause].format(pod=self.pod or "<pod>", node=self.node or "<node>",
+                                             gpu=self.gpu or "<gpu>")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cause": self.cause, "severity": self.severity, "rank": self.rank,
+                "pod": self.pod, "node": self.node, "gpu": self.gpu,
+                "evidence": list(self.evidence), "next_step": self.next_step,
+                "summary": self.summary, "stacks": [c.to_dict() for c in self.stacks]}
+
+
+def ranked(findings: list[Finding]) -> list[Finding]:
+    """Critical before warning, then by cause (causes that stop the job first), then rank."""
+    return sorted(findings, key=lambda f: (f.severity != CRITICAL, CAUSES.index(f.cause),
+                                           -1 if f.rank is None else f.rank, f.node or "",
+                                           f.gpu or ""))
+
+
+def ranks_text(ranks: list[int] | tuple[int, ...], limit: int = 8) -> str:
+    """'rank 3' / 'ranks 1, 2, 5 (+40 more)'."""
+    shown = ", ".join(str(r) for r in ranks[:limit])
+    more = f" (+{len(ranks) - limit} more)" if len(ranks) > limit else ""
+    return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"

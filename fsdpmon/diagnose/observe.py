@@ -1,0 +1,191 @@
+"""What the history shows, before any cause is chosen: each fact held over the evidence window
+(stalled, unresponsive and missing ranks, lost and throttled GPUs, stragglers, ...), and the
+ties between a GPU and the rank it serves. Pure functions of the snapshots.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+
+from fsdpmon.conventions import (
+    GPU_POWER_CAP_REASON,
+    GPU_THROTTLE_REASONS,
+    HOST_CPU_BUSY_RATIO,
+    LOSS_SPIKE_FACTOR,
+    MEMORY_PRESSURE_RATIO,
+    STRAGGLER_SCORE_THRESHOLD,
+)
+from fsdpmon.diagnose.window import Window
+from fsdpmon.top.snapshot import GpuRow, JobSnapshot, RankRow
+
+GpuKey = tuple[str, str]  # (node, gpu index)
+
+
+def _live(snap: JobSnapshot) -> list[RankRow]:
+    return [r for r in snap.ranks if not r.down]
+
+
+def _stalled(snap: JobSnapshot) -> list[int]:
+    return [r.rank for r in snap.ranks if r.stalled and not r.down]
+
+
+def _unresponsive(snap: JobSnapshot) -> list[int]:
+    return [r.rank for r in snap.ranks if r.unresponsive and not r.down]
+
+
+def _missing(snap: JobSnapshot) -> list[int]:
+    return [r.rank for r in snap.ranks if r.down]
+
+
+def _lost(snap: JobSnapshot) -> list[GpuKey]:
+    """GPUs their exporter reports down (an exporter that does not answer says nothing)."""
+    unheard = {t.node for t in snap.targets if not t.up}
+    return [(g.node, g.gpu) for g in snap.gpus if not g.up and g.node not in unheard]
+
+
+def _throttled(snap: JobSnapshot) -> list[tuple[GpuKey, str]]:
+    return [((g.node, g.gpu), reason) for g in snap.gpus if g.up
+            for reason in g.clock_events if reason in GPU_THROTTLE_REASONS]
+
+
+def _power_capped(snap: JobSnapshot) -> list[GpuKey]:
+    return [(g.node, g.gpu) for g in snap.gpus if g.up and GPU_POWER_CAP_REASON in g.clock_events]
+
+
+def _stragglers(snap: JobSnapshot) -> list[int]:
+    return [r.rank for r in _live(snap) if r.straggler_score is not None
+            and math.isfinite(r.straggler_score) and r.straggler_score < STRAGGLER_SCORE_THRESHOLD]
+
+
+def _nonfinite(snap: JobSnapshot) -> list[int]:
+    return [r.rank for r in _live(snap) if r.loss_nonfinite
+            or (r.loss is not None and not math.isfinite(r.loss))]
+
+
+def _rank_memory(snap: JobSnapshot) -> list[int]:
+    return [r.rank for r in _live(snap) if r.peak_memory_bytes and r.memory_capacity_bytes
+            and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO]
+
+
+def _gpu_memory(snap: JobSnapshot) -> list[GpuKey]:
+    return [(g.node, g.gpu) for g in snap.gpus
+            if g.up and g.memory_ratio is not None and g.memory_ratio >= MEMORY_PRESSURE_RATIO]
+
+
+def _busy_nodes(snap: JobSnapshot) -> list[str]:
+    return [n.node for n in snap.nodes if n.cpu_utilization_ratio is not None
+            and n.cpu_utilization_ratio >= HOST_CPU_BUSY_RATIO]
+
+
+def _targets_down(snap: JobSnapshot) -> list[str]:
+    return [t.url for t in snap.targets if not t.up]
+
+
+def _xids(snap: JobSnapshot) -> dict[tuple[str, str, str], float]:
+    return {(g.node, g.gpu, code): n for g in snap.gpus for code, n in g.xid_counts}
+
+
+def _ecc(snap: JobSnapshot) -> dict[GpuKey, float]:
+    return {(g.node, g.gpu): g.ecc_uncorrected for g in snap.gpus
+            if g.ecc_uncorrected is not None}
+
+
+def _restarts(snap: JobSnapshot) -> dict[str, float]:
+    return {"job": float(snap.restarts)} if snap.restarts is not None else {}
+
+
+@dataclass
+class Observations:
+    """Facts that held over the window; findings consume them, so each is explained once."""
+
+    now: JobSnapshot
+    seconds: float
+    stalled: set[int] = field(default_factory=set)
+    unresponsive: set[int] = field(default_factory=set)
+    missing: set[int] = field(default_factory=set)
+    missing_since: dict[int, float] = field(default_factory=dict)
+    lost: set[GpuKey] = field(default_factory=set)
+    throttled: dict[GpuKey, list[str]] = field(default_factory=dict)
+    power_capped: set[GpuKey] = field(default_factory=set)
+    stragglers: set[int] = field(default_factory=set)
+    nonfinite: set[int] = field(default_factory=set)
+    rank_memory: set[int] = field(default_factory=set)
+    gpu_memory: set[GpuKey] = field(default_factory=set)
+    busy_nodes: set[str] = field(default_factory=set)
+    targets_down: set[str] = field(default_factory=set)
+    xids: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
+    ecc: dict[GpuKey, tuple[float, float]] = field(default_factory=dict)
+    restarts: tuple[float, float] | None = None
+    loss_spike: tuple[float, float] | None = None
+
+
+def observe(window: Window) -> Observations:
+    obs = Observations(now=window.now, seconds=window.seconds)
+    if not window.covered:
+        return obs
+    obs.stalled = window.lasting(_stalled)
+    obs.unresponsive = window.lasting(_unresponsive)
+    obs.missing = window.lasting(_missing)
+    obs.missing_since = window.first_seen(_missing)
+    obs.lost = window.lasting(_lost)
+    for key, reason in window.lasting(_throttled):
+        obs.throttled.setdefault(key, []).append(reason)
+    obs.power_capped = window.lasting(_power_capped)
+    obs.stragglers = window.lasting(_stragglers)
+    obs.nonfinite = window.lasting(_nonfinite)
+    obs.rank_memory = window.lasting(_rank_memory)
+    obs.gpu_memory = window.lasting(_gpu_memory)
+    obs.busy_nodes = window.lasting(_busy_nodes)
+    obs.targets_down = window.lasting(_targets_down)
+    obs.xids = window.rise(_xids)
+    obs.ecc = window.rise(_ecc)
+    obs.restarts = window.rise(_restarts).get("job")
+    obs.loss_spike = _loss_spike(window)
+    return obs
+
+
+def _loss_spike(window: Window) -> tuple[float, float] | None:
+    """(median before the span, lowest loss within it) when every loss of the span is above
+    LOSS_SPIKE_FACTOR x the median of the history before it."""
+    before = [s.loss for s in window.history[:-len(window.recent)] if s.loss is not None
+              and math.isfinite(s.loss)]
+    during = [s.loss for s in window.recent[1:] if s.loss is not None]
+    if len(before) < 3 or not during or not all(math.isfinite(v) for v in during):
+        return None
+    base = statistics.median(before)
+    low = min(during)
+    return (base, low) if base > 0 and low > LOSS_SPIKE_FACTOR * base else None
+
+
+class Places:
+    """Where ranks and GPUs are, and which GPU serves which rank (by node and local rank: one
+    process per GPU, LOCAL_RANK = device index, as torchrun and the PyTorchJob run them)."""
+
+    def __init__(self, snap: JobSnapshot) -> None:
+        self.ranks = {r.rank: r for r in snap.ranks}
+        self.gpus = {(g.node, g.gpu): g for g in snap.gpus}
+        self._rank_of: dict[GpuKey, int] = {}
+        by_pod = {(g.pod, g.gpu): (g.node, g.gpu) for g in snap.gpus if g.pod}
+        for r in snap.ranks:
+            if r.local_rank is None:
+                continue
+            key = (r.node, str(r.local_rank))
+            if key not in self.gpus:
+                key = by_pod.get((r.pod, str(r.local_rank)), key)
+            if key in self.gpus:
+                self._rank_of[key] = r.rank
+        self._gpu_of = {rank: key for key, rank in self._rank_of.items()}
+
+    def rank_of(self, gpu: GpuKey) -> int | None:
+        return self._rank_of.get(gpu)
+
+    def gpu_of(self, rank: int) -> GpuKey | None:
+        return self._gpu_of.get(rank)
+
+    def rank(self, rank: int | None) -> RankRow | None:
+        return None if rank is None else self.ranks.get(rank)
+
+    def gpu(self, key: GpuKey) -> GpuRow | None:
+        return self.gpus.get(key)
