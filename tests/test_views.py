@@ -19,8 +19,8 @@ from fsdpmon.top import fmt
 from fsdpmon.top.aggregate import aggregate
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.synthetic import job_expositions
-from fsdpmon.top.ui_state import ViewState
-from fsdpmon.top.views import frame, once_frame
+from fsdpmon.top.ui_state import ENTER, ViewState, handle_key
+from fsdpmon.top.views import frame, nav, once_frame
 
 GOLDEN = Path(__file__).parent / "golden" / "top"
 
@@ -41,8 +41,13 @@ def check_golden(name: str, text: str) -> None:
 
 def _table_rows(text: str) -> list[str]:
     lines = text.split("\n")
-    start = next(i for i, line in enumerate(lines) if line.startswith("RANK"))
-    return [line for line in lines[start + 1:] if line.strip() and " · sorted by " not in line]
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("RANK"))
+    rows = []
+    for line in lines[start + 1:]:
+        if not line.strip() or " · sorted by " in line:
+            break
+        rows.append(line.lstrip("▸ "))
+    return rows
 
 
 def _fits(text: str, width: int, height: int) -> None:
@@ -143,3 +148,65 @@ def test_formatters():
     assert fmt.sparkline([1, 2, 3, 4, 5, 6, 7, 8], 8) == "▁▂▃▄▅▆▇█"
     assert fmt.sparkline([5, 5], 8) == "▄▄" and fmt.sparkline([], 4) == ""
     assert fmt.bar(0.5, 12, "green").plain == "[|||||     ]"
+
+
+def _press(snap: JobSnapshot, keys: list[str], height: int = 24) -> ViewState:
+    state = ViewState()
+    for key in keys:
+        state = handle_key(state, key, nav(snap, state, height))
+    return state
+
+
+def _with_log(snap: JobSnapshot) -> JobSnapshot:
+    return replace(snap, log_pod="llama-worker-0", logs=(
+        "12:00:01 [rank0] INFO trainer: step 99", "12:00:01 [rank1] INFO trainer: step 99",
+        "step 100/1000 | loss 2.4900"))
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)])
+def test_drill_down_screens(size):
+    width, height = size
+    snap = _with_log(snapshot())
+    screens = {"rank": ["j", ENTER], "process": ["j", ENTER, ENTER],
+               "gpu": ["2", "j", "j", ENTER]}
+    for name, keys in screens.items():
+        state = _press(snap, keys, height)
+        text = render(frame(snap, state, height), width, height)
+        _fits(text, width, height)
+        check_golden(f"drill_{name}_{width}x{height}", text)
+    rank = render(frame(snap, _press(snap, screens["rank"], height), height), width, height)
+    assert "rank 1  pod llama-worker-0" in rank and "step 99" in rank, rank
+    gpu = render(frame(snap, _press(snap, screens["gpu"], height), height), width, height)
+    assert "GPU 0 on node-1" in gpu and "serves rank 2" in gpu and "4002" in gpu, gpu
+
+
+def test_selection_scrolls_and_says_what_is_off_screen():
+    payloads = job_expositions("big", 8, 8)
+    from fsdpmon.top.aggregate import WANTED, ScrapeResult, Target
+    from fsdpmon.top.expfmt import Parser
+
+    parser = Parser(WANTED)
+    snap = aggregate([ScrapeResult(Target(f"http://h{p}"), parser.parse(b.decode()))
+                      for p, b in payloads.items()], now=T0, source="targets")
+    state = _press(snap, ["\x1b[6~", "\x1b[6~", "j"])
+    text = render(frame(snap, state, 24))
+    page = nav(snap, state, 24).page
+    marked = [line for line in text.split("\n") if "▸" in line]
+    assert len(marked) == 1 and marked[0].split()[0] == f"▸{2 * page + 1}", marked
+    shown_from = 2 * page + 2 - page + 1  # the selection is the last row on screen
+    assert (f"{shown_from}-{2 * page + 2} of 64 ranks · {shown_from - 1} above · "
+            f"{64 - 2 * page - 2} below") in text, text
+    end = render(frame(snap, _press(snap, ["G"]), 24))
+    assert f"{64 - page + 1}-64 of 64 ranks · {64 - page} above ·" in end and "below" not in end
+
+
+def test_wide_screen_shows_ranks_gpus_and_processes_of_a_small_job():
+    text = render(frame(snapshot(), ViewState(), 50), 200, 50)
+    check_golden("healthy_ranks_200x50", text)
+    assert "4 ranks" in text and "4 GPUs ·" in text and "4 processes" in text
+
+
+def test_one_of_a_kind_is_not_plural():
+    snap = snapshot(ranks(1, 1), per_node=1)
+    text = render(frame(snap, ViewState(), 24))
+    assert "1 rank ·" in text and "1 ranks" not in text and "1 GPU (SIMULATED)" in text, text

@@ -226,6 +226,7 @@ def _add_process(acc: _Acc, s: Sample, node: str) -> None:
             proc["state"] = labels.get("state", "")
     elif s.name == GPU_PROCESS_MEMORY:
         proc["gpu_memory_bytes"] = float(proc.get("gpu_memory_bytes", 0.0)) + s.value
+        proc["gpus"] = (*proc.get("gpus", ()), labels.get("gpu", ""))  # type: ignore[misc]
     else:
         proc[PROCESS_METRICS[s.name]] = s.value
 
@@ -371,6 +372,7 @@ def _process_rows(acc: _Acc) -> list[ProcessRow]:
         user=str(d.get("user", "")), state=str(d.get("state", "")),
         cpu_ratio=_opt(d.get("cpu_ratio")), rss_bytes=_opt(d.get("rss_bytes")),
         gpu_memory_bytes=_opt(d.get("gpu_memory_bytes")),
+        gpus=tuple(d.get("gpus", ())),  # type: ignore[arg-type]
     ) for (node, pid), d in acc.procs.items()]
     return sorted(rows, key=lambda p: (p.node, p.pid))
 

@@ -24,7 +24,7 @@ from rich.live import Live
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.ui_state import ViewState, handle_key
-from fsdpmon.top.views import frame, waiting_frame
+from fsdpmon.top.views import frame, nav, waiting_frame
 
 MAX_BACKOFF_S = 30.0
 
@@ -129,11 +129,26 @@ def _render(console: Console, latest: _Latest, state: ViewState, what: str) -> R
     return frame(latest.snapshot, state, console.size.height, latest.notice)
 
 
-def _follow_logs(source: Source, state: ViewState) -> None:
-    """Sources that can tail logs (Kubernetes) do so only while the logs view is open."""
+def _follow_logs(source: Source, state: ViewState, snap: JobSnapshot | None) -> None:
+    """Sources that can tail logs (Kubernetes, the demo's files) do so only while the logs view
+    or a rank's screen is open; a rank's screen follows its own pod."""
     follow = getattr(source, "follow_logs", None)
-    if follow is not None:
-        follow(state.log_pod if state.view == "logs" else None)
+    if follow is None:
+        return
+    if state.view == "logs":
+        follow(state.log_pod)
+    elif state.view == "rank" and snap is not None:
+        pod = next((r.pod for r in snap.ranks if str(r.rank) == state.subject), "")
+        follow(pod or 0)
+    else:
+        follow(None)
+
+
+def _press(state: ViewState, keys: list[str], latest: _Latest, height: int) -> ViewState:
+    for key in keys:
+        where = nav(latest.snapshot, state, height, latest.notice) if latest.snapshot else None
+        state = handle_key(state, key, where)
+    return state
 
 
 def run_live(source: Source, interval_s: float, console: Console | None = None) -> int:
@@ -150,11 +165,10 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
                               redirect_stdout=False, redirect_stderr=False) as live:
             while not state.quit:
                 keys = read_keys(fd, 0.2)
-                for key in keys:
-                    state = handle_key(state, key)
-                if keys:
-                    _follow_logs(source, state)
                 latest = refresher.current()
+                state = _press(state, keys, latest, console.size.height)
+                if keys:
+                    _follow_logs(source, state, latest.snapshot)
                 if (latest.version, state) != shown or resized.is_set():
                     resized.clear()
                     live.update(_render(console, latest, state, source.description),

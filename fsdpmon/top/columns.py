@@ -45,10 +45,10 @@ RANK_COLUMNS: tuple[Column, ...] = (
     Column("data_wait", "WAIT", lambda r: r.data_wait_ratio, fmt.pct),
     Column("memory", "MEM", lambda r: r.peak_memory_bytes, fmt.size),
     Column("loss", "LOSS", lambda r: r.loss, fmt.fixed),
-    Column("heartbeat", "BEAT", lambda r: r.heartbeat_age_s, lambda v: fmt.num(v, 2)),
+    Column("heartbeat", "BEAT", lambda r: r.heartbeat_age_s, fmt.age),
     # The last column takes the spare width, as htop's command does: on a wide terminal the
     # figures stay next to the pod they belong to.
-    Column("flags", "FLAGS", lambda r: r.flags, justify="left", min_width=5, ratio=1),
+    Column("flags", "FLAGS", lambda r: r.flags, justify="left", min_width=7, ratio=1),
 )
 
 GPU_COLUMNS: tuple[Column, ...] = (
@@ -72,7 +72,8 @@ PROCESS_COLUMNS: tuple[Column, ...] = (
     Column("rss", "RSS", lambda p: p.rss_bytes, fmt.size),
     Column("gpu_memory", "GPU MEM", lambda p: p.gpu_memory_bytes, fmt.size),
     Column("state", "S", lambda p: p.state[:1].upper()),
-    Column("command", "COMMAND", lambda p: p.command, justify="left", min_width=8, ratio=2),
+    Column("command", "COMMAND", lambda p: p.command, fmt.command, justify="left",
+           min_width=8, ratio=2),
 )
 
 COLUMNS: dict[str, tuple[Column, ...]] = {

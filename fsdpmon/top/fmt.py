@@ -109,3 +109,27 @@ def bar(ratio: float | None, width: int, style: str) -> Text:
     out.append(" " * (inner - filled))
     out.append("]")
     return out
+
+
+def age(value: float | None) -> str:
+    """How long ago, with a unit and a steady precision: '0.2s', '12s', '3m05s'."""
+    if not _ok(value) or value < 0:  # type: ignore[operator]
+        return MISSING
+    v = float(value)  # type: ignore[arg-type]
+    return f"{v:.1f}s" if v < 10 else duration(v)
+
+
+def plural(count: int, noun: str, plural_form: str = "") -> str:
+    """'1 rank', '2 ranks', '1 process', '3 processes'."""
+    if count == 1:
+        return f"{count} {noun}"
+    return f"{count} {plural_form or (noun + 'es' if noun.endswith('s') else noun + 's')}"
+
+
+def command(text: str) -> str:
+    """A command line with its program's path stripped, as nvitop shows it:
+    '/work/.venv/bin/python -m trainer.train' → 'python -m trainer.train'."""
+    program, sep, rest = text.partition(" ")
+    if program.startswith("/"):
+        program = program.rsplit("/", 1)[-1] or program
+    return program + sep + rest

@@ -18,7 +18,9 @@ class JobState(str, Enum):
     RUNNING = "RUNNING"  # every target answers, no rank stalled, nothing alarming
     DEGRADED = "DEGRADED"  # still training, but a target is down, a rank straggles, memory is tight
     STALLED = "STALLED"  # at least one rank has not completed a step within its stall threshold
-    DONE = "DONE"  # every rank reached the planned number of steps
+    DONE = "DONE"  # every rank reached its last step (or the job said it succeeded)
+    FAILED = "FAILED"  # ranks went away before their last step and did not come back
+    RESTARTING = "RESTARTING"  # the elastic agent (or the operator) is restarting the ranks
     DOWN = "DOWN"  # no target answered: nothing is known about the job
 
 
@@ -139,6 +141,7 @@ class ProcessRow:
     cpu_ratio: float | None = None  # in cores: 1.0 = one core busy
     rss_bytes: float | None = None
     gpu_memory_bytes: float | None = None
+    gpus: tuple[str, ...] = ()  # the GPUs (indices on its node) it holds memory on
 
 
 @dataclass(frozen=True)
@@ -177,6 +180,7 @@ class JobSnapshot:
     history: History = field(default_factory=History)
     logs: tuple[str, ...] = ()
     log_pod: str = ""
+    reason: str = ""  # why the job is in its state, when its own status says (Kubernetes)
 
     @property
     def progress(self) -> float | None:

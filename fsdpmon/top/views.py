@@ -1,44 +1,56 @@
 """Pure views: a JobSnapshot (and what the user chose to see) → rich renderables.
 
 Nothing here does I/O or reads the clock; tests render these to a string console and compare
-the text. Tables show as many rows as fit and say how many they left out, so a 2048-rank job
-reads like an 8-rank one: summaries on top, the rows that matter (by the chosen sort) below.
+the text. Tables show as many rows as fit around the selection and say how many are off
+screen, so a 2048-rank job reads like an 8-rank one. When a small job's ranks leave room, the
+GPUs show under them (nvtop's split), so one screen holds the whole job.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from fsdpmon.top import fmt
-from fsdpmon.top.columns import COLUMNS, Column, Row, column
-from fsdpmon.top.snapshot import GpuRow, JobSnapshot, JobState, RankRow, Severity
-from fsdpmon.top.ui_state import VIEWS, ViewState
+from fsdpmon.top import details, fmt
+from fsdpmon.top.columns import Row
+from fsdpmon.top.fitted import FittedLine, Part
+from fsdpmon.top.snapshot import JobSnapshot, JobState, Severity
+from fsdpmon.top.tables import gpu_summary, row_key, select_rows, table_of
+from fsdpmon.top.ui_state import VIEWS, Nav, ViewState
 
 STATE_STYLE = {
     JobState.RUNNING: "bold green",
     JobState.DEGRADED: "bold yellow",
     JobState.STALLED: "bold white on red",
     JobState.DONE: "bold cyan",
+    JobState.FAILED: "bold white on red",
+    JobState.RESTARTING: "bold black on yellow",
     JobState.DOWN: "bold white on red",
 }
 MAX_ALERT_LINES = 3
 SPARK_WIDTH = 10
+TABLE_VIEWS = ("ranks", "gpus", "processes")
 VIEW_TITLES = {"ranks": "Ranks", "gpus": "GPUs", "processes": "Processes", "logs": "Logs",
-               "help": "Help"}
+               "help": "Help", "rank": "rank", "gpu": "GPU", "process": "process"}
 HELP_KEYS = (
     ("1 2 3 4", "ranks, GPUs, processes, logs"),
     ("Tab", "next view"),
-    ("< > / s", "sort by the previous / next column"),
+    ("↑ ↓  j k", "move the selection"),
+    ("PgUp PgDn Home End", "a page up / down, the first / last row (also g G)"),
+    ("Enter", "open the selected rank, GPU or process"),
+    ("Esc  Backspace", "back to where you were; closes this help"),
+    ("/", "filter this view as you type (Enter keeps it, Esc drops it)"),
+    ("F", "follow the stalled rank, else the slowest (any move stops)"),
+    ("< >  s", "sort by the previous / next column"),
     ("i", "invert the sort order"),
-    ("/", "filter rows (Enter applies, Esc clears)"),
-    ("[ ]", "previous / next pod in the logs view"),
+    ("[ ]", "previous / next log in the logs view"),
     ("?", "this help"),
-    ("q / Ctrl-C", "quit"),
+    ("q  Ctrl-C", "quit"),
 )
 
 
@@ -46,215 +58,197 @@ def _clock(ts: float) -> str:
     return time.strftime("%H:%M:%SZ", time.gmtime(ts))
 
 
-def header_lines(snap: JobSnapshot) -> list[Text]:
-    """Job identity and state, progress, speed and loss, then the active alerts."""
-    title = Text.assemble(
-        ("fsdpmon top", "bold"), "  job ", (snap.job_name or "?", "bold"), "  ",
-        (f" {snap.state.value} ", STATE_STYLE[snap.state]),
-        f"  {snap.model}" if snap.model else "",
-        f"  world {snap.world_size or fmt.MISSING}",
-        f"  targets {snap.targets_up}/{len(snap.targets)} up",
-        f"  {_clock(snap.time)}",
+def _title(snap: JobSnapshot) -> FittedLine:
+    return FittedLine(
+        Part(Text("fsdpmon top  ", style="bold"), 30),
+        Part(Text.assemble("job ", (snap.job_name or "?", "bold"), "  ")),
+        Part(Text(f" {snap.state.value} ", style=STATE_STYLE[snap.state])),
+        Part(Text(f" {snap.reason}", style="bold red") if snap.reason else "", 75),
+        Part(f"  {snap.model}" if snap.model else "", 20),
+        Part(f"  world {snap.world_size or fmt.MISSING}", 45),
+        Part(f"  targets {snap.targets_up}/{len(snap.targets)} up", 50),
+        Part(f"  {_clock(snap.time)}", 60),
     )
-    progress = Text(f"step {fmt.MISSING if snap.step is None else snap.step}")
+
+
+def _progress(snap: JobSnapshot) -> FittedLine:
+    parts = [Part(f"step {fmt.MISSING if snap.step is None else snap.step}")]
     if snap.total_steps:
-        progress.append(f"/{snap.total_steps} ")
-        progress.append_text(fmt.bar(snap.progress, 20, "cyan"))
-        progress.append(f" {fmt.pct(snap.progress, 1)}")
-    progress.append(f"  ETA {fmt.duration(snap.eta_s)}  restarts {snap.restarts or 0}")
+        parts += [Part(f"/{snap.total_steps}"),
+                  Part(Text(" ").append_text(fmt.bar(snap.progress, 20, "cyan")), 20),
+                  Part(f" {fmt.pct(snap.progress, 1)}", 55)]
+    parts += [Part(f"  ETA {fmt.duration(snap.eta_s)}", 60),
+              Part(f"  restarts {snap.restarts or 0}", 70 if snap.restarts else 25)]
+    return FittedLine(*parts)
+
+
+def _speed(snap: JobSnapshot) -> FittedLine:
     hist = snap.history
-    speed = Text.assemble(
-        f"tok/s {fmt.si(snap.tokens_per_second)} ",
-        (fmt.sparkline(hist.tokens_per_second, SPARK_WIDTH), "cyan"),
-        f"  MFU {fmt.pct(snap.mfu_ratio, 1)}",
-        f"  step {fmt.seconds(snap.step_time_median_s)} med",
-        f" {fmt.seconds(snap.step_time_max_s)} max",
-        f"  loss {fmt.fixed(snap.loss)} ", (fmt.sparkline(hist.loss, SPARK_WIDTH), "magenta"),
+    return FittedLine(
+        Part(f"tok/s {fmt.si(snap.tokens_per_second)}"),
+        Part(Text(" " + fmt.sparkline(hist.tokens_per_second, SPARK_WIDTH), style="cyan"), 15),
+        Part(f"  MFU {fmt.pct(snap.mfu_ratio, 1)}", 50),
+        Part(f"  step {fmt.seconds(snap.step_time_median_s)} med", 70),
+        Part(f" {fmt.seconds(snap.step_time_max_s)} max", 35),
+        Part(f"  loss {fmt.fixed(snap.loss)}", 65),
+        Part(Text(" " + fmt.sparkline(hist.loss, SPARK_WIDTH), style="magenta"), 14),
     )
-    lines = [title, progress, speed]
+
+
+def header_lines(snap: JobSnapshot) -> list[RenderableType]:
+    """Job identity and state, progress, speed and loss, then the active alerts."""
+    lines: list[RenderableType] = [_title(snap), _progress(snap), _speed(snap)]
     for alert in snap.alerts[:MAX_ALERT_LINES]:
         style = "bold red" if alert.severity is Severity.CRITICAL else "yellow"
-        lines.append(Text(f"! {alert.message}", style=style))
+        lines.append(Text(f"! {alert.message}", style=style, no_wrap=True, overflow="ellipsis"))
     if len(snap.alerts) > MAX_ALERT_LINES:
         lines.append(Text(f"! +{len(snap.alerts) - MAX_ALERT_LINES} more alerts", style="red"))
-    for line in lines:
-        line.no_wrap, line.overflow = True, "ellipsis"
     return lines
 
 
-def tab_bar(state: ViewState) -> Text:
-    bar = Text(no_wrap=True, overflow="ellipsis")
+def tab_bar(state: ViewState) -> FittedLine:
+    parts = []
+    top = state.back[0].view if state.back else state.view
     for i, view in enumerate(VIEWS[:4], start=1):
-        style = "bold reverse" if view == state.view else "dim"
-        bar.append(f" {i} {VIEW_TITLES[view]} ", style=style)
-    bar.append(" ? Help  q Quit", style="dim")
+        style = "bold reverse" if view == top else "dim"
+        parts.append(Part(Text(f" {i} {VIEW_TITLES[view]} ", style=style)))
+    for st in (*state.back[1:], state) if state.back else ():
+        if st.view != top:
+            label = f"{VIEW_TITLES[st.view]} {st.subject}".strip()
+            parts.append(Part(Text(f" › {label} ", style="bold")))
+    parts.append(Part(Text(" ? Help  Esc back  q Quit", style="dim"), 10))
+    if state.follow:
+        parts.append(Part(Text("  following", style="bold cyan")))
     if state.editing_filter:
-        bar.append(f"  /{state.draft}_", style="bold")
+        parts.append(Part(Text(f"  /{state.draft}_", style="bold")))
     elif state.filter:
-        bar.append(f"  filter: {state.filter}", style="bold")
-    return bar
+        parts.append(Part(Text(f"  filter: {state.filter}", style="bold")))
+    return FittedLine(*parts)
 
 
-def _matches(row: Row, cols: Sequence[Column], needle: str) -> bool:
-    return any(needle in str(c.value(row)).lower() for c in cols)
+@dataclass(frozen=True)
+class Layout:
+    """How the body's lines are shared: the selectable table's page, and the GPU pane under
+    the ranks (0 rows: no pane)."""
+
+    rows: list[Row]
+    page: int
+    gpu_page: int = 0
+    process_page: int = 0
 
 
-def select_rows(rows: Sequence[Row], view: str, state: ViewState) -> list[Row]:
-    """Filtered, then sorted by the chosen column (unknown values last)."""
-    cols = COLUMNS[view]
-    if state.filter:
-        needle = state.filter.lower()
-        rows = [r for r in rows if _matches(r, cols, needle)]
-    key, descending = state.sort_for(view)
-    col = column(view, key)
-    known = [r for r in rows if col.value(r) not in (None, "")]
-    unknown = [r for r in rows if col.value(r) in (None, "")]
-    known.sort(key=col.value, reverse=descending)
-    return known + unknown
+def layout(snap: JobSnapshot, state: ViewState, avail: int) -> Layout:
+    view = state.view
+    if view in TABLE_VIEWS:
+        rows = select_rows(getattr(snap, view), view, state)
+        if view == "gpus":
+            return Layout(rows, max(1, avail - 3))
+        if view == "ranks" and snap.gpus:
+            spare = avail - (len(rows) + 2) - 1  # blank line between the panes
+            if spare >= 4:  # summary, header, a row, footer
+                gpu_page = min(len(snap.gpus), spare - 3)
+                rest = spare - (gpu_page + 3) - 1
+                procs = rest - 2 if rest >= 3 and snap.processes else 0
+                return Layout(rows, max(1, len(rows)), gpu_page, procs)
+        return Layout(rows, max(1, avail - 2))
+    if view in ("rank", "gpu"):
+        rows = details.processes_for(snap, state)
+        return Layout(rows, details.process_page(snap, state, avail))
+    return Layout([], 1)
 
 
-def _row_style(row: Row) -> str:
-    if isinstance(row, RankRow):
-        if row.down:
-            return "dim"
-        if row.stalled:
-            return "bold red"
-        return "yellow" if row.slowest else ""
-    if isinstance(row, GpuRow) and not row.up:
-        return "dim red"
-    return ""
+def _followed(snap: JobSnapshot, state: ViewState) -> str:
+    if not (state.follow and state.view == "ranks"):
+        return state.selected
+    stalled = snap.stalled_ranks
+    if stalled:
+        return str(stalled[0])
+    return "" if snap.slowest_rank is None else str(snap.slowest_rank)
 
 
-def _table(cols: Sequence[Column], sort: tuple[str, bool]) -> Table:
-    table = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False,
-                  header_style="bold reverse")
-    for c in cols:
-        arrow = (" ↓" if sort[1] else " ↑") if c.key == sort[0] else ""
-        table.add_column(c.title + arrow, justify=c.justify, no_wrap=True,  # type: ignore[arg-type]
-                         overflow="ellipsis", min_width=c.min_width, max_width=c.max_width,
-                         ratio=c.ratio)
-    return table
+def _avail(snap: JobSnapshot, height: int, notice: str) -> int:
+    return height - len(header_lines(snap)) - (1 if notice else 0) - 1
 
 
-def _footer(shown: int, total: int, what: str, state: ViewState, view: str) -> Text:
-    key, descending = state.sort_for(view)
-    text = f"{shown} of {total} {what}" if shown < total else f"{total} {what}"
-    text += f" · sorted by {column(view, key).title} {'↓' if descending else '↑'}"
-    if state.filter:
-        text += f" · filter {state.filter!r}"
-    return Text(text, style="dim", no_wrap=True, overflow="ellipsis")
+def nav(snap: JobSnapshot, state: ViewState, height: int, notice: str = "") -> Nav:
+    """What the movement keys move over on this screen."""
+    plan = layout(snap, state, _avail(snap, height, notice))
+    keys = tuple(row_key(r) for r in plan.rows)
+    current = _followed(snap, state)
+    if current not in keys:
+        current = keys[min(state.cursor, len(keys) - 1)] if keys else ""
+    return Nav(keys, plan.page, current)
 
 
-def rows_table(snap: JobSnapshot, view: str, state: ViewState, max_rows: int) -> RenderableType:
-    """Ranks or processes as a table of at most ``max_rows`` rows plus a footer line."""
-    rows: Sequence[Row] = snap.ranks if view == "ranks" else snap.processes
-    what = "ranks" if view == "ranks" else "processes"
-    if not rows:
-        return Text(f"no {what} reported yet", style="dim")
-    chosen = select_rows(rows, view, state)
-    cols = COLUMNS[view]
-    table = _table(cols, state.sort_for(view))
-    for row in chosen[:max(1, max_rows)]:
-        # Text, never str: pod names and command lines are untrusted and must not be read as
-        # rich markup ("[/x]" in a command line would raise).
-        table.add_row(*(Text(c.show(c.value(row))) for c in cols), style=_row_style(row))
-    return Group(table, _footer(min(len(chosen), max(1, max_rows)), len(chosen), what, state,
-                                view))
+def _ranks_view(snap: JobSnapshot, state: ViewState, plan: Layout,
+                interactive: bool) -> RenderableType:
+    if not snap.ranks:
+        return Text("no ranks reported yet", style="dim")
+    parts: list[RenderableType] = [table_of(plan.rows, "ranks", state, plan.page,
+                                            interactive=interactive,
+                                            current=_followed(snap, state))]
+    if plan.gpu_page:
+        parts += [Text(""), _gpus(snap, ViewState(view="gpus"), plan.gpu_page, False)]
+    if plan.process_page:
+        procs = ViewState(view="processes")
+        parts += [Text(""), table_of(select_rows(snap.processes, "processes", procs),
+                                     "processes", procs, plan.process_page, interactive=False)]
+    return Group(*parts)
 
 
-def _gpu_cells(g: GpuRow) -> list[RenderableType]:
-    util_style = fmt.level_style(g.utilization_ratio, 0.6, 0.3, high_is_bad=False)
-    mem_style = fmt.level_style(g.memory_ratio, 0.85, 0.95, high_is_bad=True)
-    temp = g.temperature_celsius
-    temp_style = "dim" if temp is None else "red" if temp >= 85 else "yellow" if temp >= 75 else ""
-    util = fmt.bar(g.utilization_ratio, 10, util_style).append(f"{fmt.pct(g.utilization_ratio):>5}")
-    mem = fmt.bar(g.memory_ratio, 10, mem_style).append(f" {fmt.size(g.memory_used_bytes):>6}")
-    return [
-        Text(g.node), Text(g.gpu if g.up else f"{g.gpu}!"), util, mem,
-        Text(column("gpus", "temp").show(temp), style=temp_style),
-        Text(column("gpus", "power").show(g.power_watts)),
-        Text(fmt.sparkline(g.utilization_history, SPARK_WIDTH), style="cyan"), Text(g.pod),
-    ]
-
-
-def _gpu_summary(gpus: Sequence[GpuRow]) -> Text:
-    utils = [g.utilization_ratio for g in gpus if g.utilization_ratio is not None]
-    mems = [g.memory_ratio for g in gpus if g.memory_ratio is not None]
-    temps = [g.temperature_celsius for g in gpus if g.temperature_celsius is not None]
-    power = sum(g.power_watts for g in gpus if g.power_watts is not None)
-    nodes = len({g.node for g in gpus})
-    models = sorted({g.model for g in gpus if g.model})
-    text = f"{len(gpus)} GPUs"
-    if models:
-        text += f" ({', '.join(models)})"
-    text += f" on {nodes} node{'s' if nodes != 1 else ''}"
-    if utils:
-        text += f" · util avg {fmt.pct(sum(utils) / len(utils))} min {fmt.pct(min(utils))}"
-    if mems:
-        text += f" · mem avg {fmt.pct(sum(mems) / len(mems))} max {fmt.pct(max(mems))}"
-    if temps:
-        text += f" · temp max {max(temps):.0f}C"
-    text += f" · {power / 1000:.1f}kW"
-    return Text(text, no_wrap=True, overflow="ellipsis")
-
-
-def gpu_view(snap: JobSnapshot, state: ViewState, max_rows: int) -> RenderableType:
-    """nvtop-like: per GPU utilisation and memory bars, temperature, power, utilisation history."""
+def _gpus(snap: JobSnapshot, state: ViewState, page: int, interactive: bool) -> RenderableType:
     if not snap.gpus:
         return Text("no GPUs reported (is the exporter in --targets?)", style="dim")
-    chosen = select_rows(snap.gpus, "gpus", state)
-    sort = state.sort_for("gpus")
-    table = Table(box=None, padding=(0, 1), pad_edge=False, expand=True,
-                  header_style="bold reverse")
-    for key, title, just, width in (
-        ("node", "NODE", "left", None), ("gpu", "GPU", "right", None),
-        ("util", "UTIL", "left", 15), ("memory", "MEM", "left", 17),
-        ("temp", "TEMP", "right", None),
-        ("power", "POWER", "right", None), ("", "HISTORY", "left", SPARK_WIDTH),
-        ("pod", "POD", "left", None),
-    ):
-        arrow = (" ↓" if sort[1] else " ↑") if key == sort[0] else ""
-        table.add_column(title + arrow, justify=just, no_wrap=True, overflow="ellipsis",  # type: ignore[arg-type]
-                         min_width=width, max_width=16 if key in ("node", "pod") else None,
-                         ratio=1 if key == "pod" else None)
-    rows = max(1, max_rows - 1)
-    for g in chosen[:rows]:
-        table.add_row(*_gpu_cells(g), style=_row_style(g))  # type: ignore[arg-type]
-    return Group(_gpu_summary(snap.gpus), table,
-                 _footer(min(len(chosen), rows), len(chosen), "GPUs", state, "gpus"))
+    simulated = any(n.simulated for n in snap.nodes)
+    rows = select_rows(snap.gpus, "gpus", state)
+    return Group(gpu_summary(snap.gpus, simulated),
+                 table_of(rows, "gpus", state, page, interactive=interactive,
+                          current=state.selected))
 
 
 def logs_view(snap: JobSnapshot, max_rows: int) -> RenderableType:
     if not snap.log_pod:
-        return Text("Logs come from the Kubernetes API: run with --job or --selector "
-                    "(not available with --targets or --prometheus).", style="dim")
-    title = Text(f"logs of {snap.log_pod} (training container, following)  [ ] other pod",
-                 style="bold", no_wrap=True, overflow="ellipsis")
-    lines = [Text(line, no_wrap=True, overflow="ellipsis") for line in snap.logs[-max_rows:]]
+        return Text("Logs come from the Kubernetes API (run with --job or --selector) or, in "
+                    "`fsdpmon demo`, from the demo's own log files.", style="dim")
+    title = Text(f"logs of {snap.log_pod} (following)  [ ] other log", style="bold",
+                 no_wrap=True, overflow="ellipsis")
+    lines = [Text(line, no_wrap=True, overflow="ellipsis")
+             for line in snap.logs[-max(1, max_rows - 1):]]
     # (Text, not str: log lines are untrusted and must not be parsed as markup)
     return Group(title, *(lines or [Text("(no log lines yet)", style="dim")]))
 
 
 def help_view() -> RenderableType:
     table = Table(box=None, padding=(0, 2), show_header=False)
-    table.add_column(style="bold")
+    table.add_column(style="bold", no_wrap=True)
     table.add_column()
     for keys, what in HELP_KEYS:
         table.add_row(keys, what)
     notes = Text(
         "States: RUNNING, DEGRADED (a target down, straggler, memory pressure), STALLED (a rank "
-        "made no step within its threshold), DONE, DOWN (nothing answers).", style="dim")
+        "made no step within its threshold), RESTARTING (ranks being restarted), DONE (every "
+        "rank finished), FAILED (ranks gone before their last step), DOWN (nothing answers).",
+        style="dim")
     return Group(table, Text(""), notes)
 
 
-def body(snap: JobSnapshot, state: ViewState, max_rows: int) -> RenderableType:
-    """The selected view, sized to ``max_rows`` table rows."""
+def body(snap: JobSnapshot, state: ViewState, avail: int,
+         interactive: bool = True) -> RenderableType:
+    """The selected view in ``avail`` lines."""
+    plan = layout(snap, state, avail)
+    if state.view == "ranks":
+        return _ranks_view(snap, state, plan, interactive)
     if state.view == "gpus":
-        return gpu_view(snap, state, max_rows)
-    if state.view in ("ranks", "processes"):
-        return rows_table(snap, state.view, state, max_rows)
+        return _gpus(snap, state, plan.page, interactive)
+    if state.view == "processes":
+        if not snap.processes:
+            return Text("no processes reported yet", style="dim")
+        return table_of(plan.rows, "processes", state, plan.page, interactive=interactive,
+                        current=state.selected)
     if state.view == "logs":
-        return logs_view(snap, max_rows)
+        return logs_view(snap, avail)
+    if state.view in details.VIEWS:
+        return details.detail_view(snap, state, avail, plan.rows, plan.page)
     return help_view()
 
 
@@ -266,9 +260,7 @@ def frame(snap: JobSnapshot, state: ViewState, height: int, notice: str = "") ->
     head = header_lines(snap)
     if notice:
         head.append(Text(f"! {notice}", style="bold red", no_wrap=True, overflow="ellipsis"))
-    # header + tab bar + table header + footer (+ summary line in the GPU view)
-    spare = height - len(head) - 1 - 2 - (1 if state.view == "gpus" else 0)
-    return Group(*head, tab_bar(state), body(snap, state, max(1, spare)))
+    return Group(*head, tab_bar(state), body(snap, state, max(1, _avail(snap, height, notice))))
 
 
 def waiting_frame(what: str, notice: str = "") -> RenderableType:
@@ -283,7 +275,14 @@ def waiting_frame(what: str, notice: str = "") -> RenderableType:
 def once_frame(snap: JobSnapshot, max_rows: int = 16) -> RenderableType:
     """What `--once` prints: the header, then ranks, GPUs and processes (``max_rows`` each)."""
     parts: list[RenderableType] = [*header_lines(snap)]
-    for view in ("ranks", "gpus", "processes"):
-        parts += [Text(""), Text(VIEW_TITLES[view], style="bold underline"),
-                  body(snap, ViewState(view=view), max_rows)]
+    for view, noun in (("ranks", "ranks"), ("gpus", "GPUs"), ("processes", "processes")):
+        parts += [Text(""), Text(VIEW_TITLES[view], style="bold underline")]
+        rows: Sequence[Row] = getattr(snap, view)
+        if not rows:
+            parts.append(Text(f"no {noun} reported yet", style="dim"))
+        elif view == "gpus":
+            parts.append(_gpus(snap, ViewState(view=view), max_rows, False))
+        else:
+            parts.append(table_of(select_rows(rows, view, ViewState(view=view)), view,
+                                  ViewState(view=view), max_rows, interactive=False))
     return Group(*parts)

@@ -318,12 +318,16 @@ class KubeSource:
 
     # --- logs ------------------------------------------------------------------------------
 
-    def follow_logs(self, index: int | None) -> None:
-        """Tail the training container of the job's ``index``-th pod; None stops following."""
+    def follow_logs(self, index: int | str | None) -> None:
+        """Tail the training container of the job's ``index``-th pod (or the pod of that name);
+        None stops following."""
         pods = self._train_pods
         if index is None or not pods:
             self._stop_logs()
             return
+        if isinstance(index, str):
+            named = [i for i, p in enumerate(pods) if discovery.pod_name(p) == index]
+            index = named[0] if named else 0
         pod = pods[min(index, len(pods) - 1)]
         name = discovery.pod_name(pod)
         if self._logs is not None and self._logs.pod == name:
