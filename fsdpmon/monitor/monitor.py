@@ -31,6 +31,7 @@ from fsdpmon.catalog import (
     TRAIN_RESTARTS,
     TRAIN_TOTAL_STEPS,
 )
+from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
 from fsdpmon.monitor.gather import Topology, gather_rows, topology
@@ -99,7 +100,13 @@ class Monitor:
         self._guarded("setup", lambda: self._setup_core(model, flops_per_token, seq_len,
                                                         run_info or {}))
         self._guarded("jsonl", self._open_jsonl)
-        self._guarded("publication", self._start_publication)
+        try:
+            self._start_publication()
+        except FsdpmonError:
+            self.close()  # refused at start: a state directory not ours, a port in use
+            raise
+        except Exception as exc:
+            self._fail("publication", exc)
         self._step_span = _Span(self.begin_step, self.end_step, self.abort_step)
 
     # ---- set-up -------------------------------------------------------------------------

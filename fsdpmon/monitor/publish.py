@@ -25,6 +25,8 @@ from fsdpmon.catalog import (
     TRAIN_STEP_TIME_SECONDS,
     TRAIN_TOKENS_PER_SECOND,
 )
+from fsdpmon.errors import FsdpmonError
+from fsdpmon.monitor import exit_cleanup, statedir
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.gather import Topology
 from fsdpmon.monitor.server import PortKeeper
@@ -75,10 +77,16 @@ class Publication:
     def _start_serving(self, config: MonitorConfig, topo: Topology) -> None:
         directory = job_state_dir(config.job_name, config.port, config.state_dir)
         try:
+            for stale in statedir.remove_stale(directory.parent):
+                log.info("fsdpmon: removed %s, left by a job that is gone", stale)
+            statedir.check_port_free(directory, config.port)
             self.writer = RankStateWriter(directory, topo.rank)
+        except FsdpmonError:
+            raise  # someone else's directory, or another job on our port: refuse at start
         except OSError as exc:
             self._fail("state directory", exc)
             return
+        exit_cleanup.register(self.writer.close)  # SIGTERM too, not only a normal exit
         try:
             self._beat()
         except Exception as exc:
@@ -179,6 +187,7 @@ class Publication:
         with self._lock:
             writer, self.writer = self.writer, None
         if writer is not None:
+            exit_cleanup.unregister(writer.close)
             writer.close()
 
 

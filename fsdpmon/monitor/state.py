@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fsdpmon.monitor import statedir
+
 # seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
 # watchdog_unix, seq
 _HB = struct.Struct("<qqddddddd q")
@@ -70,18 +72,21 @@ class RankStateWriter:
     """The writing side, owned by one rank."""
 
     def __init__(self, directory: Path, rank: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
+        statedir.prepare(directory)  # ours, 0700, not a symlink: or InputError
         self.directory = directory
         self.rank = rank
         self.pid = os.getpid()
+        statedir.check_rank_free(directory, rank, self.pid)
         self.hb_path = directory / f"rank{rank}.hb"
         self.json_path = directory / f"rank{rank}.json"
         # A fresh file (not truncating one a reader may have mapped) of the full size.
         tmp = directory / f".rank{rank}.hb.{self.pid}"
-        with open(tmp, "wb") as fh:
-            fh.write(b"\0" * HB_SIZE)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # left by an earlier process with our pid
+        statedir.write_new(tmp, b"\0" * HB_SIZE)
         os.replace(tmp, self.hb_path)
-        self._fh = open(self.hb_path, "r+b")  # noqa: SIM115 - lives as long as the map
+        fd = os.open(self.hb_path, os.O_RDWR | os.O_NOFOLLOW)
+        self._fh = os.fdopen(fd, "r+b")  # lives as long as the map
         self._map = mmap.mmap(self._fh.fileno(), HB_SIZE)
         self._seq = 0
         self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # owned (pid set) from the start
@@ -98,7 +103,9 @@ class RankStateWriter:
 
     def snapshot(self, data: dict[str, Any]) -> None:
         tmp = self.directory / f".rank{self.rank}.json.{self.pid}"
-        tmp.write_text(json.dumps(data, allow_nan=True))
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a write that failed half-way
+        statedir.write_new(tmp, json.dumps(data, allow_nan=True).encode())
         os.replace(tmp, self.json_path)
 
     def close(self, remove: bool = True) -> None:

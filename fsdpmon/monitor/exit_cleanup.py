@@ -1,0 +1,98 @@
+"""Remove a rank's state files however the process ends: normal exit, Ctrl-C, or SIGTERM.
+
+A normal exit and SIGINT (KeyboardInterrupt unwinds the stack) run ``atexit``. SIGTERM — what
+torchrun, kubelet and ``kill`` send — ends a Python process without running anything, so, when
+nobody else has claimed it, we handle SIGTERM: clean up, then die of the same signal with the
+default action, so the exit status stays what the parent expects. A Python handler only runs
+when the main thread returns to the interpreter, and a rank blocked inside a collective may not
+for many minutes, so the signal is also delivered through ``signal.set_wakeup_fd`` to a small
+thread that cleans up at once. What a SIGKILL leaves behind is removed by the next job to start
+(``statedir.remove_stale``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_cleanups: list[Callable[[], None]] = []
+_installed = False
+
+
+def register(fn: Callable[[], None]) -> None:
+    global _installed
+    with _lock:
+        _cleanups.append(fn)
+        if not _installed:
+            _installed = True
+            atexit.register(run_all)
+            _install_sigterm()
+
+
+def unregister(fn: Callable[[], None]) -> None:
+    with _lock, contextlib.suppress(ValueError):
+        _cleanups.remove(fn)
+
+
+def run_all() -> None:
+    with _lock:
+        todo = list(_cleanups)
+        _cleanups.clear()
+    for fn in todo:
+        try:
+            fn()
+        except Exception:  # exiting anyway: one failure must not stop the rest
+            log.debug("fsdpmon: clean-up failed", exc_info=True)
+
+
+def _die_of_sigterm() -> None:
+    run_all()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    _die_of_sigterm()
+
+
+def _install_sigterm() -> None:
+    if threading.current_thread() is not threading.main_thread():
+        return  # signal handlers can only be set from the main thread
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return  # the program handles SIGTERM itself (and will exit through atexit, or not)
+    signal.signal(signal.SIGTERM, _handler)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except ValueError:
+        previous = -1
+    if previous != -1:  # someone else (an event loop) listens: leave theirs in place
+        signal.set_wakeup_fd(previous)
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    threading.Thread(target=_watch, args=(read_fd,), name="fsdpmon-sigterm",
+                     daemon=True).start()
+
+
+def _watch(read_fd: int) -> None:
+    while True:
+        try:
+            data = os.read(read_fd, 64)
+        except OSError:
+            return
+        if not data:
+            return
+        if signal.SIGTERM in data:
+            _die_of_sigterm()
+            return

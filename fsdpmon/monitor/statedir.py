@@ -1,0 +1,125 @@
+"""The state directory's safety: private to its owner, never a symlink, one job per port, no litter.
+
+Its path (``/dev/shm/fsdpmon-<uid>-<job>-<port>``) is predictable, because every local rank of a
+job must find it. So it is created 0700 and, when it already exists, used only if it is a real
+directory (``lstat``: not a symlink) owned by us that nobody else can enter or write; anything
+else is refused with one line. Inside a private directory no other user can plant a file or a
+symlink; files are still created with ``O_EXCL | O_NOFOLLOW`` so a name that already exists is
+never written through.
+
+Two jobs of one user on one port would share or fight over the endpoint (the second one's ranks
+replacing the first one's files, or never being served); the second is refused at start instead.
+Directories whose processes are all gone are removed when a new job starts, and a job removes its
+own on exit (``exit_cleanup`` adds SIGTERM).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import time
+from pathlib import Path
+
+from fsdpmon.errors import InputError
+
+PREFIX = "fsdpmon-"
+# A directory younger than this may belong to a job whose ranks have not written a heartbeat yet.
+STALE_AFTER_SECONDS = 60.0
+
+
+def prepare(directory: Path) -> None:
+    """Create ``directory`` private to us, or accept it only if it already is; else InputError."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    check_private(directory)
+
+
+def check_private(directory: Path) -> None:
+    st = os.lstat(directory)
+    why = ""
+    if stat.S_ISLNK(st.st_mode):
+        why = "is a symlink"
+    elif not stat.S_ISDIR(st.st_mode):
+        why = "is not a directory"
+    elif st.st_uid != os.getuid():
+        why = f"is owned by uid {st.st_uid}, not by this user (uid {os.getuid()})"
+    elif st.st_mode & 0o077:
+        why = f"is open to other users (mode {stat.S_IMODE(st.st_mode):04o}, expected 0700)"
+    if why:
+        raise InputError(f"fsdpmon state directory {directory} {why}: refusing to use it "
+                         "(remove it, or set FSDPMON_STATE_DIR to a directory of your own)")
+
+
+def open_new(path: Path) -> int:
+    """A new file for writing: fails if the name exists, never follows a symlink."""
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+
+
+def write_new(path: Path, data: bytes) -> None:
+    fd = open_new(path)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+
+
+def live_pids(directory: Path) -> dict[str, int]:
+    """``rank<R>.hb`` name -> pid, for every heartbeat whose process still runs."""
+    from fsdpmon.monitor.state import pid_alive, read_heartbeat  # state imports this module
+
+    found = {}
+    with contextlib.suppress(OSError):
+        for hb_path in directory.glob("rank*.hb"):
+            hb = read_heartbeat(hb_path)
+            if hb is not None and pid_alive(hb.pid):
+                found[hb_path.name] = hb.pid
+    return found
+
+
+def _ours(path: Path) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def check_port_free(directory: Path, port: int) -> None:
+    """Refuse a second job of this user on a port another live job of this user serves."""
+    suffix = f"-{port}"
+    for other in directory.parent.glob(f"{PREFIX}{os.getuid()}-*{suffix}"):
+        if other == directory or not _ours(other):
+            continue
+        pids = live_pids(other)
+        if pids:
+            job = other.name[len(f"{PREFIX}{os.getuid()}-"):-len(suffix)]
+            raise InputError(f"port {port}: already used by the running job {job!r} (pid "
+                             f"{min(pids.values())}); give this job another port "
+                             "(--metrics-port / FSDPMON_PORT)")
+
+
+def check_rank_free(directory: Path, rank: int, pid: int) -> None:
+    """Refuse a rank number that a live process of the same job name and port already holds."""
+    holder = live_pids(directory).get(f"rank{rank}.hb")
+    if holder is not None and holder != pid:
+        raise InputError(f"rank {rank} of this job already publishes in {directory} (pid "
+                         f"{holder}, still running): give this job another name "
+                         "(--job-name / FSDPMON_JOB_NAME) or port (--metrics-port / FSDPMON_PORT)")
+
+
+def remove_stale(base: Path, now: float | None = None) -> list[Path]:
+    """Remove this user's state directories whose processes are all gone; returns them."""
+    now = time.time() if now is None else now
+    removed = []
+    with contextlib.suppress(OSError):
+        for path in base.glob(f"{PREFIX}{os.getuid()}-*"):
+            try:
+                if not _ours(path) or now - os.lstat(path).st_mtime < STALE_AFTER_SECONDS:
+                    continue
+            except OSError:
+                continue
+            if not live_pids(path):
+                shutil.rmtree(path, ignore_errors=True)  # never follows a symlink inside
+                removed.append(path)
+    return removed
