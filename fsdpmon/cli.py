@@ -20,6 +20,8 @@ from fsdpmon.errors import FsdpmonError
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("fsdpmon.demo", "run a local 2-rank training with the exporter and `top` watching it"),
     "top": ("fsdpmon.top.cli", "live terminal view of a whole FSDP job across pods"),
+    "diagnose": ("fsdpmon.top.diagnose_cli",
+                 "name the rank, pod, node or GPU behind a stall or slowdown, and why"),
     "exporter": ("exporters.cli", "per-node exporter: GPUs, host and processes, with pod labels"),
     "manifests": ("fsdpmon.manifests.cli", "generate the Kubernetes job, exporter and monitoring"),
     "report": ("fsdpmon.report.cli", "scaling report (table + chart) from several runs"),

@@ -34,6 +34,17 @@ exit status with --once or --json:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
+    add_source_args(parser)
+    out = parser.add_argument_group("display")
+    out.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+    out.add_argument("--timeout", type=float, default=3.0, help="per-target scrape timeout (s)")
+    out.add_argument("--once", action="store_true", help="print one frame as text and exit")
+    out.add_argument("--json", action="store_true",
+                     help="print the job snapshot as JSON and exit (implies --once)")
+
+
+def add_source_args(parser: argparse.ArgumentParser) -> None:
+    """The source flags `top` and `diagnose` share."""
     src = parser.add_argument_group("source")
     src.add_argument("--targets", metavar="URL[,URL...]",
                      help="comma-separated scrape endpoints (host:port or full URL)")
@@ -47,12 +58,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--context", help="kubeconfig context to use")
     src.add_argument("--kubeconfig",
                      help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-    out = parser.add_argument_group("display")
-    out.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
-    out.add_argument("--timeout", type=float, default=3.0, help="per-target scrape timeout (s)")
-    out.add_argument("--once", action="store_true", help="print one frame as text and exit")
-    out.add_argument("--json", action="store_true",
-                     help="print the job snapshot as JSON and exit (implies --once)")
 
 
 def _split(urls: str) -> list[str]:

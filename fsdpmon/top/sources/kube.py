@@ -30,8 +30,8 @@ from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
 from fsdpmon.top.aggregate import JobAggregator, Target, new_parser
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.httpget import ScrapeError
+from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
+from fsdpmon.top.sources.httpget import ScrapeError, http_get
 from fsdpmon.top.sources.targets import collector_paused, scrape_all, scrape_urls
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
@@ -274,17 +274,26 @@ class KubeSource:
 
     # --- scraping --------------------------------------------------------------------------
 
-    def _fetch_target(self, target: Target) -> bytes:
+    def _fetch_target(self, target: Target, path: str = "metrics") -> bytes:
         port = target.url.rsplit(":", 1)[-1].split("/", 1)[0]
         try:
             response = self.api.connect_get_namespaced_pod_proxy_with_path(
-                f"{target.pod}:{port}", target.namespace, "metrics", _preload_content=False,
+                f"{target.pod}:{port}", target.namespace, path, _preload_content=False,
                 _request_timeout=self.cfg.timeout_s)
             return bytes(response.data)
         except ApiException as exc:
             raise ScrapeError(_describe(exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ScrapeError(_describe(exc)) from None
+
+    def get_path(self, status: TargetStatus, path: str) -> bytes:
+        """Another path of a scraped pod's listener (`/stacks`), through the pod proxy."""
+        target = next((t for t in self._targets if t.url == status.url), None)
+        if self.inside and target is not None:  # pod IPs: straight to the listener
+            return http_get(target.url.rsplit("/", 1)[0] + "/" + path, self.cfg.timeout_s)
+        if target is None:
+            raise ScrapeError("not a current target")
+        return self._fetch_target(target, path)
 
     def fetch(self) -> JobSnapshot:
         with collector_paused():  # see there: a large job's refresh would run a full GC pass
