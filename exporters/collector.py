@@ -15,34 +15,8 @@ from prometheus_client.registry import Collector
 
 from exporters.sample import NO_POD, GpuSample, HostSample, NodeSample, PodRef, ProcessSample
 from exporters.sampler import Sampler
-from fsdpmon.catalog import (
-    BY_NAME,
-    EXPORTER_ERRORS_TOTAL,
-    EXPORTER_INFO,
-    EXPORTER_SAMPLE_AGE_SECONDS,
-    EXPORTER_SAMPLE_DURATION_SECONDS,
-    EXPORTER_SAMPLE_STALE,
-    GPU_INFO,
-    GPU_PROCESS_MEMORY_USED_BYTES,
-    GPU_PROCESS_SM_UTILIZATION_RATIO,
-    GPU_UP,
-    HOST_CPU_SECONDS_TOTAL,
-    HOST_CPU_UTILIZATION_RATIO,
-    HOST_LOAD1,
-    HOST_LOAD5,
-    HOST_LOAD15,
-    HOST_MEMORY_AVAILABLE_BYTES,
-    HOST_MEMORY_TOTAL_BYTES,
-    HOST_MEMORY_USED_BYTES,
-    NVML_UP,
-    PROCESS_CPU_SECONDS_TOTAL,
-    PROCESS_CPU_UTILIZATION_RATIO,
-    PROCESS_INFO,
-    PROCESS_RESIDENT_MEMORY_BYTES,
-    PROCESS_START_TIME_SECONDS,
-    PROCESS_STATE,
-    PROCESS_THREADS,
-)
+from fsdpmon import catalog
+from fsdpmon.catalog import BY_NAME
 from fsdpmon.families import Families
 
 
@@ -84,9 +58,9 @@ def live_families(sampler: Sampler, sample: NodeSample | None) -> list[Metric]:
     """The series that must be computed at scrape time: staleness and the sample's age."""
     out = Families()
     node = sampler.node
-    out.add(EXPORTER_SAMPLE_STALE, [node], float(sampler.is_stale(sample)))
+    out.add(catalog.EXPORTER_SAMPLE_STALE, [node], float(sampler.is_stale(sample)))
     if sample is not None:
-        out.add(EXPORTER_SAMPLE_AGE_SECONDS, [node], sampler.age_s(sample))
+        out.add(catalog.EXPORTER_SAMPLE_AGE_SECONDS, [node], sampler.age_s(sample))
     return out.families()
 
 
@@ -94,14 +68,14 @@ def sample_families(sample: NodeSample | None, node: str, version: str,
                     simulated: bool) -> list[Metric]:
     """Fresh families for everything one frozen sample holds."""
     out = Families()
-    out.add(EXPORTER_INFO, [node, version, str(simulated).lower()], 1.0)
+    out.add(catalog.EXPORTER_INFO, [node, version, str(simulated).lower()], 1.0)
     if sample is None:
         return out.families()
     for source, seconds in sample.durations.items():
-        out.add(EXPORTER_SAMPLE_DURATION_SECONDS, [node, source], seconds)
+        out.add(catalog.EXPORTER_SAMPLE_DURATION_SECONDS, [node, source], seconds)
     for source, count in sample.errors_total.items():
-        out.add(EXPORTER_ERRORS_TOTAL, [node, source], float(count))
-    out.add(NVML_UP, [node], float(sample.gpu.nvml_up))
+        out.add(catalog.EXPORTER_ERRORS_TOTAL, [node, source], float(count))
+    out.add(catalog.NVML_UP, [node], float(sample.gpu.nvml_up))
     pods = {p.pid: p.pod for p in sample.processes}
     for gpu in sample.gpu.gpus:
         _gpu(out, node, gpu, pods)
@@ -115,9 +89,9 @@ def sample_families(sample: NodeSample | None, node: str, version: str,
 def _gpu(out: Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -> None:
     ident = gpu.identity
     base = [str(ident.index), ident.uuid, ident.model, node]
-    out.add(GPU_UP, base, float(gpu.up))
-    out.add(GPU_INFO, [*base, ident.driver_version, ident.cuda_version,
-                       ident.pci_bus_id, ident.mig_mode], 1.0)
+    out.add(catalog.GPU_UP, base, float(gpu.up))
+    out.add(catalog.GPU_INFO, [*base, ident.driver_version, ident.cuda_version,
+                               ident.pci_bus_id, ident.mig_mode], 1.0)
     labels = [*base, *_gpu_pod(gpu, pods).labels()]
     for name, value in gpu.values.items():
         out.add(BY_NAME[name], labels, value)
@@ -128,30 +102,31 @@ def _gpu(out: Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -
     for process in gpu.processes:
         plabels = [*base, *pods.get(process.pid, NO_POD).labels(), str(process.pid)]
         if process.memory_used_bytes is not None:
-            out.add(GPU_PROCESS_MEMORY_USED_BYTES, plabels, process.memory_used_bytes)
+            out.add(catalog.GPU_PROCESS_MEMORY_USED_BYTES, plabels, process.memory_used_bytes)
         if process.sm_utilization_ratio is not None:
-            out.add(GPU_PROCESS_SM_UTILIZATION_RATIO, plabels, process.sm_utilization_ratio)
+            out.add(catalog.GPU_PROCESS_SM_UTILIZATION_RATIO, plabels, process.sm_utilization_ratio)
 
 
 def _host(out: Families, node: str, host: HostSample) -> None:
     for mode, seconds in host.cpu_seconds.items():
-        out.add(HOST_CPU_SECONDS_TOTAL, [node, mode], seconds)
+        out.add(catalog.HOST_CPU_SECONDS_TOTAL, [node, mode], seconds)
     for cpu, share in host.cpu_utilization.items():
-        out.add(HOST_CPU_UTILIZATION_RATIO, [node, cpu], share)
-    for metric, value in zip((HOST_LOAD1, HOST_LOAD5, HOST_LOAD15), host.load, strict=False):
+        out.add(catalog.HOST_CPU_UTILIZATION_RATIO, [node, cpu], share)
+    loads = (catalog.HOST_LOAD1, catalog.HOST_LOAD5, catalog.HOST_LOAD15)
+    for metric, value in zip(loads, host.load, strict=False):
         out.add(metric, [node], value)
-    out.add(HOST_MEMORY_TOTAL_BYTES, [node], host.memory_total_bytes)
-    out.add(HOST_MEMORY_AVAILABLE_BYTES, [node], host.memory_available_bytes)
-    out.add(HOST_MEMORY_USED_BYTES, [node], host.memory_used_bytes)
+    out.add(catalog.HOST_MEMORY_TOTAL_BYTES, [node], host.memory_total_bytes)
+    out.add(catalog.HOST_MEMORY_AVAILABLE_BYTES, [node], host.memory_available_bytes)
+    out.add(catalog.HOST_MEMORY_USED_BYTES, [node], host.memory_used_bytes)
 
 
 def _process(out: Families, node: str, p: ProcessSample) -> None:
     labels = [node, str(p.pid), *p.pod.labels()]
-    out.add(PROCESS_INFO, [*labels, p.command, p.user], 1.0)
-    out.add(PROCESS_CPU_SECONDS_TOTAL, labels, p.cpu_seconds)
+    out.add(catalog.PROCESS_INFO, [*labels, p.command, p.user], 1.0)
+    out.add(catalog.PROCESS_CPU_SECONDS_TOTAL, labels, p.cpu_seconds)
     if p.cpu_utilization is not None:
-        out.add(PROCESS_CPU_UTILIZATION_RATIO, labels, p.cpu_utilization)
-    out.add(PROCESS_RESIDENT_MEMORY_BYTES, labels, p.rss_bytes)
-    out.add(PROCESS_THREADS, labels, float(p.threads))
-    out.add(PROCESS_STATE, [*labels, p.state], 1.0)
-    out.add(PROCESS_START_TIME_SECONDS, labels, p.start_time_seconds)
+        out.add(catalog.PROCESS_CPU_UTILIZATION_RATIO, labels, p.cpu_utilization)
+    out.add(catalog.PROCESS_RESIDENT_MEMORY_BYTES, labels, p.rss_bytes)
+    out.add(catalog.PROCESS_THREADS, labels, float(p.threads))
+    out.add(catalog.PROCESS_STATE, [*labels, p.state], 1.0)
+    out.add(catalog.PROCESS_START_TIME_SECONDS, labels, p.start_time_seconds)

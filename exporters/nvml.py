@@ -26,32 +26,7 @@ from typing import Any
 import pynvml
 
 from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
-from fsdpmon.catalog import (
-    GPU_CLOCK_EVENT_ACTIVE,
-    GPU_ECC_ERRORS_TOTAL,
-    GPU_ENERGY_JOULES_TOTAL,
-    GPU_MEMORY_CLOCK_HERTZ,
-    GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_MEMORY_FREE_BYTES,
-    GPU_MEMORY_RESERVED_BYTES,
-    GPU_MEMORY_TEMPERATURE_CELSIUS,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_MEMORY_USED_BYTES,
-    GPU_MEMORY_UTILIZATION_RATIO,
-    GPU_NVLINK_BYTES_PER_SECOND,
-    GPU_PCIE_BYTES_PER_SECOND,
-    GPU_PCIE_REPLAY_ERRORS_TOTAL,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_POWER_WATTS,
-    GPU_REMAPPED_ROWS,
-    GPU_SM_ACTIVITY_RATIO,
-    GPU_SM_CLOCK_HERTZ,
-    GPU_SM_CLOCK_MAX_HERTZ,
-    GPU_TEMPERATURE_CELSIUS,
-    GPU_TENSOR_ACTIVITY_RATIO,
-    GPU_UTILIZATION_RATIO,
-    GPU_XID_ERRORS_TOTAL,
-)
+from fsdpmon import catalog
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +196,7 @@ class NvmlReader:
             return GpuSample(identity=identity, up=False)
         xids = self.xid_counts(index)
         if xids:
-            labelled[GPU_XID_ERRORS_TOTAL.name] = xids
+            labelled[catalog.GPU_XID_ERRORS_TOTAL.name] = xids
         return GpuSample(identity, True, values, labelled, tuple(processes or ()))
 
     def _value_fields(self) -> tuple[tuple[str, Callable[[Any, int], dict[str, float]]], ...]:
@@ -233,23 +208,23 @@ class NvmlReader:
             ("power", self.power),
             ("power_limit", self.power_limit),
             ("energy", self.energy),
-            ("sm_clock", lambda h, i: self.clock(h, "SM", GPU_SM_CLOCK_HERTZ.name)),
-            ("mem_clock", lambda h, i: self.clock(h, "MEM", GPU_MEMORY_CLOCK_HERTZ.name)),
+            ("sm_clock", lambda h, i: self.clock(h, "SM", catalog.GPU_SM_CLOCK_HERTZ.name)),
+            ("mem_clock", lambda h, i: self.clock(h, "MEM", catalog.GPU_MEMORY_CLOCK_HERTZ.name)),
             ("sm_clock_max",
-             lambda h, i: self.max_clock(h, "SM", GPU_SM_CLOCK_MAX_HERTZ.name)),
+             lambda h, i: self.max_clock(h, "SM", catalog.GPU_SM_CLOCK_MAX_HERTZ.name)),
             ("mem_clock_max",
-             lambda h, i: self.max_clock(h, "MEM", GPU_MEMORY_CLOCK_MAX_HERTZ.name)),
+             lambda h, i: self.max_clock(h, "MEM", catalog.GPU_MEMORY_CLOCK_MAX_HERTZ.name)),
             ("pcie_replay", self.pcie_replay),
             ("gpm", self.gpm),
         )
 
     def _labelled_fields(self) -> tuple[tuple[str, Callable[[Any, int], dict[str, float]]], ...]:
         return (
-            (GPU_CLOCK_EVENT_ACTIVE.name, self.clock_events),
-            (GPU_ECC_ERRORS_TOTAL.name, self.ecc_errors),
-            (GPU_REMAPPED_ROWS.name, self.remapped_rows),
-            (GPU_PCIE_BYTES_PER_SECOND.name, self.pcie_throughput),
-            (GPU_NVLINK_BYTES_PER_SECOND.name, self.nvlink_throughput),
+            (catalog.GPU_CLOCK_EVENT_ACTIVE.name, self.clock_events),
+            (catalog.GPU_ECC_ERRORS_TOTAL.name, self.ecc_errors),
+            (catalog.GPU_REMAPPED_ROWS.name, self.remapped_rows),
+            (catalog.GPU_PCIE_BYTES_PER_SECOND.name, self.pcie_throughput),
+            (catalog.GPU_NVLINK_BYTES_PER_SECOND.name, self.nvlink_throughput),
         )
 
     def _field(self, index: int, name: str, read: Callable[[], Any]) -> Any:
@@ -277,8 +252,8 @@ class NvmlReader:
     def utilization(self, handle: Any, index: int) -> dict[str, float]:
         rates = self.nvml.nvmlDeviceGetUtilizationRates(handle)
         return {
-            GPU_UTILIZATION_RATIO.name: rates.gpu / 100.0,
-            GPU_MEMORY_UTILIZATION_RATIO.name: rates.memory / 100.0,
+            catalog.GPU_UTILIZATION_RATIO.name: rates.gpu / 100.0,
+            catalog.GPU_MEMORY_UTILIZATION_RATIO.name: rates.memory / 100.0,
         }
 
     def memory(self, handle: Any, index: int) -> dict[str, float]:
@@ -290,33 +265,33 @@ class NvmlReader:
             info = nv.nvmlDeviceGetMemoryInfo(handle)
             reserved = None
         out = {
-            GPU_MEMORY_USED_BYTES.name: float(info.used),
-            GPU_MEMORY_FREE_BYTES.name: float(info.free),
-            GPU_MEMORY_TOTAL_BYTES.name: float(info.total),
+            catalog.GPU_MEMORY_USED_BYTES.name: float(info.used),
+            catalog.GPU_MEMORY_FREE_BYTES.name: float(info.free),
+            catalog.GPU_MEMORY_TOTAL_BYTES.name: float(info.total),
         }
         if reserved is not None:
-            out[GPU_MEMORY_RESERVED_BYTES.name] = reserved
+            out[catalog.GPU_MEMORY_RESERVED_BYTES.name] = reserved
         return out
 
     def temperature(self, handle: Any, index: int) -> dict[str, float]:
         celsius = self.nvml.nvmlDeviceGetTemperature(handle, self.nvml.NVML_TEMPERATURE_GPU)
-        return {GPU_TEMPERATURE_CELSIUS.name: float(celsius)}
+        return {catalog.GPU_TEMPERATURE_CELSIUS.name: float(celsius)}
 
     def memory_temperature(self, handle: Any, index: int) -> dict[str, float]:
         value = self._field_value(handle, self.nvml.NVML_FI_DEV_MEMORY_TEMP)
-        return {GPU_MEMORY_TEMPERATURE_CELSIUS.name: value}
+        return {catalog.GPU_MEMORY_TEMPERATURE_CELSIUS.name: value}
 
     def power(self, handle: Any, index: int) -> dict[str, float]:
         milliwatts = self.nvml.nvmlDeviceGetPowerUsage(handle)
-        return {GPU_POWER_WATTS.name: milliwatts / 1000.0}
+        return {catalog.GPU_POWER_WATTS.name: milliwatts / 1000.0}
 
     def power_limit(self, handle: Any, index: int) -> dict[str, float]:
         milliwatts = self.nvml.nvmlDeviceGetEnforcedPowerLimit(handle)
-        return {GPU_POWER_LIMIT_WATTS.name: milliwatts / 1000.0}
+        return {catalog.GPU_POWER_LIMIT_WATTS.name: milliwatts / 1000.0}
 
     def energy(self, handle: Any, index: int) -> dict[str, float]:
         millijoules = self.nvml.nvmlDeviceGetTotalEnergyConsumption(handle)
-        return {GPU_ENERGY_JOULES_TOTAL.name: millijoules / 1000.0}
+        return {catalog.GPU_ENERGY_JOULES_TOTAL.name: millijoules / 1000.0}
 
     def clock(self, handle: Any, kind: str, name: str) -> dict[str, float]:
         mhz = self.nvml.nvmlDeviceGetClockInfo(handle, getattr(self.nvml, f"NVML_CLOCK_{kind}"))
@@ -328,7 +303,7 @@ class NvmlReader:
 
     def pcie_replay(self, handle: Any, index: int) -> dict[str, float]:
         count = self.nvml.nvmlDeviceGetPcieReplayCounter(handle)
-        return {GPU_PCIE_REPLAY_ERRORS_TOTAL.name: float(count)}
+        return {catalog.GPU_PCIE_REPLAY_ERRORS_TOTAL.name: float(count)}
 
     def clock_events(self, handle: Any, index: int) -> dict[str, float]:
         nv = self.nvml
@@ -406,7 +381,7 @@ class NvmlReader:
         nv.nvmlGpmSampleFree(earlier)
         out = {}
         for slot, name in enumerate(
-            (GPU_SM_ACTIVITY_RATIO.name, GPU_TENSOR_ACTIVITY_RATIO.name)
+            (catalog.GPU_SM_ACTIVITY_RATIO.name, catalog.GPU_TENSOR_ACTIVITY_RATIO.name)
         ):
             metric = request.metrics[slot]
             if metric.nvmlReturn == nv.NVML_SUCCESS:

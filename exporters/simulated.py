@@ -18,31 +18,7 @@ from collections.abc import Callable, Sequence
 
 from exporters.nvml import CLOCK_EVENT_REASONS
 from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
-from fsdpmon.catalog import (
-    GPU_CLOCK_EVENT_ACTIVE,
-    GPU_ECC_ERRORS_TOTAL,
-    GPU_ENERGY_JOULES_TOTAL,
-    GPU_MEMORY_CLOCK_HERTZ,
-    GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_MEMORY_FREE_BYTES,
-    GPU_MEMORY_RESERVED_BYTES,
-    GPU_MEMORY_TEMPERATURE_CELSIUS,
-    GPU_MEMORY_TOTAL_BYTES,
-    GPU_MEMORY_USED_BYTES,
-    GPU_MEMORY_UTILIZATION_RATIO,
-    GPU_NVLINK_BYTES_PER_SECOND,
-    GPU_PCIE_BYTES_PER_SECOND,
-    GPU_PCIE_REPLAY_ERRORS_TOTAL,
-    GPU_POWER_LIMIT_WATTS,
-    GPU_POWER_WATTS,
-    GPU_REMAPPED_ROWS,
-    GPU_SM_ACTIVITY_RATIO,
-    GPU_SM_CLOCK_HERTZ,
-    GPU_SM_CLOCK_MAX_HERTZ,
-    GPU_TEMPERATURE_CELSIUS,
-    GPU_TENSOR_ACTIVITY_RATIO,
-    GPU_UTILIZATION_RATIO,
-)
+from fsdpmon import catalog
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
 
 GIB = 1024**3
@@ -116,24 +92,24 @@ class SimulatedReader:
     def _values(self, i: int, wave: float, util: float, power: float,
                 used: float) -> dict[str, float]:
         return {
-            GPU_UTILIZATION_RATIO.name: util,
-            GPU_MEMORY_UTILIZATION_RATIO.name: 0.35 + 0.3 * wave,
-            GPU_MEMORY_USED_BYTES.name: used,
-            GPU_MEMORY_FREE_BYTES.name: TOTAL_MEMORY - used,
-            GPU_MEMORY_TOTAL_BYTES.name: float(TOTAL_MEMORY),
-            GPU_MEMORY_RESERVED_BYTES.name: 0.5 * GIB,
-            GPU_TEMPERATURE_CELSIUS.name: round(52 + 20 * wave),
-            GPU_MEMORY_TEMPERATURE_CELSIUS.name: round(58 + 18 * wave),
-            GPU_POWER_WATTS.name: power,
-            GPU_POWER_LIMIT_WATTS.name: POWER_LIMIT_WATTS,
-            GPU_ENERGY_JOULES_TOTAL.name: self._energy[i],
-            GPU_SM_CLOCK_HERTZ.name: SM_CLOCK_MAX_HZ - 200e6 * wave,
-            GPU_MEMORY_CLOCK_HERTZ.name: MEM_CLOCK_MAX_HZ,
-            GPU_SM_CLOCK_MAX_HERTZ.name: SM_CLOCK_MAX_HZ,
-            GPU_MEMORY_CLOCK_MAX_HERTZ.name: MEM_CLOCK_MAX_HZ,
-            GPU_PCIE_REPLAY_ERRORS_TOTAL.name: 0.0,
-            GPU_SM_ACTIVITY_RATIO.name: util * 0.9,
-            GPU_TENSOR_ACTIVITY_RATIO.name: util * 0.55,
+            catalog.GPU_UTILIZATION_RATIO.name: util,
+            catalog.GPU_MEMORY_UTILIZATION_RATIO.name: 0.35 + 0.3 * wave,
+            catalog.GPU_MEMORY_USED_BYTES.name: used,
+            catalog.GPU_MEMORY_FREE_BYTES.name: TOTAL_MEMORY - used,
+            catalog.GPU_MEMORY_TOTAL_BYTES.name: float(TOTAL_MEMORY),
+            catalog.GPU_MEMORY_RESERVED_BYTES.name: 0.5 * GIB,
+            catalog.GPU_TEMPERATURE_CELSIUS.name: round(52 + 20 * wave),
+            catalog.GPU_MEMORY_TEMPERATURE_CELSIUS.name: round(58 + 18 * wave),
+            catalog.GPU_POWER_WATTS.name: power,
+            catalog.GPU_POWER_LIMIT_WATTS.name: POWER_LIMIT_WATTS,
+            catalog.GPU_ENERGY_JOULES_TOTAL.name: self._energy[i],
+            catalog.GPU_SM_CLOCK_HERTZ.name: SM_CLOCK_MAX_HZ - 200e6 * wave,
+            catalog.GPU_MEMORY_CLOCK_HERTZ.name: MEM_CLOCK_MAX_HZ,
+            catalog.GPU_SM_CLOCK_MAX_HERTZ.name: SM_CLOCK_MAX_HZ,
+            catalog.GPU_MEMORY_CLOCK_MAX_HERTZ.name: MEM_CLOCK_MAX_HZ,
+            catalog.GPU_PCIE_REPLAY_ERRORS_TOTAL.name: 0.0,
+            catalog.GPU_SM_ACTIVITY_RATIO.name: util * 0.9,
+            catalog.GPU_TENSOR_ACTIVITY_RATIO.name: util * 0.55,
         }
 
 
@@ -141,11 +117,11 @@ def _labelled(wave: float) -> dict[str, dict[str, float]]:
     events = {r: 0.0 for r in CLOCK_EVENT_REASONS}
     events["sw_power_cap"] = float(wave > 0.9)
     return {
-        GPU_CLOCK_EVENT_ACTIVE.name: events,
-        GPU_ECC_ERRORS_TOTAL.name: {"corrected": 0.0, "uncorrected": 0.0},
-        GPU_REMAPPED_ROWS.name: {
+        catalog.GPU_CLOCK_EVENT_ACTIVE.name: events,
+        catalog.GPU_ECC_ERRORS_TOTAL.name: {"corrected": 0.0, "uncorrected": 0.0},
+        catalog.GPU_REMAPPED_ROWS.name: {
             "correctable": 0.0, "uncorrectable": 0.0, "pending": 0.0, "failure": 0.0,
         },
-        GPU_PCIE_BYTES_PER_SECOND.name: {"tx": 2.0e9 * wave, "rx": 3.5e9 * wave},
-        GPU_NVLINK_BYTES_PER_SECOND.name: {"tx": 180e9 * wave, "rx": 180e9 * wave},
+        catalog.GPU_PCIE_BYTES_PER_SECOND.name: {"tx": 2.0e9 * wave, "rx": 3.5e9 * wave},
+        catalog.GPU_NVLINK_BYTES_PER_SECOND.name: {"tx": 180e9 * wave, "rx": 180e9 * wave},
     }

@@ -14,11 +14,14 @@ How to refer to a metric (the contract; tests/test_layers.py enforces it):
   (``fsdpmon_train_loss`` is ``TRAIN_LOSS``, a :class:`Metric`; the string is
   ``TRAIN_LOSS.name``). Every recorded rule is a :class:`Recorded` symbol: ``REC_`` + the name
   without ``fsdpmon_``, ``:`` as ``_`` (``fsdpmon_job:loss:avg`` is ``REC_JOB_LOSS_AVG``).
-- Code elsewhere imports the symbols (``from fsdpmon.catalog import TRAIN_LOSS``) and never
-  retypes a quoted ``fsdpmon_`` name: a misspelt symbol then fails at import (ImportError) or
-  at lint (ruff F821), never as a silently missing series. Renaming a metric is one edit here
-  plus ``python -m dashboards`` to regenerate the dashboards and rules.
-- ``get(name)`` remains for names that arrive as data (a scraped exposition, a dashboard query).
+- Code elsewhere writes ``from fsdpmon import catalog`` and ``catalog.TRAIN_LOSS`` (one style
+  everywhere, greppable, no clash with local constants) and never retypes a quoted ``fsdpmon_``
+  name. A misspelt symbol raises AttributeError at import where used at module level, and
+  tests/test_layers.py fails on any ``catalog.X`` in the code base that this module lacks, so
+  it can never become a silently missing series. Renaming a metric is one edit here plus
+  ``python -m dashboards`` to regenerate the dashboards and rules.
+- ``get(name)`` / ``BY_NAME`` remain for names that arrive as data (a state file, a scraped
+  exposition, a dashboard query).
 """
 
 from __future__ import annotations

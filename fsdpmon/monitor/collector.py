@@ -18,22 +18,8 @@ from typing import Any
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from fsdpmon.catalog import (
-    BY_NAME,
-    TRAIN_HEARTBEAT_AGE_SECONDS,
-    TRAIN_INFO,
-    TRAIN_LAST_STEP_TIMESTAMP_SECONDS,
-    TRAIN_PHASE_DURATION_SECONDS,
-    TRAIN_PHASE_SECONDS_TOTAL,
-    TRAIN_STALL_THRESHOLD_SECONDS,
-    TRAIN_STALLED,
-    TRAIN_STEP,
-    TRAIN_STEP_DURATION_SECONDS,
-    TRAIN_STEPS_TOTAL,
-    TRAIN_TOKENS_TOTAL,
-    TRAIN_UNRESPONSIVE,
-    Kind,
-)
+from fsdpmon import catalog
+from fsdpmon.catalog import BY_NAME, Kind
 from fsdpmon.families import Families
 from fsdpmon.monitor.state import RankState, read_job_states
 
@@ -43,7 +29,7 @@ log = logging.getLogger(__name__)
 # stopped, or hung while holding the GIL: the rank that hangs, not one waiting for it.
 UNRESPONSIVE_AFTER_SECONDS = 5.0
 
-INFO_LABELS = TRAIN_INFO.labels[3:]
+INFO_LABELS = catalog.TRAIN_INFO.labels[3:]
 
 
 class JobStateCollector(Collector):
@@ -82,7 +68,7 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
     snap, hb = state.snapshot, state.heartbeat
     labels = (str(snap.get("job_name", "")), str(state.rank), str(snap.get("local_rank", "")))
     info = _mapping(snap.get("info"))
-    builder.add(TRAIN_INFO, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
+    builder.add(catalog.TRAIN_INFO, (*labels, *(str(info.get(k, "")) for k in INFO_LABELS)), 1.0)
     started = _number(snap.get("started_unix"))
     started = started if started is not None and math.isfinite(started) else now
     last = hb.last_step_unix if hb.last_step_unix > 0 else None
@@ -92,20 +78,20 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
     overdue = last is not None and threshold > 0 and age > threshold
     stalled = 1.0 if hb.stalled or overdue else 0.0
     live = {
-        TRAIN_STEPS_TOTAL.name: hb.steps_total,
-        TRAIN_STEP.name: hb.step,
-        TRAIN_TOKENS_TOTAL.name: hb.tokens_total,
-        TRAIN_LAST_STEP_TIMESTAMP_SECONDS.name: last,
-        TRAIN_HEARTBEAT_AGE_SECONDS.name: age,
-        TRAIN_STALLED.name: stalled,
-        TRAIN_STALL_THRESHOLD_SECONDS.name: threshold if threshold > 0 else None,
-        TRAIN_UNRESPONSIVE.name: None if hb.watchdog_unix <= 0 else float(
+        catalog.TRAIN_STEPS_TOTAL.name: hb.steps_total,
+        catalog.TRAIN_STEP.name: hb.step,
+        catalog.TRAIN_TOKENS_TOTAL.name: hb.tokens_total,
+        catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS.name: last,
+        catalog.TRAIN_HEARTBEAT_AGE_SECONDS.name: age,
+        catalog.TRAIN_STALLED.name: stalled,
+        catalog.TRAIN_STALL_THRESHOLD_SECONDS.name: threshold if threshold > 0 else None,
+        catalog.TRAIN_UNRESPONSIVE.name: None if hb.watchdog_unix <= 0 else float(
             now - hb.watchdog_unix > UNRESPONSIVE_AFTER_SECONDS),
     }
     for name, value in {**_mapping(snap.get("values")), **live}.items():
         _add(builder, name, labels, value)
-    for key, name in (("phase_totals", TRAIN_PHASE_SECONDS_TOTAL.name),
-                      ("phase_means", TRAIN_PHASE_DURATION_SECONDS.name)):
+    for key, name in (("phase_totals", catalog.TRAIN_PHASE_SECONDS_TOTAL.name),
+                      ("phase_means", catalog.TRAIN_PHASE_DURATION_SECONDS.name)):
         for phase, value in _mapping(snap.get(key)).items():
             _add(builder, name, (*labels, str(phase)), value)
     hist = snap.get("histogram")
@@ -125,7 +111,7 @@ def _add(out: Families, name: str, labels: tuple[str, ...], value: Any) -> None:
 
 def _histogram(out: Families, labels: tuple[str, ...], hist: dict[str, Any]) -> None:
     """Per-bucket counts from the state file -> the cumulative buckets Prometheus serves."""
-    bounds = TRAIN_STEP_DURATION_SECONDS.buckets
+    bounds = catalog.TRAIN_STEP_DURATION_SECONDS.buckets
     counts = hist.get("counts")
     total = _number(hist.get("sum"))
     if not isinstance(counts, list) or len(counts) != len(bounds) + 1:
@@ -137,7 +123,7 @@ def _histogram(out: Families, labels: tuple[str, ...], hist: dict[str, Any]) -> 
     for bound, count in zip((*bounds, math.inf), numbers, strict=True):
         running += count or 0.0
         cumulative.append((_le(bound), running))
-    out.histogram(TRAIN_STEP_DURATION_SECONDS, labels, cumulative, total or 0.0)
+    out.histogram(catalog.TRAIN_STEP_DURATION_SECONDS, labels, cumulative, total or 0.0)
 
 
 def _mapping(value: Any) -> dict[str, Any]:

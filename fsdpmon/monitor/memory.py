@@ -10,16 +10,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from fsdpmon.catalog import (
-    TRAIN_ALLOC_RETRIES_TOTAL,
-    TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,
-    TRAIN_MEMORY_ALLOCATED_BYTES,
-    TRAIN_MEMORY_PEAK_ACTIVE_BYTES,
-    TRAIN_MEMORY_PEAK_RESERVED_BYTES,
-    TRAIN_MEMORY_RESERVED_BYTES,
-    TRAIN_OOMS_TOTAL,
-    TRAIN_PROCESS_RSS_BYTES,
-)
+from fsdpmon import catalog
 
 
 @dataclass(frozen=True)
@@ -43,23 +34,23 @@ class MemoryReader:
     def read(self) -> MemoryStats:
         rss = float(self._process.memory_info().rss)
         if not self.cuda:
-            return MemoryStats(rss, {TRAIN_PROCESS_RSS_BYTES.name: rss})
+            return MemoryStats(rss, {catalog.TRAIN_PROCESS_RSS_BYTES.name: rss})
         stats = self._torch.cuda.memory_stats()
         # Peaks are per window: reset after reading.
         self._torch.cuda.reset_peak_memory_stats()
         peak_active = float(stats.get("active_bytes.all.peak", 0))
         values = {
-            TRAIN_PROCESS_RSS_BYTES.name: rss,
-            TRAIN_MEMORY_ALLOCATED_BYTES.name: float(
+            catalog.TRAIN_PROCESS_RSS_BYTES.name: rss,
+            catalog.TRAIN_MEMORY_ALLOCATED_BYTES.name: float(
                 stats.get("allocated_bytes.all.current", 0)),
-            TRAIN_MEMORY_RESERVED_BYTES.name: float(
+            catalog.TRAIN_MEMORY_RESERVED_BYTES.name: float(
                 stats.get("reserved_bytes.all.current", 0)),
-            TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name: peak_active,
-            TRAIN_MEMORY_PEAK_RESERVED_BYTES.name: float(
+            catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name: peak_active,
+            catalog.TRAIN_MEMORY_PEAK_RESERVED_BYTES.name: float(
                 stats.get("reserved_bytes.all.peak", 0)),
-            TRAIN_ALLOC_RETRIES_TOTAL.name: float(stats.get("num_alloc_retries", 0)),
-            TRAIN_OOMS_TOTAL.name: float(stats.get("num_ooms", 0)),
+            catalog.TRAIN_ALLOC_RETRIES_TOTAL.name: float(stats.get("num_alloc_retries", 0)),
+            catalog.TRAIN_OOMS_TOTAL.name: float(stats.get("num_ooms", 0)),
         }
         if self.capacity is not None:
-            values[TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name] = self.capacity
+            values[catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name] = self.capacity
         return MemoryStats(peak_active, values)

@@ -23,14 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from fsdpmon.catalog import (
-    MONITOR_INTERNAL_ERRORS_TOTAL,
-    TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,
-    TRAIN_DEVICE_PEAK_FLOPS,
-    TRAIN_MODEL_FLOPS_PER_TOKEN,
-    TRAIN_RESTARTS,
-    TRAIN_TOTAL_STEPS,
-)
+from fsdpmon import catalog
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
@@ -152,12 +145,12 @@ class Monitor:
 
     def _static_values(self) -> dict[str, float | None]:
         return {
-            TRAIN_MODEL_FLOPS_PER_TOKEN.name: self.flops_per_token or None,
-            TRAIN_DEVICE_PEAK_FLOPS.name: self.peak_flops,
-            TRAIN_TOTAL_STEPS.name: self.total_steps,
-            TRAIN_RESTARTS.name: self.run_record.get("restarts"),
-            TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name: self._memory and self._memory.capacity,
-            MONITOR_INTERNAL_ERRORS_TOTAL.name: self.internal_errors,
+            catalog.TRAIN_MODEL_FLOPS_PER_TOKEN.name: self.flops_per_token or None,
+            catalog.TRAIN_DEVICE_PEAK_FLOPS.name: self.peak_flops,
+            catalog.TRAIN_TOTAL_STEPS.name: self.total_steps,
+            catalog.TRAIN_RESTARTS.name: self.run_record.get("restarts"),
+            catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name: self._memory and self._memory.capacity,
+            catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name: self.internal_errors,
         }
 
     # ---- the training loop's API --------------------------------------------------------

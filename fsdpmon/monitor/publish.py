@@ -13,18 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdpmon.catalog import (
-    MONITOR_INTERNAL_ERRORS_TOTAL,
-    TRAIN_DATA_WAIT_RATIO,
-    TRAIN_GRAD_NORM,
-    TRAIN_LEARNING_RATE,
-    TRAIN_LOSS,
-    TRAIN_LOSS_NONFINITE,
-    TRAIN_MFU_RATIO,
-    TRAIN_STEP_DURATION_SECONDS,
-    TRAIN_STEP_TIME_SECONDS,
-    TRAIN_TOKENS_PER_SECOND,
-)
+from fsdpmon import catalog
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import exit_cleanup, statedir
 from fsdpmon.monitor.config import MonitorConfig
@@ -37,7 +26,7 @@ from fsdpmon.monitor.watchdog import StallWatchdog
 
 log = logging.getLogger(__name__)
 
-STEP_BUCKETS = TRAIN_STEP_DURATION_SECONDS.buckets
+STEP_BUCKETS = catalog.TRAIN_STEP_DURATION_SECONDS.buckets
 INFO_KEYS = ("model", "world_size", "nodes", "dtype", "torch_version", "node", "device")
 
 FailHandler = Callable[[str, BaseException], None]
@@ -146,15 +135,15 @@ class Publication:
         self.snapshot["phase_means"] = dict(stats.phase_means)
         loss = record.get("loss")
         self._set_values({
-            TRAIN_TOKENS_PER_SECOND.name: stats.tokens_per_second,
-            TRAIN_STEP_TIME_SECONDS.name: stats.step_time_s,
-            TRAIN_DATA_WAIT_RATIO.name: stats.data_wait_ratio,
-            TRAIN_MFU_RATIO.name: stats.mfu,
-            TRAIN_LOSS.name: loss,
-            TRAIN_LEARNING_RATE.name: record.get("lr"),
-            TRAIN_GRAD_NORM.name: record.get("grad_norm"),
-            TRAIN_LOSS_NONFINITE.name: None if loss is None else record["loss_nonfinite"],
-            MONITOR_INTERNAL_ERRORS_TOTAL.name: errors,
+            catalog.TRAIN_TOKENS_PER_SECOND.name: stats.tokens_per_second,
+            catalog.TRAIN_STEP_TIME_SECONDS.name: stats.step_time_s,
+            catalog.TRAIN_DATA_WAIT_RATIO.name: stats.data_wait_ratio,
+            catalog.TRAIN_MFU_RATIO.name: stats.mfu,
+            catalog.TRAIN_LOSS.name: loss,
+            catalog.TRAIN_LEARNING_RATE.name: record.get("lr"),
+            catalog.TRAIN_GRAD_NORM.name: record.get("grad_norm"),
+            catalog.TRAIN_LOSS_NONFINITE.name: None if loss is None else record["loss_nonfinite"],
+            catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name: errors,
             **memory,
         })
         if job is not None:
@@ -162,7 +151,7 @@ class Publication:
         self._write()
 
     def count_errors(self, errors: int) -> None:
-        self.snapshot["values"][MONITOR_INTERNAL_ERRORS_TOTAL.name] = errors
+        self.snapshot["values"][catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name] = errors
         try:
             self._write()
         except Exception:  # reporting a failure must not fail again

@@ -7,18 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdpmon.catalog import (
-    JOB_LOSS_MAX,
-    JOB_LOSS_MEAN,
-    JOB_PEAK_MEMORY_MAX_BYTES,
-    JOB_PEAK_MEMORY_MAX_RANK,
-    JOB_SLOWEST_RANK,
-    JOB_SLOWEST_RANK_STEP_TIME_SECONDS,
-    JOB_STEP_TIME_MAX_SECONDS,
-    JOB_STEP_TIME_MEDIAN_SECONDS,
-    JOB_STEP_TIME_MIN_SECONDS,
-    JOB_WORLD_SIZE,
-)
+from fsdpmon import catalog
 from fsdpmon.monitor.flops import mfu
 from fsdpmon.monitor.timing import WindowTimes
 
@@ -85,16 +74,16 @@ class JobFigures:
 
     def as_metrics(self) -> dict[str, float]:
         return {
-            JOB_STEP_TIME_MIN_SECONDS.name: self.step_time_min_s,
-            JOB_STEP_TIME_MEDIAN_SECONDS.name: self.step_time_median_s,
-            JOB_STEP_TIME_MAX_SECONDS.name: self.step_time_max_s,
-            JOB_SLOWEST_RANK.name: self.slowest_rank,
-            JOB_SLOWEST_RANK_STEP_TIME_SECONDS.name: self.slowest_rank_step_time_s,
-            JOB_PEAK_MEMORY_MAX_BYTES.name: self.peak_memory_max_bytes,
-            JOB_PEAK_MEMORY_MAX_RANK.name: self.peak_memory_max_rank,
-            JOB_LOSS_MEAN.name: self.loss_mean,
-            JOB_LOSS_MAX.name: self.loss_max,
-            JOB_WORLD_SIZE.name: self.world_size,
+            catalog.JOB_STEP_TIME_MIN_SECONDS.name: self.step_time_min_s,
+            catalog.JOB_STEP_TIME_MEDIAN_SECONDS.name: self.step_time_median_s,
+            catalog.JOB_STEP_TIME_MAX_SECONDS.name: self.step_time_max_s,
+            catalog.JOB_SLOWEST_RANK.name: self.slowest_rank,
+            catalog.JOB_SLOWEST_RANK_STEP_TIME_SECONDS.name: self.slowest_rank_step_time_s,
+            catalog.JOB_PEAK_MEMORY_MAX_BYTES.name: self.peak_memory_max_bytes,
+            catalog.JOB_PEAK_MEMORY_MAX_RANK.name: self.peak_memory_max_rank,
+            catalog.JOB_LOSS_MEAN.name: self.loss_mean,
+            catalog.JOB_LOSS_MAX.name: self.loss_max,
+            catalog.JOB_WORLD_SIZE.name: self.world_size,
         }
 
 

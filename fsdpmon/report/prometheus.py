@@ -24,19 +24,19 @@ MAX_POINTS = 1000  # per series and query; Prometheus refuses more than 11,000
 
 # Sample field -> the per-rank metric it comes from.
 RANK_SERIES = {
-    "step": catalog.get("fsdpmon_train_step").name,
-    "tokens_total": catalog.get("fsdpmon_train_tokens_total").name,
-    "tokens_per_second": catalog.get("fsdpmon_train_tokens_per_second").name,
-    "step_time_s": catalog.get("fsdpmon_train_step_time_seconds").name,
-    "mfu": catalog.get("fsdpmon_train_mfu_ratio").name,
-    "data_wait": catalog.get("fsdpmon_train_data_wait_ratio").name,
-    "peak_active": catalog.get("fsdpmon_train_memory_peak_active_bytes").name,
-    "rss": catalog.get("fsdpmon_train_process_rss_bytes").name,
-    "loss": catalog.get("fsdpmon_train_loss").name,
+    "step": catalog.TRAIN_STEP.name,
+    "tokens_total": catalog.TRAIN_TOKENS_TOTAL.name,
+    "tokens_per_second": catalog.TRAIN_TOKENS_PER_SECOND.name,
+    "step_time_s": catalog.TRAIN_STEP_TIME_SECONDS.name,
+    "mfu": catalog.TRAIN_MFU_RATIO.name,
+    "data_wait": catalog.TRAIN_DATA_WAIT_RATIO.name,
+    "peak_active": catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name,
+    "rss": catalog.TRAIN_PROCESS_RSS_BYTES.name,
+    "loss": catalog.TRAIN_LOSS.name,
 }
-INFO = catalog.get("fsdpmon_train_info").name
-FLOPS_PER_TOKEN = catalog.get("fsdpmon_train_model_flops_per_token").name
-PEAK_FLOPS = catalog.get("fsdpmon_train_device_peak_flops").name
+INFO = catalog.TRAIN_INFO.name
+FLOPS_PER_TOKEN = catalog.TRAIN_MODEL_FLOPS_PER_TOKEN.name
+PEAK_FLOPS = catalog.TRAIN_DEVICE_PEAK_FLOPS.name
 
 Series = dict[float, float]  # evaluation time -> value
 

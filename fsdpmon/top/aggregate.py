@@ -29,27 +29,23 @@ from fsdpmon.top.snapshot import (
 HISTORY_LEN = 60
 
 
-def _n(name: str) -> str:
-    return catalog.get(name).name
-
-
 # Per-rank figures: catalog name → accumulator key.
 RANK_METRICS = {
-    _n("fsdpmon_train_step"): "step",
-    _n("fsdpmon_train_total_steps"): "total_steps",
-    _n("fsdpmon_train_step_time_seconds"): "step_time_s",
-    _n("fsdpmon_train_data_wait_ratio"): "data_wait_ratio",
-    _n("fsdpmon_train_tokens_per_second"): "tokens_per_second",
-    _n("fsdpmon_train_mfu_ratio"): "mfu_ratio",
-    _n("fsdpmon_train_loss"): "loss",
-    _n("fsdpmon_train_loss_nonfinite"): "loss_nonfinite",
-    _n("fsdpmon_train_memory_peak_active_bytes"): "peak_memory_bytes",
-    _n("fsdpmon_train_process_rss_bytes"): "rss_bytes",
-    _n("fsdpmon_train_device_memory_capacity_bytes"): "memory_capacity_bytes",
-    _n("fsdpmon_train_heartbeat_age_seconds"): "heartbeat_age_s",
-    _n("fsdpmon_train_stall_threshold_seconds"): "stall_threshold_s",
-    _n("fsdpmon_train_stalled"): "stalled",
-    _n("fsdpmon_train_restarts"): "restarts",
+    catalog.TRAIN_STEP.name: "step",
+    catalog.TRAIN_TOTAL_STEPS.name: "total_steps",
+    catalog.TRAIN_STEP_TIME_SECONDS.name: "step_time_s",
+    catalog.TRAIN_DATA_WAIT_RATIO.name: "data_wait_ratio",
+    catalog.TRAIN_TOKENS_PER_SECOND.name: "tokens_per_second",
+    catalog.TRAIN_MFU_RATIO.name: "mfu_ratio",
+    catalog.TRAIN_LOSS.name: "loss",
+    catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
+    catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name: "peak_memory_bytes",
+    catalog.TRAIN_PROCESS_RSS_BYTES.name: "rss_bytes",
+    catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name: "memory_capacity_bytes",
+    catalog.TRAIN_HEARTBEAT_AGE_SECONDS.name: "heartbeat_age_s",
+    catalog.TRAIN_STALL_THRESHOLD_SECONDS.name: "stall_threshold_s",
+    catalog.TRAIN_STALLED.name: "stalled",
+    catalog.TRAIN_RESTARTS.name: "restarts",
     catalog.TRAIN_BUSY_SECONDS.name: "busy_s",
     catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
     catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
@@ -57,41 +53,41 @@ RANK_METRICS = {
     # served per phase; REQUIRE keeps only the checkpoint phase's series
     catalog.TRAIN_PHASE_DURATION_SECONDS.name: "checkpoint_s",
 }
-TRAIN_INFO = _n("fsdpmon_train_info")
+TRAIN_INFO = catalog.TRAIN_INFO.name
 JOB_METRICS = {
-    _n("fsdpmon_job_step_time_median_seconds"): "step_time_median_s",
-    _n("fsdpmon_job_step_time_max_seconds"): "step_time_max_s",
-    _n("fsdpmon_job_slowest_rank"): "slowest_rank",
-    _n("fsdpmon_job_loss_mean"): "loss",
-    _n("fsdpmon_job_world_size"): "world_size",
+    catalog.JOB_STEP_TIME_MEDIAN_SECONDS.name: "step_time_median_s",
+    catalog.JOB_STEP_TIME_MAX_SECONDS.name: "step_time_max_s",
+    catalog.JOB_SLOWEST_RANK.name: "slowest_rank",
+    catalog.JOB_LOSS_MEAN.name: "loss",
+    catalog.JOB_WORLD_SIZE.name: "world_size",
 }
 GPU_METRICS = {
-    _n("fsdpmon_gpu_up"): "up",
-    _n("fsdpmon_gpu_utilization_ratio"): "utilization_ratio",
-    _n("fsdpmon_gpu_memory_used_bytes"): "memory_used_bytes",
-    _n("fsdpmon_gpu_memory_total_bytes"): "memory_total_bytes",
-    _n("fsdpmon_gpu_temperature_celsius"): "temperature_celsius",
-    _n("fsdpmon_gpu_power_watts"): "power_watts",
-    _n("fsdpmon_gpu_power_limit_watts"): "power_limit_watts",
+    catalog.GPU_UP.name: "up",
+    catalog.GPU_UTILIZATION_RATIO.name: "utilization_ratio",
+    catalog.GPU_MEMORY_USED_BYTES.name: "memory_used_bytes",
+    catalog.GPU_MEMORY_TOTAL_BYTES.name: "memory_total_bytes",
+    catalog.GPU_TEMPERATURE_CELSIUS.name: "temperature_celsius",
+    catalog.GPU_POWER_WATTS.name: "power_watts",
+    catalog.GPU_POWER_LIMIT_WATTS.name: "power_limit_watts",
 }
-GPU_PROCESS_MEMORY = _n("fsdpmon_gpu_process_memory_used_bytes")
+GPU_PROCESS_MEMORY = catalog.GPU_PROCESS_MEMORY_USED_BYTES.name
 # GPU fault evidence, one series per reason / XID code / ECC type.
 GPU_CLOCK_EVENT = catalog.GPU_CLOCK_EVENT_ACTIVE.name
 GPU_XID = catalog.GPU_XID_ERRORS_TOTAL.name
 GPU_ECC = catalog.GPU_ECC_ERRORS_TOTAL.name
 GPU_EVENTS = frozenset([GPU_CLOCK_EVENT, GPU_XID, GPU_ECC])
-EXPORTER_INFO = _n("fsdpmon_exporter_info")
+EXPORTER_INFO = catalog.EXPORTER_INFO.name
 HOST_METRICS = {
-    _n("fsdpmon_host_memory_used_bytes"): "memory_used_bytes",
-    _n("fsdpmon_host_memory_total_bytes"): "memory_total_bytes",
-    _n("fsdpmon_host_load1"): "load1",
+    catalog.HOST_MEMORY_USED_BYTES.name: "memory_used_bytes",
+    catalog.HOST_MEMORY_TOTAL_BYTES.name: "memory_total_bytes",
+    catalog.HOST_LOAD1.name: "load1",
 }
-HOST_CPU = _n("fsdpmon_host_cpu_utilization_ratio")
-PROCESS_INFO = _n("fsdpmon_process_info")
-PROCESS_STATE = _n("fsdpmon_process_state")
+HOST_CPU = catalog.HOST_CPU_UTILIZATION_RATIO.name
+PROCESS_INFO = catalog.PROCESS_INFO.name
+PROCESS_STATE = catalog.PROCESS_STATE.name
 PROCESS_METRICS = {
-    _n("fsdpmon_process_cpu_utilization_ratio"): "cpu_ratio",
-    _n("fsdpmon_process_resident_memory_bytes"): "rss_bytes",
+    catalog.PROCESS_CPU_UTILIZATION_RATIO.name: "cpu_ratio",
+    catalog.PROCESS_RESIDENT_MEMORY_BYTES.name: "rss_bytes",
 }
 
 # Everything top reads; sources pass it to the parser so that other series are never built.
