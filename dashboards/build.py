@@ -27,6 +27,8 @@ from dashboards.panels import (
     timeseries,
 )
 from dashboards.promql import JOB_KEYS, RANK_KEYS, bucket, m
+from fsdpmon import catalog
+from fsdpmon.catalog import Metric, Recorded
 
 JOB = 'namespace=~"$namespace", job_name=~"$job"'
 RANK = f'{JOB}, rank=~"$rank"'
@@ -38,20 +40,20 @@ RANGE = "$__range"
 # peak FLOP/s). Panels made only of these stay empty for CPU runs; the end-to-end test on a CPU
 # run checks that these, and only these, have no data.
 DEVICE_ONLY = frozenset({
-    "fsdpmon_train_mfu_ratio", "fsdpmon_train_device_peak_flops",
-    "fsdpmon_train_memory_allocated_bytes", "fsdpmon_train_memory_reserved_bytes",
-    "fsdpmon_train_memory_peak_active_bytes", "fsdpmon_train_memory_peak_reserved_bytes",
-    "fsdpmon_train_device_memory_capacity_bytes", "fsdpmon_train_alloc_retries_total",
-    "fsdpmon_train_ooms_total", "fsdpmon_job:mfu_ratio:avg",
+    catalog.TRAIN_MFU_RATIO.name, catalog.TRAIN_DEVICE_PEAK_FLOPS.name,
+    catalog.TRAIN_MEMORY_ALLOCATED_BYTES.name, catalog.TRAIN_MEMORY_RESERVED_BYTES.name,
+    catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name, catalog.TRAIN_MEMORY_PEAK_RESERVED_BYTES.name,
+    catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name, catalog.TRAIN_ALLOC_RETRIES_TOTAL.name,
+    catalog.TRAIN_OOMS_TOTAL.name, catalog.REC_JOB_MFU_RATIO_AVG.name,
 })
 
 
 def _vars(*names: str) -> list[Json]:
-    info = m("fsdpmon_train_info")
+    info = m(catalog.TRAIN_INFO)
     queries = {
         "namespace": ("Namespace", f"label_values({info}, namespace)"),
         "job": ("Job", f'label_values({info}{{namespace=~"$namespace"}}, job_name)'),
-        "node": ("Node", f"label_values({m('fsdpmon_gpu_utilization_ratio')}, node)"),
+        "node": ("Node", f"label_values({m(catalog.GPU_UTILIZATION_RATIO)}, node)"),
         "rank": ("Rank", f"label_values({info}{{{JOB}}}, rank)"),
     }
     return [query_variable(n, *queries[n]) for n in names]
@@ -72,35 +74,35 @@ LINKS = [
 
 def _peak_memory(sel: str) -> str:
     """Peak device memory per rank, process RSS where a rank has no device (CPU runs)."""
-    return (f"{m('fsdpmon_train_memory_peak_active_bytes', sel)}"
-            f" or {m('fsdpmon_train_process_rss_bytes', sel)}")
+    return (f"{m(catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES, sel)}"
+            f" or {m(catalog.TRAIN_PROCESS_RSS_BYTES, sel)}")
 
 
 PER_JOB = "{{namespace}} {{job_name}}"
 PER_RANK = "rank {{rank}}"
 
 
-def _job(recorded: str, legend: str = PER_JOB) -> Target:
+def _job(recorded: Recorded, legend: str = PER_JOB) -> Target:
     """A job-level recorded figure for the selected jobs."""
-    return Target(f"{recorded}{{{JOB}}}", legend)
+    return Target(m(recorded, JOB), legend)
 
 
-def _job_max(name: str) -> Target:
-    return Target(f"max by ({JOB_KEYS}) ({m(name, JOB)})", PER_JOB)
+def _job_max(metric: Metric) -> Target:
+    return Target(f"max by ({JOB_KEYS}) ({m(metric, JOB)})", PER_JOB)
 
 
 def _job_now() -> list[Panel | Row]:
-    stalled = m("fsdpmon_train_stalled", JOB)
+    stalled = m(catalog.TRAIN_STALLED, JOB)
     return [
         Row("Now"),
-        stat("Tokens/s", _job("fsdpmon_job:tokens_per_second:sum")),
-        stat("Tokens/s per GPU", _job("fsdpmon_job:tokens_per_second_per_rank:avg")),
-        stat("MFU", _job("fsdpmon_job:mfu_ratio:avg"), unit="percentunit",
+        stat("Tokens/s", _job(catalog.REC_JOB_TOKENS_PER_SECOND_SUM)),
+        stat("Tokens/s per GPU", _job(catalog.REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG)),
+        stat("MFU", _job(catalog.REC_JOB_MFU_RATIO_AVG), unit="percentunit",
              description="Model FLOPs utilisation, mean over ranks; absent on unknown devices."),
-        stat("Progress", Target(f"fsdpmon_job:step:max{{{JOB}}}"
-                                f" / fsdpmon_job:total_steps:max{{{JOB}}}", PER_JOB),
+        stat("Progress", Target(f"{m(catalog.REC_JOB_STEP_MAX, JOB)}"
+                                f" / {m(catalog.REC_JOB_TOTAL_STEPS_MAX, JOB)}", PER_JOB),
              unit="percentunit"),
-        stat("ETA", _job("fsdpmon_job:eta_seconds:estimate"), unit="s",
+        stat("ETA", _job(catalog.REC_JOB_ETA_SECONDS_ESTIMATE), unit="s",
              description="Remaining steps over the step rate of the last 5 minutes."),
         stat("Stalled ranks", Target(f"sum by ({JOB_KEYS}) ({stalled})", PER_JOB),
              thresholds=((None, "green"), (1, "red")),
@@ -109,18 +111,18 @@ def _job_now() -> list[Panel | Row]:
 
 
 def _job_speed() -> list[Panel | Row]:
-    steps = m("fsdpmon_train_steps_total", JOB)
+    steps = m(catalog.TRAIN_STEPS_TOTAL, JOB)
     return [
         Row("Throughput and speed"),
-        timeseries("Tokens/s (job)", _job("fsdpmon_job:tokens_per_second:sum")),
-        timeseries("Tokens/s per GPU", _job("fsdpmon_job:tokens_per_second_per_rank:avg")),
+        timeseries("Tokens/s (job)", _job(catalog.REC_JOB_TOKENS_PER_SECOND_SUM)),
+        timeseries("Tokens/s per GPU", _job(catalog.REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG)),
         timeseries("Step time (median and slowest rank)",
-                   _job("fsdpmon_job:step_time_seconds:p50", "median {{job_name}}"),
-                   _job("fsdpmon_job:step_time_seconds:max", "max {{job_name}}"), unit="s"),
-        timeseries("MFU", _job("fsdpmon_job:mfu_ratio:avg"), unit="percentunit", min=0),
-        timeseries("Heartbeat age (oldest rank)", _job("fsdpmon_job:heartbeat_age_seconds:max"),
+                   _job(catalog.REC_JOB_STEP_TIME_SECONDS_P50, "median {{job_name}}"),
+                   _job(catalog.REC_JOB_STEP_TIME_SECONDS_MAX, "max {{job_name}}"), unit="s"),
+        timeseries("MFU", _job(catalog.REC_JOB_MFU_RATIO_AVG), unit="percentunit", min=0),
+        timeseries("Heartbeat age (oldest rank)", _job(catalog.REC_JOB_HEARTBEAT_AGE_SECONDS_MAX),
                    unit="s", description="Seconds since the slowest rank completed a step."),
-        timeseries("Data-wait share (worst rank)", _job("fsdpmon_job:data_wait_ratio:max"),
+        timeseries("Data-wait share (worst rank)", _job(catalog.REC_JOB_DATA_WAIT_RATIO_MAX),
                    unit="percentunit", min=0, max=1,
                    description="Share of step time the most data-starved rank waits for input."),
         timeseries("Steps per second",
@@ -132,14 +134,14 @@ def _job_quality_and_health() -> list[Panel | Row]:
     return [
         Row("Training quality"),
         timeseries("Loss (mean and max over ranks)",
-                   _job("fsdpmon_job:loss:avg", "mean {{job_name}}"),
-                   _job("fsdpmon_job:loss:max", "max {{job_name}}")),
-        timeseries("Learning rate", _job_max("fsdpmon_train_learning_rate")),
-        timeseries("Gradient norm", _job_max("fsdpmon_train_grad_norm")),
+                   _job(catalog.REC_JOB_LOSS_AVG, "mean {{job_name}}"),
+                   _job(catalog.REC_JOB_LOSS_MAX, "max {{job_name}}")),
+        timeseries("Learning rate", _job_max(catalog.TRAIN_LEARNING_RATE)),
+        timeseries("Gradient norm", _job_max(catalog.TRAIN_GRAD_NORM)),
         Row("Health"),
-        timeseries("Restarts", _job_max("fsdpmon_train_restarts"),
+        timeseries("Restarts", _job_max(catalog.TRAIN_RESTARTS),
                    description="Elastic restarts of the job (TORCHELASTIC_RESTART_COUNT)."),
-        timeseries("Ranks reporting", _job("fsdpmon_job:ranks:count")),
+        timeseries("Ranks reporting", _job(catalog.REC_JOB_RANKS_COUNT)),
         table("Firing alerts", Target(f'ALERTS{{alertstate="firing", {JOB}}}'), width=8,
               description="fsdpmon alerts firing for the selected jobs."),
     ]
@@ -153,8 +155,8 @@ def job_overview() -> Json:
 
 
 def _rank_step_times() -> list[Panel | Row]:
-    step = m("fsdpmon_train_step_time_seconds", RANK)
-    hist = bucket("fsdpmon_train_step_duration_seconds", RANK)
+    step = m(catalog.TRAIN_STEP_TIME_SECONDS, RANK)
+    hist = bucket(catalog.TRAIN_STEP_DURATION_SECONDS, RANK)
 
     def quantile(q: float) -> Target:
         return Target(f"histogram_quantile({q:g}, sum by ({RANK_KEYS}, le) "
@@ -165,8 +167,10 @@ def _rank_step_times() -> list[Panel | Row]:
         heatmap("Step time per rank", Target(step, PER_RANK), unit="s"),
         timeseries("Step time per rank", Target(step, PER_RANK), unit="s", width=12),
         timeseries("Step time spread (rank 0's view of the job)",
-                   *(Target(m(f"fsdpmon_job_step_time_{k}_seconds", JOB), f"{k} {{{{job_name}}}}")
-                     for k in ("min", "median", "max")), unit="s", width=12),
+                   *(Target(m(metric, JOB), f"{k} {{{{job_name}}}}") for k, metric in (
+                       ("min", catalog.JOB_STEP_TIME_MIN_SECONDS),
+                       ("median", catalog.JOB_STEP_TIME_MEDIAN_SECONDS),
+                       ("max", catalog.JOB_STEP_TIME_MAX_SECONDS))), unit="s", width=12),
         timeseries("Step duration p50 / p99 per rank", quantile(0.5), quantile(0.99), unit="s",
                    width=12),
     ]
@@ -176,22 +180,22 @@ def _rank_stragglers() -> list[Panel | Row]:
     return [
         Row("Stragglers"),
         timeseries("Slowest rank and highest-memory rank",
-                   Target(m("fsdpmon_job_slowest_rank", JOB), "slowest {{job_name}}"),
-                   Target(m("fsdpmon_job_peak_memory_max_rank", JOB), "most memory {{job_name}}"),
+                   Target(m(catalog.JOB_SLOWEST_RANK, JOB), "slowest {{job_name}}"),
+                   Target(m(catalog.JOB_PEAK_MEMORY_MAX_RANK, JOB), "most memory {{job_name}}"),
                    description="Slowest: the rank with the most busy time (step time minus "
                                "collective wait), as rank 0 computes it.", width=6),
         timeseries("Data-wait share per rank",
-                   Target(m("fsdpmon_train_data_wait_ratio", RANK), PER_RANK),
+                   Target(m(catalog.TRAIN_DATA_WAIT_RATIO, RANK), PER_RANK),
                    unit="percentunit", width=9),
         timeseries("Time per step by phase",
-                   Target(f"avg by (phase) ({m('fsdpmon_train_phase_duration_seconds', RANK)})",
+                   Target(f"avg by (phase) ({m(catalog.TRAIN_PHASE_DURATION_SECONDS, RANK)})",
                           "{{phase}}"), unit="s", stack=True, width=9),
         timeseries("Heartbeat age per rank",
-                   Target(m("fsdpmon_train_heartbeat_age_seconds", RANK), PER_RANK),
-                   Target(m("fsdpmon_train_stall_threshold_seconds", RANK),
+                   Target(m(catalog.TRAIN_HEARTBEAT_AGE_SECONDS, RANK), PER_RANK),
+                   Target(m(catalog.TRAIN_STALL_THRESHOLD_SECONDS, RANK),
                           "stall threshold " + PER_RANK), unit="s", width=12),
         timeseries("Tokens/s per rank",
-                   Target(m("fsdpmon_train_tokens_per_second", RANK), PER_RANK), width=12),
+                   Target(m(catalog.TRAIN_TOKENS_PER_SECOND, RANK), PER_RANK), width=12),
     ]
 
 
@@ -202,18 +206,18 @@ def _rank_memory() -> list[Panel | Row]:
                    description="Peak active device memory in the log window (process RSS for "
                                "ranks without a GPU).", width=8),
         timeseries("Highest peak memory over ranks",
-                   Target(m("fsdpmon_job_peak_memory_max_bytes", JOB), "{{job_name}}"),
+                   Target(m(catalog.JOB_PEAK_MEMORY_MAX_BYTES, JOB), "{{job_name}}"),
                    unit="bytes", width=8),
         timeseries("Allocator retries and OOMs",
-                   Target(f"increase({m('fsdpmon_train_alloc_retries_total', RANK)}[{RATE}])",
+                   Target(f"increase({m(catalog.TRAIN_ALLOC_RETRIES_TOTAL, RANK)}[{RATE}])",
                           "retries " + PER_RANK),
-                   Target(f"increase({m('fsdpmon_train_ooms_total', RANK)}[{RATE}])",
+                   Target(f"increase({m(catalog.TRAIN_OOMS_TOTAL, RANK)}[{RATE}])",
                           "OOMs " + PER_RANK), width=8),
         table("Ranks now",
-              *(Target(m(name, RANK)) for name in (
-                  "fsdpmon_train_step_time_seconds", "fsdpmon_train_data_wait_ratio",
-                  "fsdpmon_train_tokens_per_second", "fsdpmon_train_heartbeat_age_seconds",
-                  "fsdpmon_train_step")), height=10),
+              *(Target(m(metric, RANK)) for metric in (
+                  catalog.TRAIN_STEP_TIME_SECONDS, catalog.TRAIN_DATA_WAIT_RATIO,
+                  catalog.TRAIN_TOKENS_PER_SECOND, catalog.TRAIN_HEARTBEAT_AGE_SECONDS,
+                  catalog.TRAIN_STEP)), height=10),
     ]
 
 
@@ -224,31 +228,31 @@ def ranks() -> Json:
                      items, _vars("namespace", "job", "rank"), LINKS)
 
 
-def _gpu(name: str, legend_extra: str = "") -> Target:
-    return Target(m(name, NODE), "{{node}} GPU {{gpu}}" + legend_extra)
+def _gpu(metric: Metric, legend_extra: str = "") -> Target:
+    return Target(m(metric, NODE), "{{node}} GPU {{gpu}}" + legend_extra)
 
 
 def _gpu_use() -> list[Panel | Row]:
     return [
         Row("Utilisation"),
-        timeseries("GPU utilisation", _gpu("fsdpmon_gpu_utilization_ratio"),
+        timeseries("GPU utilisation", _gpu(catalog.GPU_UTILIZATION_RATIO),
                    unit="percentunit", min=0, max=1),
-        timeseries("SM and tensor-core activity", _gpu("fsdpmon_gpu_sm_activity_ratio", " SM"),
-                   _gpu("fsdpmon_gpu_tensor_activity_ratio", " tensor"),
+        timeseries("SM and tensor-core activity", _gpu(catalog.GPU_SM_ACTIVITY_RATIO, " SM"),
+                   _gpu(catalog.GPU_TENSOR_ACTIVITY_RATIO, " tensor"),
                    unit="percentunit", min=0, max=1),
         timeseries("Average GPU utilisation per node",
-                   Target(f"fsdpmon_node:gpu_utilization_ratio:avg{{{NODE}}}", "{{node}}"),
+                   Target(m(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG, NODE), "{{node}}"),
                    unit="percentunit", min=0, max=1),
         Row("Memory"),
-        timeseries("GPU memory used", _gpu("fsdpmon_gpu_memory_used_bytes"), unit="bytes"),
+        timeseries("GPU memory used", _gpu(catalog.GPU_MEMORY_USED_BYTES), unit="bytes"),
         timeseries("GPU memory used share",
-                   Target(f"fsdpmon_gpu:memory_used_bytes:ratio{{{NODE}}}", "{{node}} GPU {{gpu}}"),
+                   Target(m(catalog.REC_GPU_MEMORY_USED_BYTES_RATIO, NODE), "{{node}} GPU {{gpu}}"),
                    unit="percentunit", min=0, max=1),
         timeseries("GPU memory used per node",
-                   Target(f"fsdpmon_node:gpu_memory_used_bytes:sum{{{NODE}}}", "{{node}}"),
+                   Target(m(catalog.REC_NODE_GPU_MEMORY_USED_BYTES_SUM, NODE), "{{node}}"),
                    unit="bytes"),
         timeseries("GPU memory per pod",
-                   Target(f"fsdpmon_pod:gpu_memory_used_bytes:sum{{{NODE}}}",
+                   Target(m(catalog.REC_POD_GPU_MEMORY_USED_BYTES_SUM, NODE),
                           "{{node}} {{namespace}}/{{pod}}"), unit="bytes", width=24,
                    description="Device memory of each pod's processes (empty pod: processes "
                                "outside Kubernetes pods)."),
@@ -258,22 +262,22 @@ def _gpu_use() -> list[Panel | Row]:
 def _gpu_physics() -> list[Panel | Row]:
     return [
         Row("Thermals, power and clocks"),
-        timeseries("Temperature", _gpu("fsdpmon_gpu_temperature_celsius"),
-                   _gpu("fsdpmon_gpu_memory_temperature_celsius", " HBM"), unit="celsius"),
-        timeseries("Power", _gpu("fsdpmon_gpu_power_watts"),
-                   _gpu("fsdpmon_gpu_power_limit_watts", " limit"), unit="watt"),
+        timeseries("Temperature", _gpu(catalog.GPU_TEMPERATURE_CELSIUS),
+                   _gpu(catalog.GPU_MEMORY_TEMPERATURE_CELSIUS, " HBM"), unit="celsius"),
+        timeseries("Power", _gpu(catalog.GPU_POWER_WATTS),
+                   _gpu(catalog.GPU_POWER_LIMIT_WATTS, " limit"), unit="watt"),
         timeseries("GPU power per node",
-                   Target(f"fsdpmon_node:gpu_power_watts:sum{{{NODE}}}", "{{node}}"),
+                   Target(m(catalog.REC_NODE_GPU_POWER_WATTS_SUM, NODE), "{{node}}"),
                    unit="watt"),
         timeseries("Energy per GPU", Target(
-            f"rate({m('fsdpmon_gpu_energy_joules_total', NODE)}[{RATE}])",
+            f"rate({m(catalog.GPU_ENERGY_JOULES_TOTAL, NODE)}[{RATE}])",
             "{{node}} GPU {{gpu}}"), unit="watt",
             description="Average power from the energy counter."),
-        timeseries("Clocks", _gpu("fsdpmon_gpu_sm_clock_hertz", " SM"),
-                   _gpu("fsdpmon_gpu_memory_clock_hertz", " memory"), unit="hertz"),
+        timeseries("Clocks", _gpu(catalog.GPU_SM_CLOCK_HERTZ, " SM"),
+                   _gpu(catalog.GPU_MEMORY_CLOCK_HERTZ, " memory"), unit="hertz"),
         timeseries("Throttled GPUs by reason",
                    Target(f"sum by (node, reason) "
-                          f"({m('fsdpmon_gpu_clock_event_active', NODE)})", "{{node}} {{reason}}"),
+                          f"({m(catalog.GPU_CLOCK_EVENT_ACTIVE, NODE)})", "{{node}} {{reason}}"),
                    description="GPUs with each clock-event (throttle) reason active."),
     ]
 
@@ -281,10 +285,11 @@ def _gpu_physics() -> list[Panel | Row]:
 def _gpu_errors_and_links() -> list[Panel | Row]:
     # Every GPU gets a 0 line while it has no XID: the exporter serves XID series only once
     # one occurred, and "no data" would read as "not monitored".
-    every_gpu = f"0 * {m('fsdpmon_gpu_utilization_ratio', NODE)}"
+    every_gpu = f"0 * {m(catalog.GPU_UTILIZATION_RATIO, NODE)}"
+    dcgm_xid = m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES, NODE)
     xid = (f"sum by (node, gpu, xid) "
-           f"(increase({m('fsdpmon_gpu_xid_errors_total', NODE)}[{RATE}]))"
-           f"\nor on (node, gpu) sum by (node, gpu) (fsdpmon_gpu:dcgm_xid_errors:changes{{{NODE}}})"
+           f"(increase({m(catalog.GPU_XID_ERRORS_TOTAL, NODE)}[{RATE}]))"
+           f"\nor on (node, gpu) sum by (node, gpu) ({dcgm_xid})"
            f"\nor on (node, gpu) sum by (node, gpu) ({every_gpu})")
     return [
         Row("Errors and interconnect"),
@@ -292,16 +297,16 @@ def _gpu_errors_and_links() -> list[Panel | Row]:
                    description="XID errors per scrape interval; 0 while none occurred."),
         timeseries("ECC errors and remapped rows",
                    Target(f"sum by (node, gpu, type) "
-                          f"(increase({m('fsdpmon_gpu_ecc_errors_total', NODE)}[{RATE}]))",
+                          f"(increase({m(catalog.GPU_ECC_ERRORS_TOTAL, NODE)}[{RATE}]))",
                           "{{node}} GPU {{gpu}} ECC {{type}}"),
-                   _gpu("fsdpmon_gpu_remapped_rows", " rows {{cause}}")),
+                   _gpu(catalog.GPU_REMAPPED_ROWS, " rows {{cause}}")),
         timeseries("PCIe replays", Target(
-            f"increase({m('fsdpmon_gpu_pcie_replay_errors_total', NODE)}[{RATE}])",
+            f"increase({m(catalog.GPU_PCIE_REPLAY_ERRORS_TOTAL, NODE)}[{RATE}])",
             "{{node}} GPU {{gpu}}")),
-        timeseries("PCIe traffic", _gpu("fsdpmon_gpu_pcie_bytes_per_second", " {{direction}}"),
+        timeseries("PCIe traffic", _gpu(catalog.GPU_PCIE_BYTES_PER_SECOND, " {{direction}}"),
                    unit="Bps", width=12),
         timeseries("NVLink traffic",
-                   _gpu("fsdpmon_gpu_nvlink_bytes_per_second", " {{direction}}"),
+                   _gpu(catalog.GPU_NVLINK_BYTES_PER_SECOND, " {{direction}}"),
                    unit="Bps", width=12),
     ]
 
@@ -309,17 +314,17 @@ def _gpu_errors_and_links() -> list[Panel | Row]:
 def _host() -> list[Panel | Row]:
     return [
         Row("Host and processes"),
-        timeseries("Host CPU", Target(m("fsdpmon_host_cpu_utilization_ratio",
+        timeseries("Host CPU", Target(m(catalog.HOST_CPU_UTILIZATION_RATIO,
                                         f'{NODE}, cpu="all"'), "{{node}}"),
                    unit="percentunit", min=0, max=1),
-        timeseries("Host memory", Target(m("fsdpmon_host_memory_used_bytes", NODE), "{{node}}"),
+        timeseries("Host memory", Target(m(catalog.HOST_MEMORY_USED_BYTES, NODE), "{{node}}"),
                    unit="bytes"),
         timeseries("Exporter sample time",
-                   Target(m("fsdpmon_exporter_sample_duration_seconds", NODE),
+                   Target(m(catalog.EXPORTER_SAMPLE_DURATION_SECONDS, NODE),
                           "{{node}} {{source}}"), unit="s"),
         table("Busiest processes",
-              Target(f"topk(20, {m('fsdpmon_process_cpu_utilization_ratio', NODE)})"),
-              Target(m("fsdpmon_process_resident_memory_bytes", NODE))),
+              Target(f"topk(20, {m(catalog.PROCESS_CPU_UTILIZATION_RATIO, NODE)})"),
+              Target(m(catalog.PROCESS_RESIDENT_MEMORY_BYTES, NODE))),
     ]
 
 
@@ -332,26 +337,26 @@ def nodes() -> Json:
 
 def _by_world_size(expr: str) -> str:
     """Attach each job's ``world_size`` (from its info series over the range) to ``expr``."""
-    info = f"max_over_time({m('fsdpmon_train_info', JOB)}[{RANGE}])"
+    info = f"max_over_time({m(catalog.TRAIN_INFO, JOB)}[{RANGE}])"
     return (f"max by ({JOB_KEYS}, world_size) (\n  {expr}\n  * on ({JOB_KEYS}) group_left "
             f"(world_size)\n  max by ({JOB_KEYS}, world_size) ({info})\n)")
 
 
-def _median_over_range(recorded: str) -> str:
+def _median_over_range(recorded: Recorded) -> str:
     """Steady state of a job figure over the dashboard's range (robust to warm-up and stalls)."""
-    return f"quantile_over_time(0.5, {recorded}{{{JOB}}}[{RANGE}])"
+    return f"quantile_over_time(0.5, {m(recorded, JOB)}[{RANGE}])"
 
 
-def _peak_over_range(recorded: str) -> str:
-    return f"max_over_time({recorded}{{{JOB}}}[{RANGE}])"
+def _peak_over_range(recorded: Recorded) -> str:
+    return f"max_over_time({m(recorded, JOB)}[{RANGE}])"
 
 
 def runs() -> Json:
     legend = "{{job_name}} · {{world_size}} ranks"
-    per_gpu = _by_world_size(_median_over_range("fsdpmon_job:tokens_per_second_per_rank:avg"))
-    total = _by_world_size(_median_over_range("fsdpmon_job:tokens_per_second:sum"))
-    memory = _by_world_size(_peak_over_range("fsdpmon_job:peak_memory_bytes:max"))
-    step = _by_world_size(_median_over_range("fsdpmon_job:step_time_seconds:p50"))
+    per_gpu = _by_world_size(_median_over_range(catalog.REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG))
+    total = _by_world_size(_median_over_range(catalog.REC_JOB_TOKENS_PER_SECOND_SUM))
+    memory = _by_world_size(_peak_over_range(catalog.REC_JOB_PEAK_MEMORY_BYTES_MAX))
+    step = _by_world_size(_median_over_range(catalog.REC_JOB_STEP_TIME_SECONDS_P50))
     items: list[Panel | Row] = [
         Row("Scaling across jobs (over the dashboard's time range)"),
         bars("Tokens/s per GPU by world size", Target(per_gpu, legend),
@@ -365,10 +370,10 @@ def runs() -> Json:
               description="Per job: tokens/s per GPU, tokens/s, peak memory per GPU, step time."),
         Row("Live"),
         timeseries("Tokens/s per GPU",
-                   Target(f"fsdpmon_job:tokens_per_second_per_rank:avg{{{JOB}}}", "{{job_name}}"),
+                   Target(m(catalog.REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG, JOB), "{{job_name}}"),
                    width=12),
         timeseries("Peak memory per GPU",
-                   Target(f"fsdpmon_job:peak_memory_bytes:max{{{JOB}}}", "{{job_name}}"),
+                   Target(m(catalog.REC_JOB_PEAK_MEMORY_BYTES_MAX, JOB), "{{job_name}}"),
                    unit="bytes", width=12),
     ]
     return dashboard("fsdpmon-runs", "fsdpmon / Runs compared",

@@ -16,40 +16,42 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards.promql import m
+from fsdpmon import catalog
+from fsdpmon.catalog import Metric
 
 MIB = 1024 * 1024
 
 # (DCGM field, catalogued metric, factor to the base unit, extra label or None)
-FIELD_MAP: tuple[tuple[str, str, float, tuple[str, str] | None], ...] = (
-    ("DCGM_FI_DEV_GPU_UTIL", "fsdpmon_gpu_utilization_ratio", 0.01, None),
-    ("DCGM_FI_DEV_MEM_COPY_UTIL", "fsdpmon_gpu_memory_utilization_ratio", 0.01, None),
-    ("DCGM_FI_DEV_FB_USED", "fsdpmon_gpu_memory_used_bytes", MIB, None),
-    ("DCGM_FI_DEV_FB_FREE", "fsdpmon_gpu_memory_free_bytes", MIB, None),
-    ("DCGM_FI_DEV_FB_RESERVED", "fsdpmon_gpu_memory_reserved_bytes", MIB, None),
-    ("DCGM_FI_DEV_GPU_TEMP", "fsdpmon_gpu_temperature_celsius", 1, None),
-    ("DCGM_FI_DEV_MEMORY_TEMP", "fsdpmon_gpu_memory_temperature_celsius", 1, None),
-    ("DCGM_FI_DEV_POWER_USAGE", "fsdpmon_gpu_power_watts", 1, None),
-    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", "fsdpmon_gpu_power_limit_watts", 1, None),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "fsdpmon_gpu_energy_joules_total", 0.001, None),
-    ("DCGM_FI_DEV_SM_CLOCK", "fsdpmon_gpu_sm_clock_hertz", 1e6, None),
-    ("DCGM_FI_DEV_MEM_CLOCK", "fsdpmon_gpu_memory_clock_hertz", 1e6, None),
-    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "fsdpmon_gpu_pcie_replay_errors_total", 1, None),
-    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "fsdpmon_gpu_ecc_errors_total", 1, ("type", "corrected")),
-    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "fsdpmon_gpu_ecc_errors_total", 1,
+FIELD_MAP: tuple[tuple[str, Metric, float, tuple[str, str] | None], ...] = (
+    ("DCGM_FI_DEV_GPU_UTIL", catalog.GPU_UTILIZATION_RATIO, 0.01, None),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", catalog.GPU_MEMORY_UTILIZATION_RATIO, 0.01, None),
+    ("DCGM_FI_DEV_FB_USED", catalog.GPU_MEMORY_USED_BYTES, MIB, None),
+    ("DCGM_FI_DEV_FB_FREE", catalog.GPU_MEMORY_FREE_BYTES, MIB, None),
+    ("DCGM_FI_DEV_FB_RESERVED", catalog.GPU_MEMORY_RESERVED_BYTES, MIB, None),
+    ("DCGM_FI_DEV_GPU_TEMP", catalog.GPU_TEMPERATURE_CELSIUS, 1, None),
+    ("DCGM_FI_DEV_MEMORY_TEMP", catalog.GPU_MEMORY_TEMPERATURE_CELSIUS, 1, None),
+    ("DCGM_FI_DEV_POWER_USAGE", catalog.GPU_POWER_WATTS, 1, None),
+    ("DCGM_FI_DEV_POWER_MGMT_LIMIT", catalog.GPU_POWER_LIMIT_WATTS, 1, None),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", catalog.GPU_ENERGY_JOULES_TOTAL, 0.001, None),
+    ("DCGM_FI_DEV_SM_CLOCK", catalog.GPU_SM_CLOCK_HERTZ, 1e6, None),
+    ("DCGM_FI_DEV_MEM_CLOCK", catalog.GPU_MEMORY_CLOCK_HERTZ, 1e6, None),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", catalog.GPU_PCIE_REPLAY_ERRORS_TOTAL, 1, None),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", catalog.GPU_ECC_ERRORS_TOTAL, 1, ("type", "corrected")),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", catalog.GPU_ECC_ERRORS_TOTAL, 1,
      ("type", "uncorrected")),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "fsdpmon_gpu_remapped_rows", 1,
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", catalog.GPU_REMAPPED_ROWS, 1,
      ("cause", "correctable")),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "fsdpmon_gpu_remapped_rows", 1,
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", catalog.GPU_REMAPPED_ROWS, 1,
      ("cause", "uncorrectable")),
-    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "fsdpmon_gpu_remapped_rows", 1, ("cause", "failure")),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "fsdpmon_gpu_pcie_bytes_per_second", 1, ("direction", "tx")),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "fsdpmon_gpu_pcie_bytes_per_second", 1, ("direction", "rx")),
-    ("DCGM_FI_PROF_NVLINK_TX_BYTES", "fsdpmon_gpu_nvlink_bytes_per_second", 1,
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", catalog.GPU_REMAPPED_ROWS, 1, ("cause", "failure")),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", catalog.GPU_PCIE_BYTES_PER_SECOND, 1, ("direction", "tx")),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", catalog.GPU_PCIE_BYTES_PER_SECOND, 1, ("direction", "rx")),
+    ("DCGM_FI_PROF_NVLINK_TX_BYTES", catalog.GPU_NVLINK_BYTES_PER_SECOND, 1,
      ("direction", "tx")),
-    ("DCGM_FI_PROF_NVLINK_RX_BYTES", "fsdpmon_gpu_nvlink_bytes_per_second", 1,
+    ("DCGM_FI_PROF_NVLINK_RX_BYTES", catalog.GPU_NVLINK_BYTES_PER_SECOND, 1,
      ("direction", "rx")),
-    ("DCGM_FI_PROF_SM_ACTIVE", "fsdpmon_gpu_sm_activity_ratio", 1, None),
-    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "fsdpmon_gpu_tensor_activity_ratio", 1, None),
+    ("DCGM_FI_PROF_SM_ACTIVE", catalog.GPU_SM_ACTIVITY_RATIO, 1, None),
+    ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", catalog.GPU_TENSOR_ACTIVITY_RATIO, 1, None),
 )
 
 # NVML clock-event reason bits, as dcgm-exporter exports them in one bitmask.
@@ -73,10 +75,10 @@ def relabel(expr: str) -> str:
 
 
 def _not_ours(expr: str) -> str:
-    return f"{expr}\nunless on (uuid) {m('fsdpmon_gpu_info')}"
+    return f"{expr}\nunless on (uuid) {m(catalog.GPU_INFO)}"
 
 
-def _mapped(target: str, expr: str, label: tuple[str, str] | None) -> dict[str, Any]:
+def _mapped(target: Metric, expr: str, label: tuple[str, str] | None) -> dict[str, Any]:
     rule: dict[str, Any] = {"record": m(target), "expr": _not_ours(relabel(expr))}
     if label is not None:  # a rule label keeps each field a distinct series of one metric
         rule["labels"] = dict([label])
@@ -99,9 +101,9 @@ def dcgm_rules(xid_window: str) -> list[dict[str, Any]]:
         rules.append(_mapped(target, scaled, label))
     for reason, bit in THROTTLE_BITS.items():
         bit_set = f"floor({THROTTLE_FIELD} / {bit}) % 2"
-        rules.append(_mapped("fsdpmon_gpu_clock_event_active", bit_set, ("reason", reason)))
+        rules.append(_mapped(catalog.GPU_CLOCK_EVENT_ACTIVE, bit_set, ("reason", reason)))
     rules.append({
-        "record": "fsdpmon_gpu:dcgm_xid_errors:changes",
+        "record": catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES.name,
         "expr": _not_ours(relabel(_xid_changed(xid_window))),
     })
     return rules

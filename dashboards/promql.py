@@ -1,10 +1,9 @@
 """PromQL building blocks tied to the metric catalog, and the parser that checks expressions.
 
-Dashboards and rules never spell a catalogued metric name by hand: they call :func:`m` (or
-:func:`bucket` for histogram buckets), which looks the name up in :mod:`fsdpmon.catalog` and
-fails at generation time when it is missing. :func:`metric_names` is the other half of that
-guarantee: it finds every metric name an expression selects, so the tests can reject any name
-the catalog (or the recording rules) do not define.
+Dashboards and rules never spell a catalogued metric name by hand: they pass a catalog symbol
+to :func:`m` (or :func:`bucket` for histogram buckets), so a misspelt symbol fails at import.
+:func:`metric_names` is the other half of that guarantee: it finds every metric name an
+expression selects, so the tests can reject any name the catalog does not define.
 """
 
 from __future__ import annotations
@@ -12,8 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 
-from fsdpmon import catalog
-from fsdpmon.catalog import Kind
+from fsdpmon.catalog import Kind, Metric, Recorded
 from fsdpmon.conventions import JOB_LABEL
 
 # Grouping labels of job-level figures. Kubernetes scrapes add `namespace`; local runs lack it,
@@ -22,32 +20,30 @@ JOB_KEYS = f"namespace, {JOB_LABEL}"
 RANK_KEYS = f"namespace, {JOB_LABEL}, rank"
 
 
-def m(name: str, matchers: str = "") -> str:
-    """Selector for a catalogued metric, e.g. ``m("fsdpmon_train_loss", 'rank="0"')``."""
-    metric = catalog.get(name)
-    if metric.kind is Kind.HISTOGRAM:
-        raise ValueError(f"{name} is a histogram: select bucket()/hist_sum()/hist_count()")
+def m(metric: Metric | Recorded, matchers: str = "") -> str:
+    """Selector for a catalogued or recorded series, e.g. ``m(catalog.TRAIN_LOSS, 'rank="0"')``."""
+    if isinstance(metric, Metric) and metric.kind is Kind.HISTOGRAM:
+        raise ValueError(f"{metric.name} is a histogram: select bucket()/hist_sum()/hist_count()")
     return f"{metric.name}{{{matchers}}}" if matchers else metric.name
 
 
-def _hist(name: str, suffix: str, matchers: str) -> str:
-    metric = catalog.get(name)
+def _hist(metric: Metric, suffix: str, matchers: str) -> str:
     if metric.kind is not Kind.HISTOGRAM:
-        raise ValueError(f"{name} is not a histogram")
+        raise ValueError(f"{metric.name} is not a histogram")
     series = metric.name + suffix
     return f"{series}{{{matchers}}}" if matchers else series
 
 
-def bucket(name: str, matchers: str = "") -> str:
-    return _hist(name, "_bucket", matchers)
+def bucket(metric: Metric, matchers: str = "") -> str:
+    return _hist(metric, "_bucket", matchers)
 
 
-def hist_sum(name: str, matchers: str = "") -> str:
-    return _hist(name, "_sum", matchers)
+def hist_sum(metric: Metric, matchers: str = "") -> str:
+    return _hist(metric, "_sum", matchers)
 
 
-def hist_count(name: str, matchers: str = "") -> str:
-    return _hist(name, "_count", matchers)
+def hist_count(metric: Metric, matchers: str = "") -> str:
+    return _hist(metric, "_count", matchers)
 
 
 # --- parsing -------------------------------------------------------------------------------

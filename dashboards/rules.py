@@ -6,10 +6,10 @@
 PrometheusRule. Every threshold and ``for`` duration is a field of :class:`RuleBounds`, so the
 end-to-end test can generate a fast variant while the shipped defaults suit real jobs.
 
-Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); they
-are deliberately not in the catalog. The one exception is the dcgm-exporter group, which records
-catalogued GPU names so dashboards and alerts work on clusters that run dcgm-exporter instead of
-the fsdpmon exporter.
+Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); each is
+a :class:`fsdpmon.catalog.Recorded` symbol (``catalog.REC_JOB_TOKENS_PER_SECOND_SUM``), and this
+module holds its expression. The dcgm-exporter group records catalogued GPU names instead, so
+dashboards and alerts work on clusters that run dcgm-exporter instead of the fsdpmon exporter.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any
 
 from dashboards.dcgm import dcgm_rules
 from dashboards.promql import JOB_KEYS, m
+from fsdpmon import catalog
+from fsdpmon.catalog import Recorded
 from fsdpmon.conventions import (
     DEFAULT_STALL_FACTOR,
     DEFAULT_STALL_FLOOR_SECONDS,
@@ -27,10 +29,10 @@ from fsdpmon.conventions import (
 
 Rule = dict[str, Any]
 
-HEARTBEAT = m("fsdpmon_train_last_step_timestamp_seconds")
+HEARTBEAT = m(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS)
 # Served from the monitor's start, before the first step completes: the "rank is alive" series.
-AGE = m("fsdpmon_train_heartbeat_age_seconds")
-STEP_TIME = m("fsdpmon_train_step_time_seconds")
+AGE = m(catalog.TRAIN_HEARTBEAT_AGE_SECONDS)
+STEP_TIME = m(catalog.TRAIN_STEP_TIME_SECONDS)
 
 
 @dataclass(frozen=True)
@@ -81,8 +83,8 @@ def _rose(series: str, window: str) -> str:
     return f"increase({series}[{window}]) > 0\nor\n({series} > 0 unless {series} offset {window})"
 
 
-def _record(name: str, expr: str) -> Rule:
-    return {"record": name, "expr": expr}
+def _record(recorded: Recorded, expr: str) -> Rule:
+    return {"record": recorded.name, "expr": expr}
 
 
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
@@ -98,51 +100,51 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
 def training_records() -> list[Rule]:
     """Job-level figures (one series per namespace/job_name) reused by dashboards and alerts."""
     by = f"by ({JOB_KEYS})"
-    tps = m("fsdpmon_train_tokens_per_second")
+    tps = m(catalog.TRAIN_TOKENS_PER_SECOND)
     return [
-        _record("fsdpmon_job:tokens_per_second:sum", f"sum {by} ({tps})"),
-        _record("fsdpmon_job:tokens_per_second_per_rank:avg", f"avg {by} ({tps})"),
-        _record("fsdpmon_job:ranks:count", f"count {by} ({AGE})"),
-        _record("fsdpmon_job:heartbeat_age_seconds:max", f"max {by} (time() - {HEARTBEAT})"),
-        _record("fsdpmon_job:step_time_seconds:max", f"max {by} ({STEP_TIME})"),
-        _record("fsdpmon_job:step_time_seconds:p50", f"quantile {by} (0.5, {STEP_TIME})"),
-        _record("fsdpmon_job:mfu_ratio:avg", f"avg {by} ({m('fsdpmon_train_mfu_ratio')})"),
-        _record("fsdpmon_job:loss:avg", f"avg {by} ({m('fsdpmon_train_loss')})"),
-        _record("fsdpmon_job:loss:max", f"max {by} ({m('fsdpmon_train_loss')})"),
-        _record("fsdpmon_job:data_wait_ratio:max",
-                f"max {by} ({m('fsdpmon_train_data_wait_ratio')})"),
-        _record("fsdpmon_job:peak_memory_bytes:max", f"max {by} ({_rank_peak_memory()})"),
-        _record("fsdpmon_job:step:max", f"max {by} ({m('fsdpmon_train_step')})"),
-        _record("fsdpmon_job:total_steps:max", f"max {by} ({m('fsdpmon_train_total_steps')})"),
-        _record("fsdpmon_job:steps_per_second:rate5m",
-                f"max {by} (rate({m('fsdpmon_train_steps_total')}[5m]))"),
-        _record("fsdpmon_job:eta_seconds:estimate",
-                "(fsdpmon_job:total_steps:max - fsdpmon_job:step:max)"
-                " / (fsdpmon_job:steps_per_second:rate5m > 0)"),
+        _record(catalog.REC_JOB_TOKENS_PER_SECOND_SUM, f"sum {by} ({tps})"),
+        _record(catalog.REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG, f"avg {by} ({tps})"),
+        _record(catalog.REC_JOB_RANKS_COUNT, f"count {by} ({AGE})"),
+        _record(catalog.REC_JOB_HEARTBEAT_AGE_SECONDS_MAX, f"max {by} (time() - {HEARTBEAT})"),
+        _record(catalog.REC_JOB_STEP_TIME_SECONDS_MAX, f"max {by} ({STEP_TIME})"),
+        _record(catalog.REC_JOB_STEP_TIME_SECONDS_P50, f"quantile {by} (0.5, {STEP_TIME})"),
+        _record(catalog.REC_JOB_MFU_RATIO_AVG, f"avg {by} ({m(catalog.TRAIN_MFU_RATIO)})"),
+        _record(catalog.REC_JOB_LOSS_AVG, f"avg {by} ({m(catalog.TRAIN_LOSS)})"),
+        _record(catalog.REC_JOB_LOSS_MAX, f"max {by} ({m(catalog.TRAIN_LOSS)})"),
+        _record(catalog.REC_JOB_DATA_WAIT_RATIO_MAX,
+                f"max {by} ({m(catalog.TRAIN_DATA_WAIT_RATIO)})"),
+        _record(catalog.REC_JOB_PEAK_MEMORY_BYTES_MAX, f"max {by} ({_rank_peak_memory()})"),
+        _record(catalog.REC_JOB_STEP_MAX, f"max {by} ({m(catalog.TRAIN_STEP)})"),
+        _record(catalog.REC_JOB_TOTAL_STEPS_MAX, f"max {by} ({m(catalog.TRAIN_TOTAL_STEPS)})"),
+        _record(catalog.REC_JOB_STEPS_PER_SECOND_RATE5M,
+                f"max {by} (rate({m(catalog.TRAIN_STEPS_TOTAL)}[5m]))"),
+        _record(catalog.REC_JOB_ETA_SECONDS_ESTIMATE,
+                f"({m(catalog.REC_JOB_TOTAL_STEPS_MAX)} - {m(catalog.REC_JOB_STEP_MAX)})"
+                f" / ({m(catalog.REC_JOB_STEPS_PER_SECOND_RATE5M)} > 0)"),
     ]
 
 
 def _rank_peak_memory() -> str:
     """Peak device memory per rank; process RSS for ranks without a device (CPU runs)."""
-    active = m("fsdpmon_train_memory_peak_active_bytes")
-    rss = m("fsdpmon_train_process_rss_bytes")
+    active = m(catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES)
+    rss = m(catalog.TRAIN_PROCESS_RSS_BYTES)
     return f"{active} or {rss}"
 
 
 def gpu_records() -> list[Rule]:
-    used, total = m("fsdpmon_gpu_memory_used_bytes"), m("fsdpmon_gpu_memory_total_bytes")
-    pod_used = m("fsdpmon_gpu_memory_used_bytes", 'pod!=""')
+    used, total = m(catalog.GPU_MEMORY_USED_BYTES), m(catalog.GPU_MEMORY_TOTAL_BYTES)
+    pod_used = m(catalog.GPU_MEMORY_USED_BYTES, 'pod!=""')
     return [
-        _record("fsdpmon_node:gpu_utilization_ratio:avg",
-                f"avg by (node) ({m('fsdpmon_gpu_utilization_ratio')})"),
-        _record("fsdpmon_node:gpu_memory_used_bytes:sum", f"sum by (node) ({used})"),
-        _record("fsdpmon_node:gpu_power_watts:sum",
-                f"sum by (node) ({m('fsdpmon_gpu_power_watts')})"),
+        _record(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG,
+                f"avg by (node) ({m(catalog.GPU_UTILIZATION_RATIO)})"),
+        _record(catalog.REC_NODE_GPU_MEMORY_USED_BYTES_SUM, f"sum by (node) ({used})"),
+        _record(catalog.REC_NODE_GPU_POWER_WATTS_SUM,
+                f"sum by (node) ({m(catalog.GPU_POWER_WATTS)})"),
         # per process where the fsdpmon exporter sees processes; whole GPUs for dcgm-exporter
-        _record("fsdpmon_pod:gpu_memory_used_bytes:sum",
-                f"sum by (node, namespace, pod) ({m('fsdpmon_gpu_process_memory_used_bytes')})\n"
+        _record(catalog.REC_POD_GPU_MEMORY_USED_BYTES_SUM,
+                f"sum by (node, namespace, pod) ({m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)})\n"
                 f"or sum by (node, namespace, pod) ({pod_used})"),
-        _record("fsdpmon_gpu:memory_used_bytes:ratio", f"{used} / ({total} > 0)"),
+        _record(catalog.REC_GPU_MEMORY_USED_BYTES_RATIO, f"{used} / ({total} > 0)"),
     ]
 
 
@@ -168,7 +170,7 @@ def _stall(b: RuleBounds) -> Rule:
 
 def _rank_missing(b: RuleBounds) -> Rule:
     keys = "instance, job, namespace, pod, job_name, rank"
-    step, total = m("fsdpmon_train_step"), m("fsdpmon_train_total_steps")
+    step, total = m(catalog.TRAIN_STEP), m(catalog.TRAIN_TOTAL_STEPS)
     lb = b.missing_lookback
     seen = f"group by ({keys}) (max_over_time({AGE}[{lb}]))"
     finished = (f"(max_over_time({step}[{lb}]) >= max_over_time({total}[{lb}]))")
@@ -193,7 +195,7 @@ def _rank_missing(b: RuleBounds) -> Rule:
 
 def _straggler(b: RuleBounds) -> Rule:
     med_step = f"quantile by ({JOB_KEYS}) (0.5, {STEP_TIME})"
-    data = m("fsdpmon_train_phase_duration_seconds", 'phase="data"')
+    data = m(catalog.TRAIN_PHASE_DURATION_SECONDS, 'phase="data"')
     slow_step = (f"{STEP_TIME}\n  > on ({JOB_KEYS}) group_left ()"
                  f" ({b.straggler_factor:g} * {med_step})")
     slow_data = (f"max without (phase) (\n    {data}\n"
@@ -217,11 +219,11 @@ def training_alerts(b: RuleBounds) -> list[Rule]:
 
 
 def _quality_alerts(b: RuleBounds) -> list[Rule]:
-    job_tps = "fsdpmon_job:tokens_per_second:sum"
-    loss = "fsdpmon_job:loss:avg"
+    job_tps = m(catalog.REC_JOB_TOKENS_PER_SECOND_SUM)
+    loss = m(catalog.REC_JOB_LOSS_AVG)
     return [
         _alert(
-            "FsdpmonLossNonFinite", f"{m('fsdpmon_train_loss_nonfinite')} == 1",
+            "FsdpmonLossNonFinite", f"{m(catalog.TRAIN_LOSS_NONFINITE)} == 1",
             b.nonfinite_for, "critical",
             "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
             "The last logged loss of rank {{ $labels.rank }} was not finite; the run is "
@@ -257,8 +259,8 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
 
 
 def _memory_alerts(b: RuleBounds) -> list[Rule]:
-    peak = m("fsdpmon_train_memory_peak_active_bytes")
-    cap = m("fsdpmon_train_device_memory_capacity_bytes")
+    peak = m(catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES)
+    cap = m(catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES)
     w = b.allocator_window
     return [
         _alert(
@@ -276,8 +278,8 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
         ),
         _alert(
             "FsdpmonAllocatorRetries",
-            f"{_rose(m('fsdpmon_train_alloc_retries_total'), w)}\nor\n"
-            f"{_rose(m('fsdpmon_train_ooms_total'), w)}",
+            f"{_rose(m(catalog.TRAIN_ALLOC_RETRIES_TOTAL), w)}\nor\n"
+            f"{_rose(m(catalog.TRAIN_OOMS_TOTAL), w)}",
             "", "warning",
             "CUDA allocator retries or OOMs on {{ $labels.job_name }} rank {{ $labels.rank }}",
             f"The caching allocator had to free its cache and retry (or hit OOM) in the last {w}; "
@@ -297,12 +299,12 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
     # Power capping (sw_power_cap) is routine under full load; these reasons cost clock speed
     # because something is wrong with cooling or power delivery.
     hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
-    throttled = m("fsdpmon_gpu_clock_event_active", f'reason=~"{hot}"')
+    throttled = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'reason=~"{hot}"')
     return [
         _alert(
             "FsdpmonGPULowUtilization",
-            f"fsdpmon_node:gpu_utilization_ratio:avg < {b.low_util_ratio:g}\n"
-            f"  and on (node) group by (node) ({m('fsdpmon_train_info')})",
+            f"{m(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG)} < {b.low_util_ratio:g}\n"
+            f"  and on (node) group by (node) ({m(catalog.TRAIN_INFO)})",
             b.low_util_for, "warning",
             "GPUs of node {{ $labels.node }} are mostly idle while training runs there",
             "Average GPU utilisation on {{ $labels.node }} is {{ $value | humanizePercentage }} "
@@ -325,13 +327,13 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
 
 def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
     w = b.error_window
-    uncorrected = m("fsdpmon_gpu_ecc_errors_total", 'type="uncorrected"')
-    failed_remap = m("fsdpmon_gpu_remapped_rows", 'cause="failure"')
+    uncorrected = m(catalog.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"')
+    failed_remap = m(catalog.GPU_REMAPPED_ROWS, 'cause="failure"')
     return [
         _alert(
             "FsdpmonGPUXidErrors",
-            f"{_rose(m('fsdpmon_gpu_xid_errors_total'), w)}\nor\n"
-            "fsdpmon_gpu:dcgm_xid_errors:changes > 0",
+            f"{_rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
+            f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0",
             "", "critical",
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
@@ -356,9 +358,9 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
 
 def target_alerts(b: RuleBounds) -> list[Rule]:
     lb = b.missing_lookback
-    train = m("fsdpmon_train_info")
-    exporter = m("fsdpmon_exporter_info")
-    stale = m("fsdpmon_exporter_sample_stale")
+    train = m(catalog.TRAIN_INFO)
+    exporter = m(catalog.EXPORTER_INFO)
+    stale = m(catalog.EXPORTER_SAMPLE_STALE)
     return [
         _alert(
             "FsdpmonTrainingTargetDown",

@@ -116,6 +116,17 @@ def test_recorded_names_follow_level_metric_operations():
             assert name not in catalog.BY_NAME
 
 
+def test_each_catalogued_recorded_series_has_exactly_one_rule():
+    """The catalog names them, the rules define them: neither side may drift from the other."""
+    records = [r["record"] for g in rule_groups() for r in g["rules"] if "record" in r]
+    ours = [n for n in records if n not in catalog.BY_NAME]
+    catalogued = sorted(r.name for r in catalog.RECORDED)
+    assert sorted(ours) == catalogued, (
+        f"rules without a catalog symbol: {sorted(set(ours) - set(catalogued))}; "
+        f"symbols without a rule: {sorted(set(catalogued) - set(ours))}; "
+        f"{len(ours)} rules for {len(catalogued)} symbols")
+
+
 def test_dcgm_mapping_records_catalogued_gpu_metrics_with_their_labels():
     records = [r for g in rule_groups() if g["name"] == "fsdpmon-dcgm.rules" for r in g["rules"]]
     gpu_names = {m.name for m in catalog.GPU}
