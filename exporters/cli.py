@@ -21,10 +21,11 @@ from exporters.pods import PodIndex, api_from_config
 from exporters.procs import ProcessScanner
 from exporters.sampler import GpuSource, Sampler
 from exporters.server import Server, serve
+from exporters.simfaults import GpuFaults, exporter_faults
 from exporters.simulated import SimulatedReader
 from exporters.webconfig import WebConfig, load_web_config
 from exporters.xid import XidWatcher
-from fsdpmon import __version__, validate
+from fsdpmon import __version__, faultspec, validate
 from fsdpmon.conventions import EXPORTER_PORT
 from fsdpmon.errors import ConfigError
 
@@ -43,6 +44,7 @@ class ExporterConfig:
     kubeconfig: str = ""
     pod_refresh_s: float = 15.0
     max_processes: int = 512
+    fault: str = ""  # --fault spec (FSDPMON_FAULT is read too); GPU kinds only
 
     def validate(self) -> None:
         validate.port("--port", self.port)
@@ -56,6 +58,11 @@ class ExporterConfig:
             raise ConfigError("--listen-address", "must not be empty")
         if not os.path.isfile(os.path.join(self.proc_root, "stat")):
             raise ConfigError("--proc-root", f"{self.proc_root} does not look like a /proc mount")
+        self.gpu_faults()
+
+    def gpu_faults(self) -> GpuFaults:
+        """The GPU faults to inject (from FSDPMON_FAULT and --fault); ConfigError when bad."""
+        return exporter_faults(self.fault or None, self.simulate_gpus)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -79,6 +86,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds between pod lists of this node (default 15)")
     parser.add_argument("--max-processes", type=int, default=512,
                         help="at most this many processes get series (default 512)")
+    parser.add_argument("--fault", default="", metavar="SPEC",
+                        help="inject GPU faults into the simulated GPUs, e.g. "
+                             "'gpu-throttle:gpu=1,after=30,reason=thermal;xid:gpu=0,code=79,"
+                             "after=60' (also read from $FSDPMON_FAULT; see the README)")
 
 
 def config_from_args(args: argparse.Namespace) -> ExporterConfig:
@@ -87,7 +98,7 @@ def config_from_args(args: argparse.Namespace) -> ExporterConfig:
         simulate_gpus=args.simulate_gpus, node_name=args.node_name,
         web_config_file=args.web_config_file, proc_root=args.proc_root,
         kubeconfig=args.kubeconfig, pod_refresh_s=args.pod_refresh,
-        max_processes=args.max_processes,
+        max_processes=args.max_processes, fault=args.fault,
     )
     cfg.validate()
     return cfg
@@ -116,7 +127,10 @@ class Exporter:
 
 def _gpu_source(cfg: ExporterConfig) -> tuple[GpuSource, XidWatcher | None]:
     if cfg.simulate_gpus:
-        return SimulatedReader(cfg.simulate_gpus), None
+        faults = cfg.gpu_faults()
+        for fault in faults.faults:
+            log.warning("fault injection: %s", faultspec.describe(fault))
+        return SimulatedReader(cfg.simulate_gpus, faults=faults), None
     reader = NvmlReader()
     xid = XidWatcher(reader)
     reader.on_open = xid.start  # also when the driver only comes up later

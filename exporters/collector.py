@@ -107,6 +107,10 @@ def _gpu(out: Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -
             out.add(catalog.GPU_PROCESS_SM_UTILIZATION_RATIO, plabels, process.sm_utilization_ratio)
 
 
+def _opt(number: int | None) -> str:
+    return "" if number is None else str(number)
+
+
 def _host(out: Families, node: str, host: HostSample) -> None:
     for mode, seconds in host.cpu_seconds.items():
         out.add(catalog.HOST_CPU_SECONDS_TOTAL, [node, mode], seconds)
@@ -122,7 +126,8 @@ def _host(out: Families, node: str, host: HostSample) -> None:
 
 def _process(out: Families, node: str, p: ProcessSample) -> None:
     labels = [node, str(p.pid), *p.pod.labels()]
-    out.add(catalog.PROCESS_INFO, [*labels, p.command, p.user], 1.0)
+    out.add(catalog.PROCESS_INFO, [*labels, p.command, p.user, _opt(p.rank), _opt(p.local_rank)],
+            1.0)
     out.add(catalog.PROCESS_CPU_SECONDS_TOTAL, labels, p.cpu_seconds)
     if p.cpu_utilization is not None:
         out.add(catalog.PROCESS_CPU_UTILIZATION_RATIO, labels, p.cpu_utilization)

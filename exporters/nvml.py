@@ -56,6 +56,16 @@ CLOCK_EVENT_REASONS = {
     "display_clock_setting": 0x100,
 }
 
+# Reasons NVML accumulates time for (field values, nanoseconds since the driver loaded; drivers
+# 535+) -> the field's name in pynvml. hw_slowdown has no counter of its own.
+CLOCK_EVENT_TIME_REASONS = {
+    "sw_power_cap": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP",
+    "sync_boost": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST",
+    "sw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN",
+    "hw_thermal_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN",
+    "hw_power_brake_slowdown": "NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN",
+}
+
 
 class GpuLost(Exception):
     """Raised inside the reader when a GPU stops answering."""
@@ -176,7 +186,7 @@ class NvmlReader:
     def _read_gpu(self, index: int) -> GpuSample:
         identity = self.identities[index]
         if index in self._lost:
-            return GpuSample(identity=identity, up=False)
+            return self._lost_sample(identity)
         handle = self.handles[index]
         values: dict[str, float] = {}
         labelled: dict[str, dict[str, float]] = {}
@@ -193,11 +203,18 @@ class NvmlReader:
         except GpuLost as exc:
             log.error("GPU %d (%s) lost: %s", index, identity.uuid, exc)
             self._lost.add(index)
-            return GpuSample(identity=identity, up=False)
+            return self._lost_sample(identity)
         xids = self.xid_counts(index)
         if xids:
             labelled[catalog.GPU_XID_ERRORS_TOTAL.name] = xids
         return GpuSample(identity, True, values, labelled, tuple(processes or ()))
+
+    def _lost_sample(self, identity: GpuIdentity) -> GpuSample:
+        """A lost GPU reads up 0 and keeps its XID counts: the XID 79 that came with its loss
+        is the evidence of why."""
+        xids = self.xid_counts(identity.index)
+        labelled = {catalog.GPU_XID_ERRORS_TOTAL.name: xids} if xids else {}
+        return GpuSample(identity=identity, up=False, labelled=labelled)
 
     def _value_fields(self) -> tuple[tuple[str, Callable[[Any, int], dict[str, float]]], ...]:
         return (
@@ -221,6 +238,7 @@ class NvmlReader:
     def _labelled_fields(self) -> tuple[tuple[str, Callable[[Any, int], dict[str, float]]], ...]:
         return (
             (catalog.GPU_CLOCK_EVENT_ACTIVE.name, self.clock_events),
+            (catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL.name, self.clock_event_time),
             (catalog.GPU_ECC_ERRORS_TOTAL.name, self.ecc_errors),
             (catalog.GPU_REMAPPED_ROWS.name, self.remapped_rows),
             (catalog.GPU_PCIE_BYTES_PER_SECOND.name, self.pcie_throughput),
@@ -312,6 +330,20 @@ class NvmlReader:
         except nv.NVMLError_FunctionNotFound:  # drivers before 535 only have the old name
             mask = nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle)
         return {reason: float(bool(mask & bit)) for reason, bit in CLOCK_EVENT_REASONS.items()}
+
+    def clock_event_time(self, handle: Any, index: int) -> dict[str, float]:
+        """Accumulated clock-event time per reason, in seconds (NVML counts nanoseconds)."""
+        nv = self.nvml
+        reasons = [(r, getattr(nv, f)) for r, f in CLOCK_EVENT_TIME_REASONS.items()
+                   if hasattr(nv, f)]
+        if not reasons:
+            raise nv.NVMLError_NotSupported()
+        entries = nv.nvmlDeviceGetFieldValues(handle, [field_id for _, field_id in reasons])
+        out = {reason: _field_number(entry) / 1e9 for (reason, _), entry
+               in zip(reasons, entries, strict=True) if entry.nvmlReturn == nv.NVML_SUCCESS}
+        if not out:  # a driver before 535 answers each field NotSupported
+            raise nv.NVMLError_NotSupported()
+        return out
 
     def ecc_errors(self, handle: Any, index: int) -> dict[str, float]:
         nv = self.nvml

@@ -81,6 +81,19 @@ def uid_of(status_text: str) -> int | None:
     return None
 
 
+def environ_int(environ: bytes, key: bytes) -> int | None:
+    """An integer variable from a NUL-separated environment (None when absent or not a number).
+
+    Only RANK and LOCAL_RANK are ever read this way: the rest of a process's environment (it
+    may hold tokens) is never kept."""
+    prefix = key + b"="
+    for entry in environ.split(b"\0"):
+        if entry.startswith(prefix):
+            value = entry[len(prefix):]
+            return int(value) if value.isdigit() and len(value) <= 9 else None
+    return None
+
+
 def looks_like_training(command: str, environ: bytes) -> bool:
     if TRAINING_COMMAND.search(command):
         return True
@@ -97,6 +110,8 @@ class _Known:
     cgroup: CgroupRef | None
     training_command: bool
     seen_at: float
+    rank: int | None = None
+    local_rank: int | None = None
 
 
 PodLookup = Callable[[str, str], "PodRef | None"]
@@ -170,7 +185,8 @@ class ProcessScanner:
         except OSError:  # other users' environ is private unless we run as root
             environ = b""
         training = looks_like_training(command, environ)
-        return _Known(stat.start_ticks, command, self._user(uid), cgroup, training, now)
+        return _Known(stat.start_ticks, command, self._user(uid), cgroup, training, now,
+                      environ_int(environ, b"RANK"), environ_int(environ, b"LOCAL_RANK"))
 
     def _refresh_known(self, pids: Iterable[int], now: float) -> None:
         live = set(pids)
@@ -194,6 +210,10 @@ class ProcessScanner:
     def training_pids(self) -> list[int]:
         """PIDs that are training by pod or, without a pod index, by command (for simulation)."""
         return [pid for pid, known in self._known.items() if self._covered(known)]
+
+    def training_local_ranks(self) -> dict[int, int | None]:
+        """Training PIDs with their LOCAL_RANK (None for a launcher or a plain process)."""
+        return {pid: self._known[pid].local_rank for pid in self.training_pids()}
 
     def _covered(self, known: _Known) -> bool:
         if self.pod_lookup is not None:
@@ -253,4 +273,6 @@ class ProcessScanner:
             start_time_seconds=self._boot_time + stat.start_ticks / self._ticks,
             cpu_utilization=cpu_utilization,
             pod=self._pod(known) or NO_POD,
+            rank=known.rank,
+            local_rank=known.local_rank,
         )

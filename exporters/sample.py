@@ -84,6 +84,8 @@ class ProcessSample:
     start_time_seconds: float
     cpu_utilization: float | None = None  # cores, over the last sample interval
     pod: PodRef = NO_POD
+    rank: int | None = None  # RANK / LOCAL_RANK of a torchrun worker (from its environment)
+    local_rank: int | None = None
 
 
 @dataclass(frozen=True)

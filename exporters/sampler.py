@@ -89,10 +89,9 @@ class Sampler:
         durations: dict[str, float] = {}
         started = time.perf_counter()
         self._timed(durations, "processes", self.procs.scan)
-        training = self.procs.training_pids()
         use = getattr(self.gpus, "use_processes", None)
         if use is not None:  # simulated GPUs are "used" by the training processes
-            use(training)
+            use(self.procs.training_local_ranks())
         t0 = time.perf_counter()
         gpu, gpu_stale = self._read_gpus()
         durations["nvml"] = time.perf_counter() - t0

@@ -4,22 +4,29 @@ Values move plausibly (utilisation, power and temperature follow a slow wave per
 integrates power), but every GPU reports the model name ``SIMULATED`` and a UUID that says so,
 so simulated data can never pass for real data on a dashboard.
 
-Given the PIDs of the node's training processes (``use_processes``), the simulated GPUs are
-"used" by them round-robin, so per-process GPU memory and pod labels on GPU series can be seen
-end to end without a GPU.
+Given the node's training processes with their LOCAL_RANK (``use_processes``), simulated GPU
+``i`` is used by the process with ``LOCAL_RANK=i`` (modulo the GPU count), as NVML lists a
+torchrun worker among the compute processes of the GPU it was given; a launcher (no LOCAL_RANK)
+uses none. So per-process GPU memory, pod labels on GPU series and a GPU fault's rank can be
+traced end to end without a GPU. GPU faults (:mod:`exporters.simfaults`) change what a GPU
+reports from their start time on.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping
 
-from exporters.nvml import CLOCK_EVENT_REASONS
+from exporters.nvml import CLOCK_EVENT_REASONS, CLOCK_EVENT_TIME_REASONS
 from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
+from exporters.simfaults import HEALTHY, GpuFaults, GpuFaultState
 from fsdpmon import catalog
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
+
+log = logging.getLogger(__name__)
 
 GIB = 1024**3
 TOTAL_MEMORY = 80 * GIB
@@ -31,14 +38,19 @@ MEM_CLOCK_MAX_HZ = 2619e6
 class SimulatedReader:
     """Behaves like ``NvmlReader`` (open/read/close, ``up``) for ``count`` fake GPUs."""
 
-    def __init__(self, count: int, clock: Callable[[], float] | None = None) -> None:
+    def __init__(self, count: int, clock: Callable[[], float] | None = None,
+                 faults: GpuFaults | None = None) -> None:
         self.count = count
         self.up = False
         self._now = clock or time.monotonic
         self._started = self._now()
         self._last = self._started
         self._energy = [0.0] * count
-        self._pids: tuple[int, ...] = ()
+        # accumulated clock-event seconds per GPU and reason, as NVML's counters
+        self._event_seconds = [dict.fromkeys(CLOCK_EVENT_TIME_REASONS, 0.0) for _ in range(count)]
+        self._faults = faults or GpuFaults((), count)
+        self._lost: set[int] = set()
+        self._pids: dict[int, int | None] = {}
         self._lock = threading.Lock()
         self.identities = [
             GpuIdentity(
@@ -60,10 +72,10 @@ class SimulatedReader:
     def close(self) -> None:
         self.up = False
 
-    def use_processes(self, pids: Sequence[int]) -> None:
-        """The processes the simulated GPUs are shared out to (round-robin by PID order)."""
+    def use_processes(self, local_ranks: Mapping[int, int | None]) -> None:
+        """The node's training processes, PID -> LOCAL_RANK (None: uses no GPU)."""
         with self._lock:
-            self._pids = tuple(sorted(pids))
+            self._pids = dict(local_ranks)
 
     def read(self) -> GpuReading:
         now = self._now()
@@ -74,20 +86,49 @@ class SimulatedReader:
         gpus = tuple(self._gpu(i, t, elapsed, pids) for i in range(self.count))
         return GpuReading(nvml_up=True, gpus=gpus)
 
-    def _gpu(self, i: int, t: float, elapsed: float, pids: tuple[int, ...]) -> GpuSample:
+    def _gpu(self, i: int, t: float, elapsed: float, pids: Mapping[int, int | None]) -> GpuSample:
+        fault = self._faults.state(i, t) if self._faults else HEALTHY
+        if fault.lost:
+            return self._lost_gpu(i, fault)
         wave = 0.5 + 0.5 * math.sin(t / 7.0 + i * 0.9)  # 0..1, one slow wave per GPU
         util = 0.82 + 0.16 * wave
         power = 320.0 + 330.0 * wave
+        if fault.throttle is not None:  # busy all the time at low clocks, drawing little
+            util, power = 0.99, POWER_LIMIT_WATTS * fault.throttle.power_ratio
         self._energy[i] += power * elapsed
         used = (52 + 14 * wave + i % 3) * GIB
-        mine = pids[i :: self.count] if pids else ()
+        mine = sorted(p for p, local in pids.items() if local is not None
+                      and local % self.count == i)
         processes = tuple(
             GpuProcess(pid=p, memory_used_bytes=used * 0.95 / len(mine),
                        sm_utilization_ratio=util / len(mine))
             for p in mine
         )
-        return GpuSample(self.identities[i], True, self._values(i, wave, util, power, used),
-                         _labelled(wave), processes)
+        values = self._values(i, wave, util, power, used)
+        labelled = _labelled(wave)
+        _apply(fault, values, labelled)
+        # a throttle that began within this interval counts from its start, not the read before
+        since = t - fault.throttle_since if fault.throttle is not None else elapsed
+        active = labelled[catalog.GPU_CLOCK_EVENT_ACTIVE.name]
+        self._count_event_time(i, active, min(elapsed, since))
+        labelled[catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL.name] = dict(self._event_seconds[i])
+        return GpuSample(self.identities[i], True, values, labelled, processes)
+
+    def _lost_gpu(self, i: int, fault: GpuFaultState) -> GpuSample:
+        """What NvmlReader makes of GpuIsLost: up 0, no values, its XID counts kept."""
+        if i not in self._lost:
+            self._lost.add(i)
+            log.error("GPU %d (%s) lost: GPU is lost (simulated gpu-lost fault)", i,
+                      self.identities[i].uuid)
+        xids = {str(code): float(n) for code, n in fault.xids.items()}
+        return GpuSample(self.identities[i], False,
+                         labelled={catalog.GPU_XID_ERRORS_TOTAL.name: xids} if xids else {})
+
+    def _count_event_time(self, i: int, active: Mapping[str, float], elapsed: float) -> None:
+        seconds = self._event_seconds[i]
+        for reason in seconds:
+            if active.get(reason):
+                seconds[reason] += elapsed
 
     def _values(self, i: int, wave: float, util: float, power: float,
                 used: float) -> dict[str, float]:
@@ -111,6 +152,29 @@ class SimulatedReader:
             catalog.GPU_SM_ACTIVITY_RATIO.name: util * 0.9,
             catalog.GPU_TENSOR_ACTIVITY_RATIO.name: util * 0.55,
         }
+
+
+def _apply(fault: GpuFaultState, values: dict[str, float],
+           labelled: dict[str, dict[str, float]]) -> None:
+    """A fault's marks on one healthy sample (throttle, ECC, XID), in place."""
+    throttle = fault.throttle
+    if throttle is not None:
+        values[catalog.GPU_SM_CLOCK_HERTZ.name] = SM_CLOCK_MAX_HZ * throttle.clock_ratio
+        values[catalog.GPU_SM_ACTIVITY_RATIO.name] = 0.97
+        if throttle.temperature_celsius is not None:
+            values[catalog.GPU_TEMPERATURE_CELSIUS.name] = throttle.temperature_celsius
+        events = labelled[catalog.GPU_CLOCK_EVENT_ACTIVE.name]
+        events["sw_power_cap"] = 0.0  # the power draw is far below the cap
+        for reason in throttle.reasons:
+            events[reason] = 1.0
+    if fault.ecc_uncorrected:
+        labelled[catalog.GPU_ECC_ERRORS_TOTAL.name]["uncorrected"] = float(fault.ecc_uncorrected)
+        rows = labelled[catalog.GPU_REMAPPED_ROWS.name]
+        rows["uncorrectable"] = float(fault.ecc_uncorrected)
+        rows["pending"] = 1.0  # the remapping takes effect at the next GPU reset
+    if fault.xids:
+        xids = {str(code): float(n) for code, n in fault.xids.items()}
+        labelled[catalog.GPU_XID_ERRORS_TOTAL.name] = xids
 
 
 def _labelled(wave: float) -> dict[str, dict[str, float]]:

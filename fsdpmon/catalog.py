@@ -263,6 +263,11 @@ GPU_MEMORY_CLOCK_MAX_HERTZ = Metric(
 GPU_CLOCK_EVENT_ACTIVE = Metric(
     "fsdpmon_gpu_clock_event_active", Gg, "",
     "1 while a clock-event (throttle) reason is active, per reason.", (*GP, "reason"))
+GPU_CLOCK_EVENT_SECONDS_TOTAL = Metric(
+    "fsdpmon_gpu_clock_event_seconds_total", C, "seconds",
+    "Time clocks were held down since the driver loaded, per clock-event reason (NVML's "
+    "accumulated clock-event time; reasons NVML counts: sw_power_cap, sync_boost, "
+    "sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown).", (*GP, "reason"))
 GPU_ECC_ERRORS_TOTAL = Metric(
     "fsdpmon_gpu_ecc_errors_total", C, "",
     "ECC errors since the driver loaded, by type (corrected/uncorrected).",
@@ -300,7 +305,8 @@ GPU: tuple[Metric, ...] = (
     GPU_MEMORY_RESERVED_BYTES, GPU_TEMPERATURE_CELSIUS, GPU_MEMORY_TEMPERATURE_CELSIUS,
     GPU_POWER_WATTS, GPU_POWER_LIMIT_WATTS, GPU_ENERGY_JOULES_TOTAL, GPU_SM_CLOCK_HERTZ,
     GPU_MEMORY_CLOCK_HERTZ, GPU_SM_CLOCK_MAX_HERTZ, GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_CLOCK_EVENT_ACTIVE, GPU_ECC_ERRORS_TOTAL, GPU_REMAPPED_ROWS, GPU_XID_ERRORS_TOTAL,
+    GPU_CLOCK_EVENT_ACTIVE, GPU_CLOCK_EVENT_SECONDS_TOTAL, GPU_ECC_ERRORS_TOTAL,
+    GPU_REMAPPED_ROWS, GPU_XID_ERRORS_TOTAL,
     GPU_PCIE_BYTES_PER_SECOND, GPU_PCIE_REPLAY_ERRORS_TOTAL, GPU_NVLINK_BYTES_PER_SECOND,
     GPU_SM_ACTIVITY_RATIO, GPU_TENSOR_ACTIVITY_RATIO, GPU_PROCESS_MEMORY_USED_BYTES,
     GPU_PROCESS_SM_UTILIZATION_RATIO,
@@ -349,8 +355,10 @@ P = ("node", "pid", *POD_LABELS)
 # Processes that use a GPU or belong to a training pod (exporter).
 PROCESS_INFO = Metric(
     "fsdpmon_process_info", Gg, "",
-    "A process that uses a GPU or belongs to a training pod (value 1).",
-    (*P, "command", "user"))
+    "A process that uses a GPU or belongs to a training pod (value 1); rank and local_rank "
+    "from its RANK / LOCAL_RANK environment (empty when not a torchrun worker) tie a GPU's "
+    "processes to training ranks.",
+    (*P, "command", "user", "rank", "local_rank"))
 PROCESS_CPU_SECONDS_TOTAL = Metric(
     "fsdpmon_process_cpu_seconds_total", C, "seconds", "CPU time of the process.", P)
 PROCESS_CPU_UTILIZATION_RATIO = Metric(

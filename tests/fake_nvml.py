@@ -37,6 +37,13 @@ class FakeGpu:
     max_clocks_mhz: dict[int, int] = field(default_factory=lambda: {pynvml.NVML_CLOCK_SM: 1980,
                                                                     pynvml.NVML_CLOCK_MEM: 2619})
     clock_event_mask: int = 0x4 | 0x20  # sw_power_cap + sw_thermal_slowdown
+    # accumulated clock-event nanoseconds by NVML field id (drivers 535+); empty: unsupported
+    clock_event_ns: dict[int, int] = field(default_factory=lambda: {
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP: 7_500_000_000,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SYNC_BOOST: 0,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN: 2_000_000_000,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_THERM_SLOWDOWN: 0,
+        pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_HW_POWER_BRAKE_SLOWDOWN: 0})
     ecc: tuple[int, int] = (3, 0)  # corrected, uncorrected (volatile)
     remapped: tuple[int, int, bool, bool] = (2, 0, False, False)
     pcie_kbps: tuple[int, int] = (1000, 3000)  # tx, rx
@@ -175,6 +182,8 @@ class FakeNvml:
     def _field(gpu: FakeGpu, field_id: int) -> int | None:
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and "memory_temp" not in gpu.unsupported:
             return gpu.memory_temperature
+        if field_id in gpu.clock_event_ns:
+            return gpu.clock_event_ns[field_id]
         if "nvlink" in gpu.unsupported:
             return None
         if field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:

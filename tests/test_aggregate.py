@@ -36,6 +36,18 @@ def test_healthy_job_header_figures():
     assert proc.command.startswith("python -m trainer.train")
 
 
+def test_each_gpu_names_the_rank_whose_process_holds_it_and_each_rank_its_gpu():
+    """NVML lists the worker's PID on its GPU; the exporter reads that worker's RANK."""
+    snap = snapshot()
+    held = {(g.node, g.gpu): g.ranks for g in snap.gpus}
+    assert held == {("node-0", "0"): (0,), ("node-0", "1"): (1,), ("node-1", "0"): (2,),
+                    ("node-1", "1"): (3,)}, held
+    assert [r.gpus for r in snap.ranks] == [("node-0/0",), ("node-0/1",), ("node-1/0",),
+                                            ("node-1/1",)]
+    assert {p.pid: (p.rank, p.gpus) for p in snap.processes} == {
+        4000: (0, ("0",)), 4001: (1, ("1",)), 4002: (2, ("0",)), 4003: (3, ("1",))}
+
+
 def test_straggler_is_named_and_degrades_the_job():
     specs = ranks(r2={"step_time_s": 0.5 * STRAGGLER_RATIO * 1.5})
     snap = snapshot(specs)

@@ -89,7 +89,8 @@ def test_serves_simulated_gpus_host_and_processes_and_stops_on_sigterm(exporters
     assert 'fsdpmon_exporter_info{node="test-node",simulated="true"' in text
     assert 'fsdpmon_host_load1{node="test-node"} 3.5' in text
     assert re.search(r'fsdpmon_process_info\{command="/usr/bin/python -u -m trainer.train '
-                     r'--model tiny",container="",namespace="",node="test-node",pid="1001"', text)
+                     r'--model tiny",container="",local_rank="0",namespace="",node="test-node",'
+                     r'pid="1001",pod="",rank="0"', text)
     assert "hf_abcdefghijklmnopqrstuvwx" not in text  # secrets never reach labels
     check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
                            capture_output=True, timeout=30)
@@ -135,6 +136,9 @@ def _busy_port() -> tuple[socket.socket, int]:
         (["--kubeconfig", "/nonexistent"], "--kubeconfig: no such file"),
         (["--listen-address", "no-such-host.invalid"], "--listen-address: cannot listen on"),
         (["--listen-address", "192.0.2.1"], "--listen-address: cannot listen on"),
+        (["--simulate-gpus", "2", "--fault", "xid:gpu=0,code=x"],
+         "--fault: bad fault spec 'xid:gpu=0,code=x': xid code must be an integer"),
+        (["--fault", "gpu-lost:gpu=0"], "--fault: GPU faults are injected into simulated GPUs"),
     ],
 )
 def test_bad_flags_fail_with_one_line_naming_the_field(args: list[str], message: str) -> None:
@@ -178,7 +182,8 @@ def test_in_kubernetes_gpu_and_process_series_carry_pod_labels(exporters, tmp_pa
             time.sleep(0.3)
             text = _get(base + "/metrics")[1]
         assert f"fsdpmon_gpu_utilization_ratio{{{pod_labels},pod=\"llama-worker-0\"" in text
-        assert 'fsdpmon_gpu_utilization_ratio{container="sidecar",gpu="1"' in text
+        # the sidecar runs no torchrun worker (no LOCAL_RANK): it holds no GPU
+        assert 'fsdpmon_gpu_utilization_ratio{container="",gpu="1"' in text
         assert ('fsdpmon_process_resident_memory_bytes{container="trainer",namespace="ml",'
                 'node="node-a",pid="1001",pod="llama-worker-0"}') in text
         # In Kubernetes the pod decides: torchrun outside any training pod gets no series.

@@ -84,7 +84,7 @@ def test_gpu_series_carry_the_pod_of_the_process_on_them() -> None:
     assert registry.get_sample_value("fsdpmon_process_info", {
         "node": "node-a", "pid": "1001", "namespace": "ml", "pod": "llama-worker-0",
         "container": "trainer", "command": "/usr/bin/python -u -m trainer.train --model tiny",
-        "user": "root"}) == 1.0
+        "user": "root", "rank": "0", "local_rank": "0"}) == 1.0
     promtool_check(generate_latest(registry))
 
 

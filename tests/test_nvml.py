@@ -211,3 +211,34 @@ def test_xid_events_are_counted_per_gpu_and_code() -> None:
     reading = reader.read()
     assert reading.gpus[1].labelled["fsdpmon_gpu_xid_errors_total"] == {"79": 2.0}
     assert reading.gpus[0].labelled["fsdpmon_gpu_xid_errors_total"] == {"48": 1.0}
+
+
+def test_accumulated_clock_event_time_is_read_in_seconds() -> None:
+    fake = FakeNvml(_gpus(1))
+    gpu = _open(fake).read().gpus[0]
+    seconds = gpu.labelled["fsdpmon_gpu_clock_event_seconds_total"]
+    ns = fake.gpus[0].clock_event_ns
+    assert seconds["sw_power_cap"] == ns[pynvml.NVML_FI_DEV_CLOCKS_EVENT_REASON_SW_POWER_CAP] / 1e9
+    assert seconds["sw_thermal_slowdown"] == 2.0 and seconds["hw_thermal_slowdown"] == 0.0
+    assert set(seconds) == {"sw_power_cap", "sync_boost", "sw_thermal_slowdown",
+                            "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+
+
+def test_a_driver_without_clock_event_time_leaves_it_out() -> None:
+    gpus = _gpus(1)
+    gpus[0].clock_event_ns = {}  # before 535 every such field answers NotSupported
+    reader = _open(FakeNvml(gpus))
+    assert "fsdpmon_gpu_clock_event_seconds_total" not in reader.read().gpus[0].labelled
+    assert reader.read().gpus[0].up
+
+
+def test_a_lost_gpu_keeps_its_xid_counts() -> None:
+    """The XID 79 that comes with a GPU falling off the bus is why it reads down."""
+    fake = FakeNvml(_gpus(2))
+    reader = _open(fake)
+    reader.count_xid(1, 79)
+    fake.gpus[1].lost = True
+    for _ in range(2):  # when it is found lost, and on every read after
+        lost = reader.read().gpus[1]
+        assert not lost.up and lost.values == {}
+        assert lost.labelled == {"fsdpmon_gpu_xid_errors_total": {"79": 1.0}}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from proc_tree import kill_tree
 
-from exporters.procs import ProcessScanner, command_line, parse_stat, redact
+from exporters.procs import ProcessScanner, command_line, environ_int, parse_stat, redact
 from exporters.sample import PodRef
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
@@ -160,3 +160,12 @@ def test_real_proc_finds_a_real_training_process() -> None:
         assert sample.command.endswith("time.sleep(60)")
     finally:
         kill_tree(child)
+
+
+def test_rank_and_local_rank_come_from_the_environment_and_nothing_else_is_kept() -> None:
+    env = b"HF_TOKEN=hf_secretsecret\0LOCAL_RANK=3\0RANK=11\0LOCAL_RANK_X=9\0"
+    assert environ_int(env, b"LOCAL_RANK") == 3 and environ_int(env, b"RANK") == 11
+    assert environ_int(env, b"GROUP_RANK") is None
+    assert environ_int(b"RANK=-1\0", b"RANK") is None  # not a rank: not a label
+    assert environ_int(b"RANK=1e9\0", b"RANK") is None
+    assert environ_int(b"RANK=" + b"9" * 40 + b"\0", b"RANK") is None  # bounded

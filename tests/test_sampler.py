@@ -33,8 +33,10 @@ def test_one_sample_has_gpus_host_and_training_processes() -> None:
     assert sample.node == "node-a" and sample.gpu.nvml_up and len(sample.gpu.gpus) == 4
     assert sample.host is not None and sample.host.load == (3.5, 2.25, 1.0)
     assert sorted(p.pid for p in sample.processes) == [1001, 3000, 3001]
-    # simulated GPUs are shared out to the training processes, round-robin
-    assert [[p.pid for p in g.processes] for g in sample.gpu.gpus] == [[1001], [3000], [3001], []]
+    # simulated GPU i is used by the worker with LOCAL_RANK=i; torchrun (3000) uses none
+    assert [[p.pid for p in g.processes] for g in sample.gpu.gpus] == [[1001], [3001], [], []]
+    ranks = {p.pid: (p.rank, p.local_rank) for p in sample.processes}
+    assert ranks == {1001: (0, 0), 3000: (None, None), 3001: (1, 1)}
     assert set(sample.durations) >= {"processes", "nvml", "host", "total"}
     assert not sample.gpu_stale
 

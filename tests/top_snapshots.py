@@ -42,6 +42,7 @@ def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = ()
             continue
         mine = [s for s in specs if s.node == node]
         gpus = [GpuSpec(gpu=s.local_rank, pod=f"{JOB}-worker-{n}", pid=4000 + s.rank,
+                        rank=s.rank,
                         utilization_ratio=(gpu_util or {}).get((n, s.local_rank), 0.97),
                         **(gpu or {}).get((n, s.local_rank), {}))
                 for s in mine]

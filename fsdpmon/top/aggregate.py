@@ -217,12 +217,13 @@ def _add_process(acc: _Acc, s: Sample, node: str) -> None:
     if s.name == PROCESS_INFO:
         proc["command"] = labels.get("command", "")
         proc["user"] = labels.get("user", "")
+        proc["rank"] = _as_int(labels.get("rank", ""))
     elif s.name == PROCESS_STATE:
         if s.value == 1:
             proc["state"] = labels.get("state", "")
     elif s.name == GPU_PROCESS_MEMORY:
         proc["gpu_memory_bytes"] = float(proc.get("gpu_memory_bytes", 0.0)) + s.value
-        proc["gpus"] = (*proc.get("gpus", ()), labels.get("gpu", ""))  # type: ignore[misc]
+        proc.setdefault("gpus", set()).add(labels.get("gpu", ""))  # type: ignore[union-attr]
     else:
         proc[PROCESS_METRICS[s.name]] = s.value
 
@@ -368,9 +369,41 @@ def _process_rows(acc: _Acc) -> list[ProcessRow]:
         user=str(d.get("user", "")), state=str(d.get("state", "")),
         cpu_ratio=_opt(d.get("cpu_ratio")), rss_bytes=_opt(d.get("rss_bytes")),
         gpu_memory_bytes=_opt(d.get("gpu_memory_bytes")),
-        gpus=tuple(d.get("gpus", ())),  # type: ignore[arg-type]
+        rank=d.get("rank"),  # type: ignore[arg-type]
+        gpus=tuple(sorted(d.get("gpus", ()), key=_gpu_order)),  # type: ignore[call-overload]
     ) for (node, pid), d in acc.procs.items()]
     return sorted(rows, key=lambda p: (p.node, p.pid))
+
+
+def _gpu_order(gpu: str) -> tuple[int, str]:
+    return (_as_int(gpu) or 0, gpu)
+
+
+def _rank_gpus(processes: Sequence[ProcessRow]) -> dict[int, tuple[tuple[str, str], ...]]:
+    """Rank -> the (node, gpu) its worker process holds: NVML lists the process on the GPU,
+    the exporter reads the worker's RANK from its environment."""
+    out: dict[int, set[tuple[str, str]]] = {}
+    for p in processes:
+        if p.rank is not None:
+            out.setdefault(p.rank, set()).update((p.node, g) for g in p.gpus)
+    return {r: tuple(sorted(held, key=lambda k: (k[0], _gpu_order(k[1]))))
+            for r, held in out.items() if held}
+
+
+def _tie_gpus_to_ranks(ranks: list[RankRow], gpus: list[GpuRow],
+                       processes: Sequence[ProcessRow]) -> None:
+    """Each rank names its GPUs and each GPU its ranks, in place."""
+    held = _rank_gpus(processes)
+    by_gpu: dict[tuple[str, str], list[int]] = {}
+    for rank, keys in held.items():
+        for key in keys:
+            by_gpu.setdefault(key, []).append(rank)
+    for i, r in enumerate(ranks):
+        if r.rank in held:
+            ranks[i] = replace(r, gpus=tuple(f"{n}/{g}" for n, g in held[r.rank]))
+    for i, g in enumerate(gpus):
+        if (g.node, g.gpu) in by_gpu:
+            gpus[i] = replace(g, ranks=tuple(sorted(by_gpu[g.node, g.gpu])))
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -434,10 +467,12 @@ class JobAggregator:
         ranks = [rank_rows[r] for r in sorted(rank_rows)]
         slowest = _mark_slowest(ranks, acc.job)
         gpus = _gpu_rows(acc, previous, {t.node for t in targets if not t.up and t.node})
+        processes = _process_rows(acc)
+        _tie_gpus_to_ranks(ranks, gpus, processes)
         return _finish(acc, previous, JobSnapshot(
             time=now, source=source, job_name=acc.job_name or job_name, ranks=tuple(ranks),
             gpus=tuple(gpus), nodes=tuple(_node_rows(acc, gpus)),
-            processes=tuple(_process_rows(acc)), targets=tuple(targets),
+            processes=tuple(processes), targets=tuple(targets),
             slowest_rank=slowest, model=acc.model, logs=logs, log_pod=log_pod,
         ))
 

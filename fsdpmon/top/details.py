@@ -44,12 +44,18 @@ def find_process(snap: JobSnapshot, key: str) -> ProcessRow | None:
 
 
 def gpus_of_rank(snap: JobSnapshot, rank: RankRow) -> list[GpuRow]:
+    held = [g for g in snap.gpus if f"{g.node}/{g.gpu}" in rank.gpus]
+    if held:  # the exporter saw this rank's process on them (NVML's compute processes)
+        return held
     mine = [g for g in snap.gpus if (rank.pod and g.pod == rank.pod) or g.node == rank.node]
     own = [g for g in mine if rank.local_rank is not None and g.gpu == str(rank.local_rank)]
     return own or [g for g in mine if rank.pod and g.pod == rank.pod]
 
 
 def ranks_of_gpu(snap: JobSnapshot, gpu: GpuRow) -> list[RankRow]:
+    held = [r for r in snap.ranks if r.rank in gpu.ranks]
+    if held:  # processes of these ranks hold the GPU (NVML's compute processes)
+        return held
     near = [r for r in snap.ranks if (gpu.pod and r.pod == gpu.pod) or r.node == gpu.node]
     own = [r for r in near if r.local_rank is not None and str(r.local_rank) == gpu.gpu]
     return own or [r for r in near if gpu.pod and r.pod == gpu.pod]

@@ -73,6 +73,7 @@ class RankRow:
     loss_nonfinite: bool = False
     checkpoint_s: float | None = None  # mean per-step checkpoint time, last log window
     restarts: int | None = None
+    gpus: tuple[str, ...] = ()  # "node/gpu" of the GPUs its process holds (exporter's NVML view)
     down: bool = False  # its series vanished or its target stopped answering; last figures kept
     target: str = ""  # the URL its series came from
 
@@ -107,6 +108,7 @@ class GpuRow:
     clock_events: tuple[str, ...] = ()  # active clock-event (throttle) reasons
     xid_counts: tuple[tuple[str, float], ...] = ()  # (XID code, count since driver load)
     ecc_uncorrected: float | None = None  # uncorrected ECC errors since driver load
+    ranks: tuple[int, ...] = ()  # training ranks whose processes hold this GPU
     utilization_history: tuple[float, ...] = ()
     memory_history: tuple[float, ...] = ()
 
@@ -142,6 +144,7 @@ class ProcessRow:
     rss_bytes: float | None = None
     gpu_memory_bytes: float | None = None
     gpus: tuple[str, ...] = ()  # the GPUs (indices on its node) it holds memory on
+    rank: int | None = None  # RANK of a torchrun worker, from its environment
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,7 @@ class GpuSpec:
     power_watts: float = 550.0
     pod: str = ""
     pid: int = 0
+    rank: int | None = None  # the training rank of the process on it (its RANK)
     up: bool = True
     clock_events: tuple[str, ...] = ()  # active clock-event reasons
     xids: tuple[tuple[int, int], ...] = ()  # (XID code, count)
@@ -274,6 +275,8 @@ def _gpu_known(node: str, g: GpuSpec, namespace: str) -> dict[str, str]:
         "gpu": str(g.gpu), "uuid": f"GPU-{node}-{g.gpu:04d}", "model": SIMULATED_GPU_MODEL,
         "node": node, "namespace": namespace if g.pod else "", "pod": g.pod,
         "container": "trainer" if g.pod else "", "pid": str(g.pid),
+        "rank": "" if g.rank is None else str(g.rank),
+        "local_rank": "" if g.rank is None else str(g.gpu),
         "command": f"python -m trainer.train --local-rank {g.gpu}", "user": "root",
         "state": "running", "driver_version": "550.54.15", "cuda_version": "12.4",
         "pci_bus_id": f"00000000:{g.gpu + 16:02X}:00.0", "mig_mode": "disabled",
@@ -290,7 +293,8 @@ def job_expositions(job: str, nodes: int, gpus_per_node: int) -> dict[str, bytes
     for n in range(nodes):
         node = f"node-{n:03d}"
         ranks = everyone[n * gpus_per_node:(n + 1) * gpus_per_node]
-        gpus = [GpuSpec(gpu=i, pod=f"{job}-worker-{n}", pid=1000 + i)
+        gpus = [GpuSpec(gpu=i, pod=f"{job}-worker-{n}", pid=1000 + i,
+                        rank=n * gpus_per_node + i)
                 for i in range(gpus_per_node)]
         out[f"/train/{node}"] = training_exposition(job, ranks, everyone)
         out[f"/node/{node}"] = exporter_exposition(node, gpus)
