@@ -19,7 +19,9 @@ import io
 import multiprocessing as mp
 import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import psutil
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,9 +30,12 @@ from rich.console import Console
 from fsdpmon.top.aggregate import WANTED, new_parser
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.sources.targets import TargetsSource
-from fsdpmon.top.synthetic import PayloadServer, job_expositions
 from fsdpmon.top.ui_state import ViewState
 from fsdpmon.top.views import frame
+
+# The synthetic job generator is test code (tests/synthetic_job.py), not part of the package.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from synthetic_job import PayloadServer, job_expositions
 
 
 def _serve(nodes: int, gpus: int, ports: mp.Queue, stop: mp.Event) -> None:

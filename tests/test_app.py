@@ -11,11 +11,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from synthetic_job import PayloadServer, job_expositions
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.top.app import Refresher, split_keys
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.synthetic import PayloadServer, job_expositions
 
 REPO = Path(__file__).resolve().parents[1]
 

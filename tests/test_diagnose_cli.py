@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
+from synthetic_job import GpuSpec, PayloadServer, exporter_exposition, training_exposition
 from top_snapshots import JOB, ranks
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.top.synthetic import GpuSpec, PayloadServer, exporter_exposition, training_exposition
 
 WATCH = f"{DIAGNOSIS_EVIDENCE_SECONDS + 1.5:g}s"  # one window of evidence and a refresh more
 

@@ -7,10 +7,10 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from synthetic_job import job_expositions
 
 from fsdpmon.top.aggregate import WANTED
 from fsdpmon.top.expfmt import Parser, parse, parse_labels
-from fsdpmon.top.synthetic import job_expositions
 
 
 def _reference(text: str) -> list[tuple]:

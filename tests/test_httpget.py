@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
+from synthetic_job import PayloadServer, job_expositions
 
 from fsdpmon.top.sources.httpget import ScrapeError, body_of, get_all, http_get
-from fsdpmon.top.synthetic import PayloadServer, job_expositions
 
 
 class RawServer:

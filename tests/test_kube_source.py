@@ -10,11 +10,11 @@ import time
 
 import pytest
 from kube_standin import KubeStandIn
+from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top.snapshot import JobState
 from fsdpmon.top.sources.kube import KubeSource, KubeSourceConfig
-from fsdpmon.top.synthetic import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
 PYTORCHJOB = {"training.kubeflow.org/job-name": "llama",
               "training.kubeflow.org/replica-type": "worker"}
@@ -90,7 +90,7 @@ def test_finds_and_scrapes_the_job_through_the_pod_proxy(api, tmp_path, labels):
 
 
 def test_selector_and_inside_cluster_scrapes_by_pod_ip(api, tmp_path):
-    from fsdpmon.top.synthetic import PayloadServer
+    from synthetic_job import PayloadServer
 
     populate(api, {"app": "custom"}, prefix="custom")
     body = api.metrics["ml/custom-0:9520"]

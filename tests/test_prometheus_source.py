@@ -13,11 +13,11 @@ import time
 
 import pytest
 import yaml
+from synthetic_job import PayloadServer, job_expositions
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.top.snapshot import JobState
 from fsdpmon.top.sources.prometheus import PrometheusSource
-from fsdpmon.top.synthetic import PayloadServer, job_expositions
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None,

@@ -7,12 +7,12 @@ import threading
 import time
 
 import pytest
+from synthetic_job import PayloadServer, job_expositions
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.snapshot import JobState
 from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
 from fsdpmon.top.sources.targets import TargetsSource, normalise_url
-from fsdpmon.top.synthetic import PayloadServer, job_expositions
 
 
 @pytest.fixture

@@ -7,8 +7,7 @@ import subprocess
 import sys
 
 import pytest
-
-from fsdpmon.top.synthetic import PayloadServer, RankSpec, job_expositions, training_exposition
+from synthetic_job import PayloadServer, RankSpec, job_expositions, training_exposition
 
 
 def top(*args: str) -> subprocess.CompletedProcess:

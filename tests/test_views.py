@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 from rich.console import Console
+from synthetic_job import job_expositions
 from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.top import fmt
 from fsdpmon.top.aggregate import aggregate
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.synthetic import job_expositions
 from fsdpmon.top.ui_state import ENTER, ViewState, handle_key
 from fsdpmon.top.views import frame, nav, once_frame
 

@@ -1,7 +1,9 @@
 """Catalog-shaped expositions of a synthetic job, rendered by prometheus_client itself.
 
 Tests, the benchmark and stand-in servers serve these so that `top` reads the same text format,
-names and labels a real monitor and exporter produce, without a GPU or a cluster.
+names and labels a real monitor and exporter produce, without a GPU or a cluster. It encodes with
+the endpoints' own encoder (fsdpmon.families). Test and benchmark code only: it lives in tests/,
+not in the product package (benchmarks put tests/ on their import path).
 """
 
 from __future__ import annotations
@@ -10,15 +12,11 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import Metric
 
 from fsdpmon import catalog
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
+from fsdpmon.families import Families
 
 
 @dataclass(frozen=True)
@@ -66,15 +64,6 @@ class GpuSpec:
     ecc_uncorrected: int = 0
 
 
-def _family(name: str, labels: Sequence[str]) -> Metric:
-    m = catalog.get(name)
-    if m.kind is catalog.Kind.COUNTER:
-        return CounterMetricFamily(m.family, m.help, labels=list(labels))
-    if m.kind is catalog.Kind.HISTOGRAM:
-        return HistogramMetricFamily(m.name, m.help, labels=list(labels))
-    return GaugeMetricFamily(m.name, m.help, labels=list(labels))
-
-
 class _Collector:
     def __init__(self, families: list[Metric]) -> None:
         self._families = families
@@ -104,41 +93,41 @@ _DIMENSIONS = {
 HOST_CORES = 96  # per-core CPU series, as on a p4d/p5 node
 
 _RANK_FIELDS = {
-    "fsdpmon_train_step": "step",
-    "fsdpmon_train_steps_total": "step",
-    "fsdpmon_train_total_steps": "total_steps",
-    "fsdpmon_train_step_time_seconds": "step_time_s",
-    "fsdpmon_train_data_wait_ratio": "data_wait_ratio",
-    "fsdpmon_train_tokens_per_second": "tokens_per_second",
-    "fsdpmon_train_mfu_ratio": "mfu_ratio",
-    "fsdpmon_train_loss": "loss",
-    "fsdpmon_train_memory_peak_active_bytes": "peak_memory_bytes",
-    "fsdpmon_train_device_memory_capacity_bytes": "memory_capacity_bytes",
-    "fsdpmon_train_heartbeat_age_seconds": "heartbeat_age_s",
-    "fsdpmon_train_stall_threshold_seconds": "stall_threshold_s",
-    "fsdpmon_train_stalled": "stalled",
-    "fsdpmon_train_collective_wait_ratio": "collective_wait_ratio",
-    "fsdpmon_train_straggler_score": "straggler_score",
-    "fsdpmon_train_unresponsive": "unresponsive",
-    "fsdpmon_train_loss_nonfinite": "loss_nonfinite",
-    "fsdpmon_train_restarts": "restarts",
+    catalog.TRAIN_STEP.name: "step",
+    catalog.TRAIN_STEPS_TOTAL.name: "step",
+    catalog.TRAIN_TOTAL_STEPS.name: "total_steps",
+    catalog.TRAIN_STEP_TIME_SECONDS.name: "step_time_s",
+    catalog.TRAIN_DATA_WAIT_RATIO.name: "data_wait_ratio",
+    catalog.TRAIN_TOKENS_PER_SECOND.name: "tokens_per_second",
+    catalog.TRAIN_MFU_RATIO.name: "mfu_ratio",
+    catalog.TRAIN_LOSS.name: "loss",
+    catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name: "peak_memory_bytes",
+    catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name: "memory_capacity_bytes",
+    catalog.TRAIN_HEARTBEAT_AGE_SECONDS.name: "heartbeat_age_s",
+    catalog.TRAIN_STALL_THRESHOLD_SECONDS.name: "stall_threshold_s",
+    catalog.TRAIN_STALLED.name: "stalled",
+    catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
+    catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
+    catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
+    catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
+    catalog.TRAIN_RESTARTS.name: "restarts",
 }
 _GPU_FIELDS = {
-    "fsdpmon_gpu_utilization_ratio": "utilization_ratio",
-    "fsdpmon_gpu_memory_used_bytes": "memory_used_bytes",
-    "fsdpmon_gpu_memory_total_bytes": "memory_total_bytes",
-    "fsdpmon_gpu_temperature_celsius": "temperature_celsius",
-    "fsdpmon_gpu_power_watts": "power_watts",
-    "fsdpmon_gpu_process_memory_used_bytes": "memory_used_bytes",
-    "fsdpmon_gpu_up": "up",
-    "fsdpmon_gpu_ecc_errors_total": "ecc_uncorrected",
+    catalog.GPU_UTILIZATION_RATIO.name: "utilization_ratio",
+    catalog.GPU_MEMORY_USED_BYTES.name: "memory_used_bytes",
+    catalog.GPU_MEMORY_TOTAL_BYTES.name: "memory_total_bytes",
+    catalog.GPU_TEMPERATURE_CELSIUS.name: "temperature_celsius",
+    catalog.GPU_POWER_WATTS.name: "power_watts",
+    catalog.GPU_PROCESS_MEMORY_USED_BYTES.name: "memory_used_bytes",
+    catalog.GPU_UP.name: "up",
+    catalog.GPU_ECC_ERRORS_TOTAL.name: "ecc_uncorrected",
 }
 _FIXED = {  # everything else a healthy node reports
-    "fsdpmon_gpu_power_limit_watts": 700.0, "fsdpmon_host_memory_total_bytes": 2e12,
-    "fsdpmon_host_memory_used_bytes": 5e11, "fsdpmon_host_memory_available_bytes": 1.5e12,
-    "fsdpmon_host_load1": 12.0, "fsdpmon_process_cpu_utilization_ratio": 1.0,
-    "fsdpmon_process_resident_memory_bytes": 12e9, "fsdpmon_train_restarts": 0.0,
-    "fsdpmon_monitor_internal_errors_total": 0.0, "fsdpmon_gpu_ecc_errors_total": 0.0,
+    catalog.GPU_POWER_LIMIT_WATTS.name: 700.0, catalog.HOST_MEMORY_TOTAL_BYTES.name: 2e12,
+    catalog.HOST_MEMORY_USED_BYTES.name: 5e11, catalog.HOST_MEMORY_AVAILABLE_BYTES.name: 1.5e12,
+    catalog.HOST_LOAD1.name: 12.0, catalog.PROCESS_CPU_UTILIZATION_RATIO.name: 1.0,
+    catalog.PROCESS_RESIDENT_MEMORY_BYTES.name: 12e9, catalog.TRAIN_RESTARTS.name: 0.0,
+    catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name: 0.0, catalog.GPU_ECC_ERRORS_TOTAL.name: 0.0,
 }
 
 
@@ -151,14 +140,11 @@ def _expand(metric: catalog.Metric, known: dict[str, str]) -> list[list[str]]:
     return rows
 
 
-def _add(fams: dict[str, Metric], metric: catalog.Metric, known: dict[str, str],
+def _add(fams: Families, metric: catalog.Metric, known: dict[str, str],
          value: float, per: dict[str, float] | None = None) -> None:
     """``per`` overrides the value by the series' last label value (a phase, a reason)."""
-    fam = fams.get(metric.name)
-    if fam is None:
-        fam = fams[metric.name] = _family(metric.name, metric.labels)
     for values in _expand(metric, known):
-        fam.add_metric(values, (per or {}).get(values[-1], value) if values else value)
+        fams.add(metric, values, (per or {}).get(values[-1], value) if values else value)
 
 
 def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
@@ -166,9 +152,9 @@ def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
     if attr is not None:
         value = getattr(r, attr)
         return None if value is None else float(value)
-    if metric.name.endswith("_phase_seconds_total"):
+    if metric is catalog.TRAIN_PHASE_SECONDS_TOTAL:
         return r.step * r.step_time_s / 5
-    if metric.name == "fsdpmon_train_busy_seconds":
+    if metric is catalog.TRAIN_BUSY_SECONDS:
         return r.busy_s if r.busy_s is not None else r.step_time_s * (1 - r.collective_wait_ratio)
     return _FIXED.get(metric.name, 1.0)
 
@@ -182,7 +168,7 @@ def training_exposition(
     pod holding rank 0 also carries the job-level series, computed over ``job_ranks`` (all
     ranks of the job; the pod's own ranks when not given).
     """
-    fams: dict[str, Metric] = {}
+    fams = Families()
     for r in ranks:
         known = {"job_name": job, "rank": str(r.rank), "local_rank": str(r.local_rank),
                  "model": "llama2-7b", "world_size": str(r.world_size), "nodes": str(r.nodes),
@@ -192,21 +178,19 @@ def training_exposition(
             if "rank" not in metric.labels:
                 continue
             if metric.kind is catalog.Kind.HISTOGRAM:
-                fam = fams.setdefault(metric.name, _family(metric.name, metric.labels))
                 buckets = [(str(b), float(r.step if b >= r.step_time_s else 0))
                            for b in metric.buckets] + [("+Inf", float(r.step))]
-                fam.add_metric(_expand(metric, known)[0], buckets,  # type: ignore[attr-defined]
-                               r.step * r.step_time_s)
+                fams.histogram(metric, _expand(metric, known)[0], buckets, r.step * r.step_time_s)
                 continue
             value = _rank_value(metric, r)
-            if metric.name == "fsdpmon_train_phase_duration_seconds":
+            if metric is catalog.TRAIN_PHASE_DURATION_SECONDS:
                 _add(fams, metric, known, r.step_time_s / 5, {"checkpoint": r.checkpoint_s})
             elif value is not None:
                 _add(fams, metric, known, value)
     if ranks and ranks[0].rank == 0:
         for name, value in _job_values(job_ranks or ranks).items():
             _add(fams, catalog.get(name), {"job_name": job}, value)
-    return _render(list(fams.values()))
+    return _render(fams.families())
 
 
 def _job_values(ranks: Sequence[RankSpec]) -> dict[str, float]:
@@ -215,15 +199,15 @@ def _job_values(ranks: Sequence[RankSpec]) -> dict[str, float]:
     heaviest = max(ranks, key=lambda r: r.peak_memory_bytes)
     values = {m.name: 1.0 for m in catalog.TRAINING if m.labels == ("job_name",)}
     values.update({
-        "fsdpmon_job_step_time_min_seconds": times[0],
-        "fsdpmon_job_step_time_median_seconds": times[len(times) // 2],
-        "fsdpmon_job_step_time_max_seconds": times[-1],
-        "fsdpmon_job_slowest_rank": slowest.rank,
-        "fsdpmon_job_peak_memory_max_bytes": heaviest.peak_memory_bytes,
-        "fsdpmon_job_peak_memory_max_rank": heaviest.rank,
-        "fsdpmon_job_loss_mean": sum(r.loss for r in ranks) / len(ranks),
-        "fsdpmon_job_loss_max": max(r.loss for r in ranks),
-        "fsdpmon_job_world_size": ranks[0].world_size,
+        catalog.JOB_STEP_TIME_MIN_SECONDS.name: times[0],
+        catalog.JOB_STEP_TIME_MEDIAN_SECONDS.name: times[len(times) // 2],
+        catalog.JOB_STEP_TIME_MAX_SECONDS.name: times[-1],
+        catalog.JOB_SLOWEST_RANK.name: slowest.rank,
+        catalog.JOB_PEAK_MEMORY_MAX_BYTES.name: heaviest.peak_memory_bytes,
+        catalog.JOB_PEAK_MEMORY_MAX_RANK.name: heaviest.rank,
+        catalog.JOB_LOSS_MEAN.name: sum(r.loss for r in ranks) / len(ranks),
+        catalog.JOB_LOSS_MAX.name: max(r.loss for r in ranks),
+        catalog.JOB_WORLD_SIZE.name: ranks[0].world_size,
     })
     return values
 
@@ -237,7 +221,7 @@ def _node_value(metric: catalog.Metric, g: GpuSpec | None) -> float:
 
 def exporter_exposition(node: str, gpus: Sequence[GpuSpec], namespace: str = "default") -> bytes:
     """One node exporter's /metrics: every GPU, process and host metric of the catalog."""
-    fams: dict[str, Metric] = {}
+    fams = Families()
     node_known = {"node": node, "version": "0.1.0", "simulated": "true"}
     for metric in (*catalog.GPU, *catalog.HOST, *catalog.PROCESS):
         if "xid" in metric.labels:
@@ -257,10 +241,10 @@ def exporter_exposition(node: str, gpus: Sequence[GpuSpec], namespace: str = "de
         for code, count in g.xids:
             _add(fams, catalog.GPU_XID_ERRORS_TOTAL,
                  {**_gpu_known(node, g, namespace), "xid": str(code)}, float(count))
-    return _render(list(fams.values()))
+    return _render(fams.families())
 
 
-def _add_gpu(fams: dict[str, Metric], metric: catalog.Metric, known: dict[str, str],
+def _add_gpu(fams: Families, metric: catalog.Metric, known: dict[str, str],
              g: GpuSpec) -> None:
     if metric is catalog.GPU_CLOCK_EVENT_ACTIVE:
         _add(fams, metric, known, 0.0, dict.fromkeys(g.clock_events, 1.0))
