@@ -1,7 +1,16 @@
 """The code's layout holds: names come from the catalog by symbol, imports only go down.
 
+Layers, bottom first (an import may only point at its own layer or one below):
+
+0. the bottom layer: ``fsdpmon`` (the package root), ``catalog``, ``conventions``, ``errors``,
+   ``validate``, ``faultspec``, ``families``; it imports nothing else of ours.
+1. ``exporters`` and ``dashboards``: the bottom layer and themselves only, never each other.
+2. the rest of ``fsdpmon``; only the modules that run an exporter or ship the dashboards
+   (``RUNNERS``) may import layer 1.
+3. ``trainer``: the training code, instrumented with the monitor; nothing imports it.
+
 Parsed with ``ast`` (nothing is imported), so these checks see every function body, including
-ones no other test runs.
+lazy imports and code no other test runs.
 """
 
 from __future__ import annotations
@@ -17,6 +26,56 @@ PACKAGES = ("fsdpmon", "exporters", "dashboards", "trainer")
 
 def _sources(*dirs: str) -> list[Path]:
     return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py"))
+
+
+BOTTOM = frozenset({"fsdpmon", "fsdpmon.catalog", "fsdpmon.conventions", "fsdpmon.errors",
+                    "fsdpmon.validate", "fsdpmon.faultspec", "fsdpmon.families"})
+# fsdpmon modules that run an exporter (the demo) or wrap the dashboards (the manifests).
+RUNNERS = ("fsdpmon.demo", "fsdpmon.manifests")
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(tree: ast.Module, known: set[str]) -> set[str]:
+    """Our modules a file imports (``from a import b`` is module ``a.b`` where that exists)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
+                    else node.module for a in node.names}
+    return {name for name in out if name.split(".")[0] in PACKAGES}
+
+
+def _layer(module: str) -> int:
+    if module in BOTTOM:
+        return 0
+    top = module.split(".")[0]
+    return {"exporters": 1, "dashboards": 1, "fsdpmon": 2, "trainer": 3}[top]
+
+
+def _upward(source: str, target: str) -> bool:
+    if _layer(target) > _layer(source):
+        return True
+    if _layer(source) == 1 == _layer(target):  # exporters and dashboards stay apart
+        return source.split(".")[0] != target.split(".")[0]
+    if _layer(source) == 2 and _layer(target) == 1:
+        return not source.startswith(RUNNERS)
+    return False
+
+
+def test_imports_only_point_down():
+    paths = _sources(*PACKAGES)
+    known = {_module(p) for p in paths}
+    edges = {(_module(p), t) for p in paths
+             for t in _imports(ast.parse(p.read_text(), str(p)), known)}
+    assert len(edges) > 100, f"only {len(edges)} import edges found: is the parser blind?"
+    up = sorted(f"{a} -> {b}" for a, b in edges if _upward(a, b))
+    assert not up, f"{len(up)} imports point up a layer:\n" + "\n".join(up)
 
 
 def _catalog_aliases(tree: ast.Module) -> set[str]:
