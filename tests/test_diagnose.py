@@ -7,29 +7,19 @@ import dataclasses
 from collections.abc import Callable
 
 import pytest
-from top_snapshots import T0, ranks, results
+from top_snapshots import REFRESH_S, diagnosis_history
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.diagnose import CAUSES, Finding, RankStack, diagnose, merge, parse_stacks
 from fsdpmon.diagnose.stacks import Frame
-from fsdpmon.top.aggregate import aggregate
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 
-STEP_S = 2.0  # seconds between refreshes, as top's default interval
 # Enough refreshes to span the evidence window, and one more.
-N = int(DIAGNOSIS_EVIDENCE_SECONDS // STEP_S) + 2
+N = int(DIAGNOSIS_EVIDENCE_SECONDS // REFRESH_S) + 2
 
 
 def history(at: Callable[[int], dict], n: int = N) -> list[JobSnapshot]:
-    """``n`` refreshes; ``at(i)`` gives results() keyword arguments for refresh i, where
-    ``specs`` (RankSpec overrides per rank, as ranks() takes them) defaults to healthy."""
-    snaps: list[JobSnapshot] = []
-    for i in range(n):
-        kw = dict(at(i))
-        specs = ranks(**kw.pop("specs", {}))
-        snaps.append(aggregate(results(specs, **kw), now=T0 + STEP_S * i, source="targets",
-                               previous=snaps[-1] if snaps else None))
-    return snaps
+    return diagnosis_history(at, n)
 
 
 def causes(findings: list[Finding]) -> list[str]:

@@ -61,3 +61,19 @@ def snapshot(specs: list[RankSpec] | None = None, refreshes: int = 3, **kw) -> J
         snap = aggregate(results(specs, **kw), now=T0 + 2 * i, source="targets", previous=snap)
     assert snap is not None
     return snap
+
+
+REFRESH_S = 2.0  # seconds between refreshes, as top's default interval
+
+
+def diagnosis_history(at, n: int) -> list[JobSnapshot]:
+    """``n`` refreshes REFRESH_S apart; ``at(i)`` gives results() keyword arguments for refresh
+    i, where ``specs`` (RankSpec overrides per rank, as ranks() takes them) defaults to a
+    healthy job."""
+    snaps: list[JobSnapshot] = []
+    for i in range(n):
+        kw = dict(at(i))
+        specs = ranks(**kw.pop("specs", {}))
+        snaps.append(aggregate(results(specs, **kw), now=T0 + REFRESH_S * i, source="targets",
+                               previous=snaps[-1] if snaps else None))
+    return snaps

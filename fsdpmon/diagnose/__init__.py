@@ -4,9 +4,9 @@ A pure package: snapshots (oldest first) and stack evidence in, findings out; no
 """
 
 from fsdpmon.diagnose.engine import diagnose
-from fsdpmon.diagnose.findings import CAUSES, CRITICAL, WARNING, Finding
+from fsdpmon.diagnose.findings import CAUSES, CRITICAL, WARNING, Finding, Verdict
 from fsdpmon.diagnose.history import SnapshotHistory
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge, parse_stacks
 
 __all__ = ["CAUSES", "CRITICAL", "WARNING", "Finding", "RankStack", "SnapshotHistory",
-           "StackClass", "diagnose", "merge", "parse_stacks"]
+           "StackClass", "Verdict", "diagnose", "merge", "parse_stacks"]

@@ -199,8 +199,8 @@ def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> lis
                     f"{_age(places.rank(stalled[0]))}")
     obs.stalled.clear()
     rank = culprits[0] if len(culprits) == 1 else None
-    summary = (f"hang: {ranks_text(culprits)} holds up {len(stalled) - len(culprits)} ranks"
-               if culprits else f"hang: {ranks_text(stalled)} stalled")
+    summary = (f"{ranks_text(culprits)} holds up {len(stalled) - len(culprits)} ranks"
+               if culprits else f"{ranks_text(stalled)} stalled, none behind the others")
     return [Finding("hang", CRITICAL, summary, evidence=tuple(evidence), stacks=tuple(classes),
                     **_where(places, rank))]
 
@@ -224,6 +224,11 @@ def _straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
     return "straggler_compute", f"busy {row.busy_s or 0:.3g}s vs median {_median(busy):.3g}s"
 
 
+_WHY = {"straggler_compute": "its own compute is slow", "straggler_data": "it waits for data",
+        "checkpoint_slow": "its checkpoint writes are slow",
+        "host_cpu_contention": "its node's CPUs are saturated"}
+
+
 def _stragglers(obs: Observations, places: Places) -> list[Finding]:
     live = [r for r in obs.now.ranks if not r.down]
     out = []
@@ -242,7 +247,7 @@ def _stragglers(obs: Observations, places: Places) -> list[Finding]:
         cause, detail = _straggler_cause(row, live)
         if cause == "straggler_compute" and row.node in obs.busy_nodes:
             cause, detail = "host_cpu_contention", f"node {row.node} CPUs saturated; {detail}"
-        out.append(Finding(cause, WARNING, f"rank {rank} straggles ({cause.replace('_', ' ')})",
+        out.append(Finding(cause, WARNING, f"rank {rank} straggles: {_WHY[cause]}",
                            evidence=(score, detail), **_where(places, rank)))
     return out
 

@@ -95,3 +95,17 @@ def ranks_text(ranks: list[int] | tuple[int, ...], limit: int = 8) -> str:
     shown = ", ".join(str(r) for r in ranks[:limit])
     more = f" (+{len(ranks) - limit} more)" if len(ranks) > limit else ""
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}{more}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The findings now, and how much history they were drawn from (a live view says it is
+    still gathering evidence while ``seconds`` < ``span_s``)."""
+
+    findings: tuple[Finding, ...] = ()
+    seconds: float = 0.0
+    span_s: float = 0.0
+
+    @property
+    def gathering(self) -> bool:
+        return self.seconds < self.span_s

@@ -23,7 +23,8 @@ def finding_lines(f: Finding, frames: int = MAX_STACK_FRAMES) -> list[tuple[str,
     lines = [("title", f"{f.severity.upper():<8} {f.cause}: {f.summary}")]
     if place(f):
         lines.append(("place", f"  {place(f)}"))
-    lines += [("evidence", f"  - {e}") for e in f.evidence]
+    shown_below = {c.describe() for c in f.stacks}  # the merged stacks section says these
+    lines += [("evidence", f"  - {e}") for e in f.evidence if e not in shown_below]
     if f.stacks:
         lines.append(("evidence", "  merged stacks (odd class first):"))
         for c in f.stacks:

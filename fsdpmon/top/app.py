@@ -21,8 +21,10 @@ from typing import Protocol
 from rich.console import Console, RenderableType
 from rich.live import Live
 
+from fsdpmon.diagnose import Verdict
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.stack_evidence import Diagnoser
 from fsdpmon.top.ui_state import ViewState, handle_key
 from fsdpmon.top.views import frame, nav, waiting_frame
 
@@ -83,14 +85,17 @@ class _Latest:
     snapshot: JobSnapshot | None = None
     notice: str = ""
     version: int = 0
+    verdict: Verdict | None = None
 
 
 class Refresher(threading.Thread):
-    """Fetches a snapshot every interval; on errors keeps the last one and backs off."""
+    """Fetches a snapshot every interval and diagnoses the history; on errors keeps the last
+    one and backs off."""
 
     def __init__(self, source: Source, interval_s: float) -> None:
         super().__init__(name="fsdpmon-top-refresh", daemon=True)
         self.source, self.interval_s = source, interval_s
+        self.diagnoser = Diagnoser(source, float(getattr(source, "timeout_s", 3.0)))
         self.latest = _Latest()
         self.stop = threading.Event()
         self._lock = threading.Lock()
@@ -102,18 +107,19 @@ class Refresher(threading.Thread):
             try:
                 snap = self.source.fetch()
                 notice = getattr(self.source, "notice", "")
+                verdict = self.diagnoser.update(snap)
                 failures = 0
             except Exception as exc:  # the view must outlive any refresh failure, bugs included
                 if self.stop.is_set():
                     return
                 failures += 1
-                snap = None
+                snap, verdict = None, self.latest.verdict
                 wait = min(MAX_BACKOFF_S, self.interval_s * 2**failures)
                 reason = str(exc) if isinstance(exc, FsdpmonError) else f"internal error: {exc!r}"
                 notice = f"{reason} (retrying in {wait:.0f}s)"
             with self._lock:
                 self.latest = _Latest(snap or self.latest.snapshot, notice,
-                                      self.latest.version + 1)
+                                      self.latest.version + 1, verdict)
             pause = min(MAX_BACKOFF_S, self.interval_s * 2**failures) if failures else (
                 self.interval_s)
             self.stop.wait(max(0.0, pause - (time.monotonic() - started)))
@@ -126,7 +132,7 @@ class Refresher(threading.Thread):
 def _render(console: Console, latest: _Latest, state: ViewState, what: str) -> RenderableType:
     if latest.snapshot is None:
         return waiting_frame(what, latest.notice)
-    return frame(latest.snapshot, state, console.size.height, latest.notice)
+    return frame(latest.snapshot, state, console.size.height, latest.notice, latest.verdict)
 
 
 def _follow_logs(source: Source, state: ViewState, snap: JobSnapshot | None) -> None:
@@ -146,7 +152,8 @@ def _follow_logs(source: Source, state: ViewState, snap: JobSnapshot | None) -> 
 
 def _press(state: ViewState, keys: list[str], latest: _Latest, height: int) -> ViewState:
     for key in keys:
-        where = nav(latest.snapshot, state, height, latest.notice) if latest.snapshot else None
+        where = (nav(latest.snapshot, state, height, latest.notice, latest.verdict)
+                 if latest.snapshot else None)
         state = handle_key(state, key, where)
     return state
 

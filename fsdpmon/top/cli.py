@@ -20,8 +20,8 @@ sources (choose one):
                                   API server's pod proxy (outside) or pod IP (inside)
   --prometheus URL [--job NAME]   query Prometheus (for jobs too large to scrape pod by pod)
 
-keys: 1 ranks, 2 GPUs, 3 processes, 4 logs, Tab next view, < > sort column, i invert,
-      / filter, ? help, q quit
+keys: 1 ranks, 2 GPUs, 3 processes, 4 logs, 5 diagnosis (findings, evidence, merged
+      stacks), Tab next view, < > sort column, i invert, / filter, ? help, q quit
 
 exit status with --once or --json:
   0  the job is RUNNING, DEGRADED (straggler, memory pressure) or DONE

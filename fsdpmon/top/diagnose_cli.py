@@ -16,6 +16,7 @@ from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.diagnose import CRITICAL, Finding
 from fsdpmon.diagnose.report import report_lines
 from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
+from fsdpmon.top.app import Source
 from fsdpmon.top.cli import add_source_args, build_source
 from fsdpmon.top.snapshot import JobSnapshot, JobState
 from fsdpmon.top.stack_evidence import Diagnoser
@@ -65,14 +66,14 @@ def parse_duration(text: str, field: str = "--for") -> float:
     return float(match.group(1)) * scale
 
 
-def watch(diagnoser: Diagnoser, source, seconds: float, interval: float
+def watch(diagnoser: Diagnoser, source: Source, seconds: float, interval: float
           ) -> tuple[JobSnapshot, list[Finding]]:
     """Refreshes until ``seconds`` have passed (at least once); the last snapshot and verdict."""
     start = time.monotonic()
     while True:
         began = time.monotonic()
         snap = source.fetch()
-        findings = diagnoser.update(snap)
+        findings = list(diagnoser.update(snap).findings)
         left = seconds - (time.monotonic() - start)
         if left <= 0:
             return snap, findings

@@ -14,7 +14,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from fsdpmon.diagnose import Finding, RankStack, SnapshotHistory, diagnose, parse_stacks
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
+from fsdpmon.diagnose import RankStack, SnapshotHistory, Verdict, diagnose, parse_stacks
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
 
@@ -75,15 +76,17 @@ def _proxied(get_path: Any, target: TargetStatus) -> bytes | None:
 class Diagnoser:
     """Feeds each new snapshot to the engine with the history it needs."""
 
-    def __init__(self, source: Any, timeout_s: float, span_s: float | None = None) -> None:
+    def __init__(self, source: Any, timeout_s: float,
+                 span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> None:
         self.source, self.timeout_s = source, timeout_s
         self.history = SnapshotHistory()
         self.span_s = span_s
 
-    def update(self, snap: JobSnapshot) -> list[Finding]:
+    def update(self, snap: JobSnapshot) -> Verdict:
         self.history.push(snap)
         stacks: Sequence[RankStack] = ()
         if needs_stacks(snap):
             stacks = fetch_stacks(self.source, snap, self.timeout_s)
-        kw = {} if self.span_s is None else {"span_s": self.span_s}
-        return diagnose(self.history.snapshots(), stacks, **kw)
+        snaps = self.history.snapshots()
+        return Verdict(tuple(diagnose(snaps, stacks, self.span_s)),
+                       snaps[-1].time - snaps[0].time, self.span_s)

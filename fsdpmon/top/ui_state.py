@@ -14,12 +14,13 @@ from dataclasses import dataclass, field, replace
 
 from fsdpmon.top.columns import COLUMNS, DEFAULT_SORT
 
-VIEWS = ("ranks", "gpus", "processes", "logs", "help")
+VIEWS = ("ranks", "gpus", "processes", "logs", "diagnosis", "help")
 # Drill-down views: a rank (its processes, GPUs and log), a GPU (its processes and rank), a
 # process (its details). Their subject is the key of the row they were opened from.
 DETAILS = {"ranks": "rank", "gpus": "gpu", "processes": "process", "rank": "process",
            "gpu": "process"}
-VIEW_KEYS = {"1": "ranks", "2": "gpus", "3": "processes", "4": "logs", "?": "help", "h": "help"}
+VIEW_KEYS = {"1": "ranks", "2": "gpus", "3": "processes", "4": "logs", "5": "diagnosis",
+             "?": "help", "h": "help"}
 ESCAPE, ENTER, BACKSPACE, TAB = "\x1b", "\r", "\x7f", "\t"
 UP = ("\x1b[A", "\x1bOA", "k")
 DOWN = ("\x1b[B", "\x1bOB", "j")

@@ -16,8 +16,10 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from fsdpmon.diagnose import Verdict
 from fsdpmon.top import details, fmt
 from fsdpmon.top.columns import Row
+from fsdpmon.top.diagnosis_view import DiagnosisPane, header_line
 from fsdpmon.top.fitted import FittedLine, Part
 from fsdpmon.top.snapshot import JobSnapshot, JobState, Severity
 from fsdpmon.top.tables import gpu_summary, row_key, select_rows, table_of
@@ -36,9 +38,10 @@ MAX_ALERT_LINES = 3
 SPARK_WIDTH = 10
 TABLE_VIEWS = ("ranks", "gpus", "processes")
 VIEW_TITLES = {"ranks": "Ranks", "gpus": "GPUs", "processes": "Processes", "logs": "Logs",
-               "help": "Help", "rank": "rank", "gpu": "GPU", "process": "process"}
+               "diagnosis": "Diagnosis", "help": "Help", "rank": "rank", "gpu": "GPU",
+               "process": "process"}
 HELP_KEYS = (
-    ("1 2 3 4", "ranks, GPUs, processes, logs"),
+    ("1 2 3 4 5", "ranks, GPUs, processes, logs, diagnosis"),
     ("Tab", "next view"),
     ("↑ ↓  j k", "move the selection"),
     ("PgUp PgDn Home End", "a page up / down, the first / last row (also g G)"),
@@ -95,21 +98,26 @@ def _speed(snap: JobSnapshot) -> FittedLine:
     )
 
 
-def header_lines(snap: JobSnapshot) -> list[RenderableType]:
-    """Job identity and state, progress, speed and loss, then the active alerts."""
+def header_lines(snap: JobSnapshot, verdict: Verdict | None = None) -> list[RenderableType]:
+    """Job identity and state, progress, speed and loss, then the top finding and the active
+    alerts."""
     lines: list[RenderableType] = [_title(snap), _progress(snap), _speed(snap)]
-    for alert in snap.alerts[:MAX_ALERT_LINES]:
+    top = header_line(verdict)
+    if top is not None:
+        lines.append(top)
+    for alert in snap.alerts[:MAX_ALERT_LINES - (top is not None)]:
         style = "bold red" if alert.severity is Severity.CRITICAL else "yellow"
         lines.append(Text(f"! {alert.message}", style=style, no_wrap=True, overflow="ellipsis"))
-    if len(snap.alerts) > MAX_ALERT_LINES:
-        lines.append(Text(f"! +{len(snap.alerts) - MAX_ALERT_LINES} more alerts", style="red"))
+    shown = MAX_ALERT_LINES - (top is not None)
+    if len(snap.alerts) > shown:
+        lines.append(Text(f"! +{len(snap.alerts) - shown} more alerts", style="red"))
     return lines
 
 
 def tab_bar(state: ViewState) -> FittedLine:
     parts = []
     top = state.back[0].view if state.back else state.view
-    for i, view in enumerate(VIEWS[:4], start=1):
+    for i, view in enumerate(VIEWS[:-1], start=1):
         style = "bold reverse" if view == top else "dim"
         parts.append(Part(Text(f" {i} {VIEW_TITLES[view]} ", style=style)))
     for st in (*state.back[1:], state) if state.back else ():
@@ -166,13 +174,14 @@ def _followed(snap: JobSnapshot, state: ViewState) -> str:
     return "" if snap.slowest_rank is None else str(snap.slowest_rank)
 
 
-def _avail(snap: JobSnapshot, height: int, notice: str) -> int:
-    return height - len(header_lines(snap)) - (1 if notice else 0) - 1
+def _avail(snap: JobSnapshot, height: int, notice: str, verdict: Verdict | None = None) -> int:
+    return height - len(header_lines(snap, verdict)) - (1 if notice else 0) - 1
 
 
-def nav(snap: JobSnapshot, state: ViewState, height: int, notice: str = "") -> Nav:
+def nav(snap: JobSnapshot, state: ViewState, height: int, notice: str = "",
+        verdict: Verdict | None = None) -> Nav:
     """What the movement keys move over on this screen."""
-    plan = layout(snap, state, _avail(snap, height, notice))
+    plan = layout(snap, state, _avail(snap, height, notice, verdict))
     keys = tuple(row_key(r) for r in plan.rows)
     current = _followed(snap, state)
     if current not in keys:
@@ -233,8 +242,10 @@ def help_view() -> RenderableType:
 
 
 def body(snap: JobSnapshot, state: ViewState, avail: int,
-         interactive: bool = True) -> RenderableType:
+         interactive: bool = True, verdict: Verdict | None = None) -> RenderableType:
     """The selected view in ``avail`` lines."""
+    if state.view == "diagnosis":
+        return DiagnosisPane(verdict, avail)
     plan = layout(snap, state, avail)
     if state.view == "ranks":
         return _ranks_view(snap, state, plan, interactive)
@@ -252,15 +263,18 @@ def body(snap: JobSnapshot, state: ViewState, avail: int,
     return help_view()
 
 
-def frame(snap: JobSnapshot, state: ViewState, height: int, notice: str = "") -> RenderableType:
+def frame(snap: JobSnapshot, state: ViewState, height: int, notice: str = "",
+          verdict: Verdict | None = None) -> RenderableType:
     """One full screen: header, tab bar, the selected view fitted to the terminal height.
 
-    ``notice`` is a source problem (API error, retrying) shown under the header.
+    ``notice`` is a source problem (API error, retrying) shown under the header; ``verdict``
+    the diagnosis of the recent history (the header's top finding, the Diagnosis view).
     """
-    head = header_lines(snap)
+    head = header_lines(snap, verdict)
     if notice:
         head.append(Text(f"! {notice}", style="bold red", no_wrap=True, overflow="ellipsis"))
-    return Group(*head, tab_bar(state), body(snap, state, max(1, _avail(snap, height, notice))))
+    avail = max(1, _avail(snap, height, notice, verdict))
+    return Group(*head, tab_bar(state), body(snap, state, avail, verdict=verdict))
 
 
 def waiting_frame(what: str, notice: str = "") -> RenderableType:
