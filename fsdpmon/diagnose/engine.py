@@ -31,8 +31,9 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     ranks are stalled, the stacks they published. No verdict before ``span_s`` of history."""
     if not history:
         return []
-    obs = observe(Window(history, span_s))
-    places = Places(obs.now)
+    window = Window(history, span_s)
+    obs = observe(window)
+    places = Places(history)
     out: list[Finding] = []
     for rule in (_gpu_lost, _gpu_ecc, _gpu_xid, _unresponsive, _missing, _hang):
         out += rule(obs, places, stacks)

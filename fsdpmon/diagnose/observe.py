@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsdpmon.conventions import (
@@ -160,10 +161,13 @@ def _loss_spike(window: Window) -> tuple[float, float] | None:
 
 
 class Places:
-    """Where ranks and GPUs are, and which GPU serves which rank (by node and local rank: one
-    process per GPU, LOCAL_RANK = device index, as torchrun and the PyTorchJob run them)."""
+    """Where ranks and GPUs are, and which GPU serves which rank: the exporter's tie (the
+    worker process NVML lists on the GPU, with its RANK) from the latest snapshot that had one,
+    since a lost GPU lists no processes; else by node and local rank (one process per GPU,
+    LOCAL_RANK = device index, as torchrun and the PyTorchJob run them)."""
 
-    def __init__(self, snap: JobSnapshot) -> None:
+    def __init__(self, history: Sequence[JobSnapshot]) -> None:
+        snap = history[-1]
         self.ranks = {r.rank: r for r in snap.ranks}
         self.gpus = {(g.node, g.gpu): g for g in snap.gpus}
         self._rank_of: dict[GpuKey, int] = {}
@@ -176,6 +180,15 @@ class Places:
                 key = by_pod.get((r.pod, str(r.local_rank)), key)
             if key in self.gpus:
                 self._rank_of[key] = r.rank
+        tied: set[GpuKey] = set()
+        for old in reversed(history):  # newest first: the latest tie wins
+            for g in old.gpus:
+                key = (g.node, g.gpu)
+                if len(g.ranks) == 1 and key not in tied and key in self.gpus:
+                    self._rank_of[key] = g.ranks[0]
+                    tied.add(key)
+            if len(tied) == len(self.gpus):
+                break
         self._gpu_of = {rank: key for key, rank in self._rank_of.items()}
 
     def rank_of(self, gpu: GpuKey) -> int | None:
