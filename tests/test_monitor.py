@@ -259,6 +259,16 @@ def test_restart_count_comes_from_the_elastic_agent(tmp_path, monkeypatch):
     assert 'fsdpmon_train_restarts{job_name="unit",local_rank="0",rank="0"} 3.0' in body
 
 
+def test_a_malformed_launcher_variable_is_logged_not_raised(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("LOCAL_RANK", "one")
+    with caplog.at_level(logging.WARNING):
+        mon = monitor(config(tmp_path, port=0))
+        mon.close()
+    assert (mon.topo.rank, mon.topo.world_size, mon.internal_errors) == (0, 1, 1)
+    assert "LOCAL_RANK" in caplog.text, caplog.text
+    assert mon.run_record["model"] == "toy"  # the rest of set-up went on
+
+
 def test_a_phase_between_steps_counts_as_progress_for_the_stall_clock(tmp_path):
     mon = monitor(config(tmp_path, jsonl_path=None, stall_floor_seconds=60))
     with mon.step():
@@ -284,4 +294,4 @@ def test_topology_from_torchrun_variables(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     topo = gather_mod.topology()
     assert (topo.rank, topo.local_rank, topo.world_size, topo.nodes) == (5, 1, 16, 2)
-    assert not topo.distributed  # no process group: no collective attempted
+    assert not gather_mod.is_distributed(topo)  # no process group: no collective attempted

@@ -92,3 +92,14 @@ def test_cuda_mixed_precision_bf16_compute_fp32_master_weights_and_grads(clean_e
                    for p in model.parameters())
     finally:
         dist.destroy_process_group()
+
+
+def test_one_reading_of_the_launcher_environment_for_trainer_and_monitor(clean_env):
+    """The monitor's topology and the trainer's DistEnv are the same reading (fsdpmon.distenv)."""
+    from fsdpmon.monitor.gather import topology
+    for name, value in {"RANK": "3", "WORLD_SIZE": "4", "PET_NPROC_PER_NODE": "2",
+                        "TORCHELASTIC_RESTART_COUNT": "1"}.items():
+        clean_env.setenv(name, value)
+    assert topology() == DistEnv.from_env() == DistEnv(3, 0, 4, 2, 1)
+    clean_env.setenv("LOCAL_RANK", "")  # empty counts as unset
+    assert DistEnv.from_env().local_rank == 0

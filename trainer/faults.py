@@ -37,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon import faultspec as fs
+from fsdpmon.distenv import DistEnv
 
 NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 
 def _first_attempt() -> bool:
-    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+    return DistEnv.from_env().restart_count == 0
 
 
 def _die() -> None:

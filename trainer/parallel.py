@@ -12,7 +12,6 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -25,47 +24,12 @@ from torch.distributed.fsdp import (
     fully_shard,
 )
 
+from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import ConfigError
 from trainer.config import ParallelConfig
 from trainer.model import ModelArgs, Transformer
 
 log = logging.getLogger(__name__)
-
-
-def _env_int(*names: str, default: int) -> int:
-    for name in names:
-        value = os.environ.get(name)
-        if value not in (None, ""):
-            try:
-                return int(value)
-            except ValueError:
-                raise ConfigError(name, f"must be an integer, got {value!r}") from None
-    return default
-
-
-@dataclass(frozen=True)
-class DistEnv:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-    restart_count: int
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
-
-    @classmethod
-    def from_env(cls) -> DistEnv:
-        world = _env_int("WORLD_SIZE", default=1)
-        local_world = _env_int("LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE", default=world)
-        return cls(
-            rank=_env_int("RANK", default=0),
-            local_rank=_env_int("LOCAL_RANK", default=0),
-            world_size=world,
-            local_world_size=local_world,
-            restart_count=_env_int("TORCHELASTIC_RESTART_COUNT", default=0),
-        )
 
 
 def _free_port() -> int:

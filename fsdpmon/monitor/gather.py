@@ -7,42 +7,30 @@ skipped it would hang the others — so callers pass NaNs when their own figures
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class Topology:
-    rank: int
-    local_rank: int
-    world_size: int
-    local_world_size: int
-
-    @property
-    def nodes(self) -> int:
-        return max(1, self.world_size // max(1, self.local_world_size))
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1 and dist.is_available() and dist.is_initialized()
+from fsdpmon.distenv import DistEnv
 
 
-def topology() -> Topology:
-    """Rank facts from torch.distributed when initialised, else from torchrun's variables."""
+def topology() -> DistEnv:
+    """Rank facts from torchrun's variables (fsdpmon.distenv); an initialised process group's
+    rank and size win over them."""
+    environ: dict[str, str] = dict(os.environ)
     if dist.is_available() and dist.is_initialized():
-        rank, world = dist.get_rank(), dist.get_world_size()
-    else:
-        rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
-    local_rank = _env_int("LOCAL_RANK", rank if world == 1 else 0)
-    local_world = _env_int("LOCAL_WORLD_SIZE", world)
-    return Topology(rank, local_rank, world, local_world)
+        environ.update(RANK=str(dist.get_rank()), WORLD_SIZE=str(dist.get_world_size()))
+    return DistEnv.from_env(environ)
 
 
-def gather_rows(values: list[float], topo: Topology) -> list[list[float]]:
+def is_distributed(topo: DistEnv) -> bool:
+    """Whether a collective can run: more than one rank and a process group to run it in."""
+    return topo.world_size > 1 and dist.is_available() and dist.is_initialized()
+
+
+def gather_rows(values: list[float], topo: DistEnv) -> list[list[float]]:
     """All ranks' vectors, rank order; just ours when not distributed."""
-    if not topo.distributed:
+    if not is_distributed(topo):
         return [list(values)]
     backend = dist.get_backend()
     device = (torch.device("cuda", torch.cuda.current_device())
@@ -52,9 +40,3 @@ def gather_rows(values: list[float], topo: Topology) -> list[list[float]]:
     dist.all_gather(out, mine)
     return [t.tolist() for t in out]
 
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default

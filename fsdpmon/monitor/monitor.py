@@ -24,10 +24,11 @@ import torch
 from torch import nn
 
 from fsdpmon import catalog
+from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
-from fsdpmon.monitor.gather import Topology, gather_rows, topology
+from fsdpmon.monitor.gather import gather_rows, topology
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.publish import Publication
@@ -84,12 +85,14 @@ class Monitor:
         self.pub: Publication | None = None
         self.jsonl: JsonlSink | None = None
         # Safe defaults, so that a failure in any part of set-up leaves the rest working.
-        self.topo = Topology(0, 0, 1, 1)
+        self.topo = DistEnv()  # rank 0 of 1
         self._timer = StepTimer(HostClock())
         self.device, self.peak_flops = "cpu", None
         self.flops_per_token = float(flops_per_token or 0.0)
         self._memory: MemoryReader | None = None
         self.run_record: dict[str, Any] = {}
+        # A malformed launcher variable is logged and counted; the rest of set-up goes on.
+        self.topo = self._guarded("topology", topology) or self.topo
         self._guarded("setup", lambda: self._setup_core(model, flops_per_token, seq_len,
                                                         run_info or {}))
         self._guarded("jsonl", self._open_jsonl)
@@ -106,7 +109,6 @@ class Monitor:
 
     def _setup_core(self, model: nn.Module | None, flops: float | None, seq_len: int | None,
                     run_info: dict[str, Any]) -> None:
-        self.topo = topology()
         cuda = _uses_cuda(model)
         clock: HostClock | CudaClock = CudaClock() if cuda else HostClock()
         self._timer = StepTimer(clock)
@@ -140,7 +142,7 @@ class Monitor:
             "dtype": str(run_info.get("dtype") or _param_dtype(model)),
             "torch_version": torch.__version__,
             "node": os.environ.get("NODE_NAME") or socket.gethostname(),
-            "restarts": _env_int("TORCHELASTIC_RESTART_COUNT"),
+            "restarts": topo.restart_count,
         }
 
     def _static_values(self) -> dict[str, float | None]:
@@ -411,9 +413,3 @@ def _as_float(value: Any) -> float | None:
         return float(value.detach().float().item())
     return float(value)
 
-
-def _env_int(name: str) -> int:
-    try:
-        return int(os.environ.get(name, "0"))
-    except ValueError:
-        return 0

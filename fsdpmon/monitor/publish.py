@@ -14,10 +14,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fsdpmon import catalog
+from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import exit_cleanup, statedir
 from fsdpmon.monitor.config import MonitorConfig
-from fsdpmon.monitor.gather import Topology
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.state import RankStateWriter, job_state_dir
 from fsdpmon.monitor.stats import JobFigures, WindowStats
@@ -33,7 +33,7 @@ FailHandler = Callable[[str, BaseException], None]
 
 
 class Publication:
-    def __init__(self, config: MonitorConfig, topo: Topology, run_record: dict[str, Any],
+    def __init__(self, config: MonitorConfig, topo: DistEnv, run_record: dict[str, Any],
                  fail: FailHandler) -> None:
         self._fail = fail
         self._lock = threading.Lock()
@@ -53,7 +53,7 @@ class Publication:
                                       self._stall_changed, on_tick=self._watchdog_tick)
 
     @classmethod
-    def start(cls, config: MonitorConfig, topo: Topology, run_record: dict[str, Any],
+    def start(cls, config: MonitorConfig, topo: DistEnv, run_record: dict[str, Any],
               fail: FailHandler) -> Publication | None:
         if config.disabled:
             return None
@@ -63,7 +63,7 @@ class Publication:
         pub.watchdog.start()
         return pub
 
-    def _start_serving(self, config: MonitorConfig, topo: Topology) -> None:
+    def _start_serving(self, config: MonitorConfig, topo: DistEnv) -> None:
         directory = job_state_dir(config.job_name, config.port, config.state_dir)
         try:
             for stale in statedir.remove_stale(directory.parent):
