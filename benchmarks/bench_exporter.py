@@ -34,8 +34,11 @@ from typing import Any
 
 import psutil
 
+from fsdpmon import catalog
+
 PROCESSES = 200
 GPUS = 8
+PROCESS_SERIES = catalog.PROCESS_INFO.name.encode() + b"{"  # one per covered process
 SERVING = re.compile(r"serving https?://[\d.]+:(\d+)/metrics")
 
 FLOOR_SERVER = """
@@ -134,7 +137,7 @@ def wait_for_processes(port: int, want: int, timeout: float = 30.0) -> bytes:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         body = scrape(port)[1]
-        if body.count(b"fsdpmon_process_info{") >= want:
+        if body.count(PROCESS_SERIES) >= want:
             return body
         time.sleep(0.5)
     raise RuntimeError(f"exporter never covered {want} processes")
@@ -188,7 +191,7 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     series = sum(1 for line in body.splitlines() if line and not line.startswith(b"#"))
     print(f"machine: {platform.machine()}, {psutil.cpu_count()} CPUs, no GPU "
           f"(simulated GPUs); python {platform.python_version()}")
-    print(f"setup: {GPUS} simulated GPUs, {body.count(b'fsdpmon_process_info{')} processes "
+    print(f"setup: {GPUS} simulated GPUs, {body.count(PROCESS_SERIES)} processes "
           f"covered, {series} series, {len(body) / 1024:.0f} KiB per scrape, interval 1 s")
     print(f"{'measure':<52}{'value':>10}{'target':>10}")
     rows = [

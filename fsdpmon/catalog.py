@@ -29,7 +29,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
-from fsdpmon.conventions import GPU_LABELS, JOB_LABEL, POD_LABELS, TRAINING_LABELS
+from fsdpmon.conventions import (
+    GPU_LABELS,
+    JOB_LABEL,
+    POD_LABELS,
+    TRAINING_LABELS,
+    UNRESPONSIVE_AFTER_SECONDS,
+)
 
 
 class Kind(str, Enum):
@@ -173,7 +179,8 @@ TRAIN_STALL_THRESHOLD_SECONDS = Metric(
     "Current stall threshold: max(factor x median step time, floor).", T)
 TRAIN_UNRESPONSIVE = Metric(
     "fsdpmon_train_unresponsive", Gg, "",
-    "1 when this rank's process has not run its monitor thread for 5 s (stopped, or "
+    f"1 when this rank's process has not run its monitor thread for "
+    f"{UNRESPONSIVE_AFTER_SECONDS:g} s (stopped, or "
     "hung holding the GIL): the rank that hangs, not one waiting for it.", T)
 MONITOR_INTERNAL_ERRORS_TOTAL = Metric(
     "fsdpmon_monitor_internal_errors_total", C, "",

@@ -40,6 +40,10 @@ EXPORTER_APP_NAME = "fsdpmon-exporter"
 # and the stall alert rule share these defaults.
 DEFAULT_STALL_FACTOR = 10.0
 DEFAULT_STALL_FLOOR_SECONDS = 120.0
+# A live process ticks its watchdog thread at least every second; one silent this long is
+# stopped, or hung while holding the GIL: the rank that hangs, not one waiting for it. The
+# monitor's unresponsive gauge and its catalog help text use it.
+UNRESPONSIVE_AFTER_SECONDS = 5.0
 
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).
 ENV_PREFIX = "FSDPMON_"

@@ -20,14 +20,12 @@ from prometheus_client.registry import Collector
 
 from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME, Kind
+from fsdpmon.conventions import UNRESPONSIVE_AFTER_SECONDS
 from fsdpmon.families import Families
 from fsdpmon.monitor.state import RankState, read_job_states
 
 log = logging.getLogger(__name__)
 
-# A live process ticks its watchdog thread at least every second; one silent this long is
-# stopped, or hung while holding the GIL: the rank that hangs, not one waiting for it.
-UNRESPONSIVE_AFTER_SECONDS = 5.0
 
 INFO_LABELS = catalog.TRAIN_INFO.labels[3:]
 
