@@ -31,6 +31,15 @@ class InputError(FsdpmonError):
     exit_code = 2
 
 
+class MissingExtraError(FsdpmonError):
+    """A command needs a package of an optional extra that is not installed."""
+
+    exit_code = 2
+
+    def __init__(self, what: str, extra: str) -> None:
+        super().__init__(f"{what} needs the '{extra}' extra: pip install 'fsdpmon[{extra}]'")
+
+
 class UnreachableError(FsdpmonError):
     """A target, API server or Prometheus could not be reached or refused the request."""
 

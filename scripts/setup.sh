@@ -1,35 +1,70 @@
 #!/usr/bin/env bash
 # Create .venv and install fsdpmon into it (idempotent; re-runs only when pyproject.toml changes).
 # Usage: bash scripts/setup.sh [--test]   (--test also installs test extras and Debian packages)
+#
+# torch: the CPU build of 2.13.0. From https://download.pytorch.org/whl/cpu when that index
+# answers (a stock pip's default index would give the CUDA build and several GB of nvidia-*
+# wheels); otherwise whatever this machine's pip resolves (a pip set up with local CPU wheels
+# keeps working). TORCH_INDEX_URL=URL picks another index (e.g. .../whl/cu128 on a GPU machine).
+# The script says which build it installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
+TORCH_VERSION=2.13.0
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 
+apt_install() {
+  echo "==> installing Debian packages: $*" >&2
+  command -v apt-get >/dev/null || { echo "setup.sh: install $* (no apt-get here)" >&2; exit 1; }
+  local sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+need=()
+# A bare Debian's python3 has no venv/ensurepip until python3-venv is installed.
+[ -x .venv/bin/python ] || python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
 if [ "$want_test" = 1 ]; then
-  need=()
   command -v promtool >/dev/null || need+=(prometheus)
   command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
   command -v tmux >/dev/null || need+=(tmux)
-  if [ ${#need[@]} -gt 0 ]; then
-    echo "==> installing Debian packages: ${need[*]}" >&2
-    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  fi
 fi
+[ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
 
 [ -x .venv/bin/python ] || { echo "==> creating .venv" >&2; python3 -m venv .venv; }
-extras="hf,report"; [ "$want_test" = 1 ] && extras="test"
+extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
 stamp=".venv/.fsdpmon-$(sha1sum pyproject.toml | cut -c1-12)-$extras"
-if [ ! -f "$stamp" ]; then
-  echo "==> installing Python packages into .venv (torch CPU build first: about a minute)" >&2
-  log=.venv/pip-install.log
-  pip() { .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1 || {
-    echo "pip install $* failed; last lines of $log:" >&2; tail -n 30 "$log" >&2; exit 1; }; }
-  pip --upgrade pip
-  # Pin the CPU build explicitly: an unpinned torch would pull a multi-GB CUDA build.
-  .venv/bin/python -c 'import torch' 2>/dev/null || pip torch==2.13.0
-  pip -e ".[$extras]"
-  touch "$stamp"
-fi
+[ -f "$stamp" ] && exit 0
+
+log=.venv/pip-install.log
+pip() { .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1 || {
+  echo "pip install $* failed; last lines of $log:" >&2; tail -n 30 "$log" >&2; exit 1; }; }
+
+reachable() {  # whether a pip index answers within 5 s (no network: fails at once)
+  .venv/bin/python - "$1" <<'PY' 2>/dev/null
+import sys, urllib.request
+urllib.request.urlopen(sys.argv[1].rstrip("/") + "/torch/", timeout=5).close()
+PY
+}
+
+install_torch() {
+  local index="${TORCH_INDEX_URL:-}"
+  if [ -z "$index" ] && reachable "$CPU_INDEX"; then index="$CPU_INDEX"; fi
+  if [ -n "$index" ]; then
+    echo "==> torch $TORCH_VERSION from $index" >&2
+    pip --index-url "$index" "torch==$TORCH_VERSION"
+  else
+    echo "==> torch $TORCH_VERSION as this machine's pip resolves it ($CPU_INDEX unreachable)" >&2
+    pip "torch==$TORCH_VERSION"
+  fi
+  .venv/bin/python -c 'import torch; cuda = torch.version.cuda
+print(f"==> installed torch {torch.__version__}: "
+      + (f"CUDA {cuda} build" if cuda else "CPU build"))' >&2
+}
+
+echo "==> installing Python packages into .venv (torch first: about a minute)" >&2
+pip --upgrade pip
+.venv/bin/python -c 'import torch' 2>/dev/null || install_torch
+pip -e ".[$extras]"
+touch "$stamp"

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 
 from fsdpmon import faultspec, validate
 from fsdpmon.errors import ConfigError, InputError
-from trainer.model import FLAVOURS, ModelArgs
+from trainer.shapes import FLAVOURS, ModelArgs
 
 # Flags that override single ModelArgs fields (for --model custom, or to shrink a flavour).
 SHAPE_FLAGS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
+import shutil
 import signal
 import sys
 import time
@@ -17,7 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from fsdpmon.demo.session import DemoConfig, Session, describe, make_plan, real_gpu_count
-from fsdpmon.errors import ConfigError
+from fsdpmon.errors import ConfigError, MissingExtraError
 from fsdpmon.top.snapshot import JobSnapshot, JobState
 
 
@@ -71,8 +73,19 @@ def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def fsdpmon_command() -> str:
+    """How to type `fsdpmon` in another terminal: bare when it is on PATH, else its full path."""
+    script = Path(sys.executable).parent / "fsdpmon"
+    on_path = shutil.which("fsdpmon")
+    if on_path and Path(on_path).resolve() == script.resolve():
+        return "fsdpmon"
+    return str(script) if script.exists() else f"{sys.executable} -m fsdpmon.cli"
+
+
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
+    if importlib.util.find_spec("torch") is None:
+        raise MissingExtraError("the demo trains a model; it", "train")
     plan = make_plan(cfg, real_gpu_count())
     for line in describe(plan, cfg):
         say(line)
@@ -84,14 +97,15 @@ def run(args: argparse.Namespace) -> int:
         session.start()
         session.wait_ready(cfg.nproc, cfg.startup_timeout_s)
         say(f"ready: {cfg.nproc} ranks training. In another terminal: "
-            f"fsdpmon top --targets {plan.metrics_url},{plan.exporter_url}")
+            f"{fsdpmon_command()} top --targets {plan.metrics_url},{plan.exporter_url}")
         if cfg.headless:
             snap = _headless(session, cfg)
         else:
             return _live(session, cfg)
     finally:
         session.stop()
-        say(f"stopped. Logs: {plan.log_dir}  (scaling report: fsdpmon report {plan.jsonl_path})")
+        say(f"stopped. Logs: {plan.log_dir}  (scaling report: {fsdpmon_command()} report "
+            f"{plan.jsonl_path})")
     _print_snapshot(snap, cfg.json)
     from fsdpmon.top.cli import check_health
 

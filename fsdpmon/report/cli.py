@@ -2,6 +2,9 @@
 
     fsdpmon report runs/n1.jsonl runs/n2.jsonl runs/n4.jsonl --out report/
     fsdpmon report --prometheus http://prometheus:9090 --jobs llama-1node,llama-2node --since 7d
+
+The chart needs matplotlib (`pip install 'fsdpmon[report]'`); without it the table and the JSON
+are still written and one line says how to get the chart.
 """
 
 from __future__ import annotations
@@ -9,20 +12,21 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
 from fsdpmon.errors import ConfigError, InputError
-from fsdpmon.report.chart import write_chart
 from fsdpmon.report.loader import load_runs
-from fsdpmon.report.model import RunData
+from fsdpmon.report.model import RunData, RunStats
 from fsdpmon.report.prometheus import PrometheusAPI, load_job
 from fsdpmon.report.stats import run_stats, with_scaling
 from fsdpmon.report.table import markdown_report, markdown_table
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+NO_CHART = "no chart: matplotlib is not installed (pip install 'fsdpmon[report]' to draw it)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -116,8 +120,9 @@ def run(args: argparse.Namespace) -> int:
         if args.warmup_steps is None
         else f"steps after {args.warmup_steps}"
     )
-    chart = write_chart(stats, out / "scaling.png")
-    (out / "report.md").write_text(markdown_report(stats, warmup=warmup, chart_name=chart.name))
+    chart = _chart(stats, out / "scaling.png")
+    chart_name = chart.name if chart else None
+    (out / "report.md").write_text(markdown_report(stats, warmup=warmup, chart_name=chart_name))
     summary = {
         "baseline": stats[0].name,
         "warmup": warmup,
@@ -125,5 +130,19 @@ def run(args: argparse.Namespace) -> int:
     }
     (out / "report.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(markdown_table(stats))
-    print(f"\nwrote {out / 'report.md'}, {out / 'report.json'}, {chart}")
+    written = [out / "report.md", out / "report.json", *([chart] if chart else [])]
+    print("\nwrote " + ", ".join(str(path) for path in written))
+    if chart is None:
+        print(f"fsdpmon report: {NO_CHART}", file=sys.stderr)
     return 0
+
+
+def _chart(stats: list[RunStats], path: Path) -> Path | None:
+    """Draw the PNG where matplotlib (the `report` extra) is installed; None where it is not."""
+    try:
+        from fsdpmon.report.chart import write_chart
+    except ImportError as exc:
+        if (exc.name or "").split(".")[0] != "matplotlib":
+            raise
+        return None
+    return write_chart(stats, path)
