@@ -8,6 +8,7 @@ exporter never imports torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import sys
@@ -15,6 +16,10 @@ from collections.abc import Callable, Sequence
 
 from fsdpmon import __version__
 from fsdpmon.errors import FsdpmonError
+
+# Long-running services log their INFO lines (start-up, what they serve) by default; the other
+# commands print their results and only warnings and errors, unless -v asks for more.
+SERVICES = frozenset({"exporter"})
 
 # name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -28,6 +33,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions and epilogs as written; each option's help ends with its default.
+
+    Options whose help already names its default, and those defaulting to None/False (no value
+    unless given), are left as they are.
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (not action.option_strings or "default" in text.lower() or text == argparse.SUPPRESS
+                or default is None or default is False or default == argparse.SUPPRESS
+                or default == []):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def _top_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="fsdpmon",
@@ -35,7 +57,8 @@ def _top_parser() -> argparse.ArgumentParser:
         epilog="Run `fsdpmon COMMAND --help` for a command's options.",
     )
     parser.add_argument("--version", action="version", version=f"fsdpmon {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log info and debug messages (also accepted after the command)")
     lines = "\n".join(f"  {name:<10} {text}" for name, (_, text) in COMMANDS.items())
     parser.add_argument(
         "command", choices=list(COMMANDS), metavar="COMMAND", help="one of:\n" + lines
@@ -65,15 +88,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Split at the command so each command's own flags are parsed by its own parser.
     split = next((i for i, a in enumerate(argv) if a in COMMANDS), len(argv))
     ns = top.parse_args(argv[: split + 1])
-    logging.basicConfig(
-        level=logging.DEBUG if ns.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     module_name, text = COMMANDS[ns.command]
     module = importlib.import_module(module_name)
-    sub = argparse.ArgumentParser(prog=f"fsdpmon {ns.command}", description=text)
+    sub = argparse.ArgumentParser(prog=f"fsdpmon {ns.command}", description=text,
+                                  formatter_class=HelpFormatter)
     module.configure(sub)
+    with contextlib.suppress(argparse.ArgumentError):  # unless the command has its own -v
+        sub.add_argument("-v", "--verbose", action="store_true", dest="_fsdpmon_verbose",
+                         help="log info and debug messages")
     args = sub.parse_args(argv[split + 1 :])
+    # Commands see only their own flags (manifests maps them onto its config one to one).
+    verbose = vars(args).pop("_fsdpmon_verbose", False) or ns.verbose
+    quiet = ns.command not in SERVICES
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO,
+        format=(f"fsdpmon {ns.command}: %(levelname)s: %(message)s" if quiet and not verbose
+                else "%(asctime)s %(levelname)s %(name)s: %(message)s"),
+    )
     return guarded(lambda: module.run(args), prog=f"fsdpmon {ns.command}")
 
 

@@ -25,6 +25,12 @@ class ConfigError(FsdpmonError):
         super().__init__(f"{field}: {problem}")
 
 
+class UsageError(FsdpmonError):
+    """The command cannot run the way it was asked (e.g. a live view with no terminal)."""
+
+    exit_code = 2
+
+
 class InputError(FsdpmonError):
     """A file or directory the user pointed at is missing, empty or malformed."""
 

@@ -58,7 +58,7 @@ install_torch() {
     echo "==> torch $TORCH_VERSION as this machine's pip resolves it ($CPU_INDEX unreachable)" >&2
     pip "torch==$TORCH_VERSION"
   fi
-  .venv/bin/python -c 'import torch; cuda = torch.version.cuda
+  .venv/bin/python -W ignore -c 'import torch; cuda = torch.version.cuda
 print(f"==> installed torch {torch.__version__}: "
       + (f"CUDA {cuda} build" if cuda else "CPU build"))' >&2
 }

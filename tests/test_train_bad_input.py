@@ -13,13 +13,18 @@ pytestmark = pytest.mark.slow
 
 
 def cases(tmp) -> dict[str, tuple[list[str], str]]:
-    (tmp / "tok").mkdir()
+    (tmp / "tok").mkdir(exist_ok=True)
     return {
         "missing data": (["--data", str(tmp / "missing.jsonl")], "--data: "),
         "tokenizer without tokenizer.json": (
             ["--data", "synthetic", "--tokenizer", str(tmp / "tok")], "has no tokenizer.json"),
         "seq-len 0": (["--seq-len", "0"], "--seq-len: must be > 0"),
         "unknown model": (["--model", "llama9-1t"], "--model: unknown value 'llama9-1t'"),
+        # written only at the final save / first log window: checked before training starts
+        "checkpoint dir not creatable": (["--checkpoint-dir", "/proc/nope"],
+                                         "--checkpoint-dir: cannot create /proc/nope"),
+        "log not writable": (["--log-jsonl", "/proc/nope/x.jsonl"],
+                             "--log-jsonl: cannot create /proc/nope"),
     }
 
 
@@ -40,7 +45,8 @@ def outcomes(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["missing data", "tokenizer without tokenizer.json",
-                                  "seq-len 0", "unknown model"])
+                                  "seq-len 0", "unknown model", "checkpoint dir not creatable",
+                                  "log not writable"])
 def test_one_line_error_and_exit_code_2(outcomes, tmp_path, name):
     code, stdout, stderr = outcomes[name]
     expected = cases(tmp_path)[name][1]
@@ -49,3 +55,20 @@ def test_one_line_error_and_exit_code_2(outcomes, tmp_path, name):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1, stderr
     assert lines[0].startswith("trainer: error: ") and expected in lines[0]
+
+
+def test_output_paths_are_checked_and_created_at_parse_time(tmp_path):
+    from fsdpmon.errors import InputError
+    from trainer.config import parse_config
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(InputError, match=r"--checkpoint-dir: .*file is not a directory"):
+        parse_config(["--checkpoint-dir", str(tmp_path / "file")])
+    with pytest.raises(InputError, match=r"--log-jsonl: .*file is not a directory"):
+        parse_config(["--log-jsonl", str(tmp_path / "file" / "x.jsonl")])
+    cfg = parse_config(["--checkpoint-dir", str(tmp_path / "ck" / "a"),
+                        "--log-jsonl", str(tmp_path / "logs" / "run.jsonl")])
+    assert (tmp_path / "ck" / "a").is_dir() and (tmp_path / "logs").is_dir()
+    # manifests validates train args for pods: no path of this machine is looked at
+    parse_config(["--checkpoint-dir", "/proc/nope"], check_paths=False)
+    assert cfg.checkpoint.dir == str(tmp_path / "ck" / "a")

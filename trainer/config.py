@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
 from fsdpmon import faultspec, validate
+from fsdpmon.cli import HelpFormatter
+from fsdpmon.conventions import TRAINING_PORT
 from fsdpmon.errors import ConfigError, InputError
 from trainer.shapes import FLAVOURS, ModelArgs
 
@@ -92,43 +95,57 @@ class _RaisingParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _RaisingParser(prog="python -m trainer.train",
+    p = _RaisingParser(prog="python -m trainer.train", formatter_class=HelpFormatter,
                        description="FSDP2 training of Llama-family models, monitored by fsdpmon.")
     a = p.add_argument
-    a("--model", default="tiny", help=f"flavour: {', '.join(FLAVOURS)}")
-    a("--max-steps", type=int, default=30)
+    a("--model", default="tiny", help=f"model flavour: {', '.join(FLAVOURS)}")
+    a("--max-steps", type=int, default=30, help="optimiser steps to train for")
     a("--batch-size", type=int, default=4, help="sequences per rank per micro-batch")
-    a("--seq-len", type=int, default=128)
+    a("--seq-len", type=int, default=128, help="tokens per sequence")
     a("--grad-accum", type=int, default=1, help="micro-batches per optimiser step")
     a("--lr", type=float, default=3e-4, help="peak learning rate")
-    a("--warmup-steps", type=int, default=0)
+    a("--warmup-steps", type=int, default=0, help="linear warm-up steps before the cosine decay")
     a("--min-lr-ratio", type=float, default=0.1, help="cosine floor as a share of --lr")
-    a("--weight-decay", type=float, default=0.1)
+    a("--weight-decay", type=float, default=0.1, help="AdamW weight decay")
     a("--grad-clip", type=float, default=1.0, help="max gradient norm (0: no clipping)")
     a("--data", default="synthetic", help="'synthetic', or a .txt/.jsonl file or a directory")
     a("--tokenizer", default=None, help="local dir with tokenizer.json (default: bytes)")
-    a("--hf-checkpoint", default=None, help="local dir of a HF Llama checkpoint (safetensors)")
-    a("--checkpoint-dir", default=None)
+    a("--hf-checkpoint", default=None,
+      help="local dir of a HF Llama checkpoint (safetensors) to start from (default: random init)")
+    a("--checkpoint-dir", default=None,
+      help="where to save (and resume from) checkpoints; checked writable at start "
+      "(default: no checkpoints)")
     a("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: at end)")
-    a("--keep-checkpoints", type=int, default=2)
-    a("--seed", type=int, default=0)
+    a("--keep-checkpoints", type=int, default=2, help="newest checkpoints kept on disk")
+    a("--seed", type=int, default=0, help="seed of the initial weights and the synthetic data")
     a("--fault", default=None, metavar="SPEC",
       help="inject a fault, e.g. compute-slow:rank=1,factor=1.5 (see fsdpmon.faultspec; "
-           "FSDPMON_FAULT applies too)")
-    a("--log-every", type=int, default=10)
-    a("--log-jsonl", default=None, help="PATH: each rank writes PATH with .rankN inserted")
-    a("--metrics-port", type=int, default=None, help="Prometheus port (0: do not serve)")
-    a("--job-name", default=None)
-    a("--dtype", default="auto", choices=["auto", "bf16", "fp32"])
-    a("--activation-checkpointing", action="store_true")
-    a("--cpu-offload", action="store_true")
+           "FSDPMON_FAULT applies too; default: none)")
+    a("--log-every", type=int, default=10,
+      help="steps per log window (console line, JSONL record, metrics update)")
+    a("--log-jsonl", default=None,
+      help="PATH: each rank writes PATH with .rankN inserted; checked writable at start "
+      "(default: no log file)")
+    a("--metrics-port", type=int, default=None,
+      help=f"Prometheus port (0: do not serve; default: $FSDPMON_PORT or {TRAINING_PORT})")
+    a("--job-name", default=None,
+      help="job_name label of the metrics (default: $FSDPMON_JOB_NAME or fsdpmon)")
+    a("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+      help="auto: bf16 parameters with fp32 reduction on CUDA, fp32 on CPU")
+    a("--activation-checkpointing", action="store_true",
+      help="recompute each block's activations in the backward pass (less memory)")
+    a("--cpu-offload", action="store_true", help="keep sharded parameters in host memory")
     a("--compile", action="store_true", help="torch.compile each transformer block")
     for name in SHAPE_FLAGS:
-        a(f"--{name.replace('_', '-')}", type=int, default=None, help="override the flavour")
+        a(f"--{name.replace('_', '-')}", type=int, default=None,
+          help=f"override the flavour's {name} (default: the flavour's)")
     return p
 
 
-def parse_config(argv: list[str] | None = None) -> TrainConfig:
+def parse_config(argv: list[str] | None = None, *, check_paths: bool = True) -> TrainConfig:
+    """The checked configuration. ``check_paths=False`` skips what only the machine that trains
+    can check (files exist, directories writable): `fsdpmon manifests` validates train args for
+    pods whose file systems it cannot see."""
     ns = build_parser().parse_args(argv)
     overrides = {n: getattr(ns, n) for n in SHAPE_FLAGS if getattr(ns, n) is not None}
     cfg = TrainConfig(
@@ -143,11 +160,11 @@ def parse_config(argv: list[str] | None = None) -> TrainConfig:
         checkpoint=CheckpointConfig(ns.checkpoint_dir, ns.checkpoint_every, ns.keep_checkpoints),
         log=LogConfig(ns.log_every, ns.log_jsonl, ns.metrics_port, ns.job_name),
     )
-    validate_config(cfg)
+    validate_config(cfg, check_paths=check_paths)
     return cfg
 
 
-def validate_config(cfg: TrainConfig) -> None:
+def validate_config(cfg: TrainConfig, *, check_paths: bool = True) -> None:
     validate.one_of("--model", cfg.model.name, FLAVOURS)
     faultspec.from_sources(cfg.fault)  # a bad spec fails here, naming it
     validate.positive("--max-steps", cfg.max_steps)
@@ -171,7 +188,8 @@ def validate_config(cfg: TrainConfig) -> None:
         validate.dns1123_label("--job-name", cfg.log.job_name)
     for name, value in cfg.model.overrides.items():
         validate.positive(f"--{name.replace('_', '-')}", value)
-    _validate_paths(cfg)
+    if check_paths:
+        _validate_paths(cfg)
 
 
 def _validate_paths(cfg: TrainConfig) -> None:
@@ -190,6 +208,25 @@ def _validate_paths(cfg: TrainConfig) -> None:
             raise InputError(f"--hf-checkpoint: {ckpt} has no config.json")
         if not any(ckpt.glob("*.safetensors")):
             raise InputError(f"--hf-checkpoint: {ckpt} has no *.safetensors files")
+    # Both are written late (the final save, the first log window): find out now, not then.
+    if cfg.checkpoint.dir is not None:
+        _writable_dir("--checkpoint-dir", Path(cfg.checkpoint.dir))
+    if cfg.log.log_jsonl is not None:
+        _writable_dir("--log-jsonl", Path(cfg.log.log_jsonl).parent)
+
+
+def _writable_dir(flag: str, path: Path) -> None:
+    """Create ``path`` (and its parents) if missing; InputError unless we can write there."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InputError(f"{flag}: {path} is not a directory") from None
+    except OSError as exc:
+        raise InputError(f"{flag}: cannot create {path}: {exc.strerror or exc}") from None
+    if not path.is_dir():
+        raise InputError(f"{flag}: {path} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise InputError(f"{flag}: {path} is not writable")
 
 
 def model_args_for(cfg: TrainConfig, base: ModelArgs | None = None) -> ModelArgs:

@@ -15,6 +15,7 @@ from fsdpmon.manifests.config import (
     KINDS,
     MODELS,
     RDZV_BACKENDS,
+    ManifestConfig,
     build_config,
     reject_tokens,
 )
@@ -33,49 +34,68 @@ def configure(parser: argparse.ArgumentParser) -> None:
                      "REGISTRY/IMAGE/TAG, NUM_WORKERS, GPU_PER_WORKER, EFA_PER_WORKER, "
                      "INSTANCE_TYPE, MODEL_NAME, ...).")
     a = parser.add_argument
-    a("--env-file", help="KEY=value settings file (export lines, quotes and comments allowed)")
-    a("--kind", choices=KINDS, default=None, help="PyTorchJob (default) or Trainer v2 TrainJob")
-    a("--job-name", help="job name (DNS-1123 label)")
-    a("--namespace", help="namespace of the job (default: default)")
+    d = _default
+    a("--env-file", help="KEY=value settings file (export lines, quotes and comments allowed; "
+      "default: none)")
+    a("--kind", choices=KINDS, default=None,
+      help=f"PyTorchJob or Trainer v2 TrainJob {d('kind')}")
+    a("--job-name", help="job name (DNS-1123 label); required, here or as JOB_NAME")
+    a("--namespace", help=f"namespace of the job {d('namespace')}")
     a("--monitoring-namespace", help="namespace of the exporter, rules and dashboards "
-      "(default: monitoring)")
-    a("--nodes", type=int, help="number of nodes (pods), default 2")
-    a("--gpus-per-node", type=int, help="GPUs = processes per node (default: by instance type)")
-    a("--efa-per-node", type=int, help="EFA interfaces per node (default: by instance type)")
-    a("--instance-type", help="node.kubernetes.io/instance-type to run on, e.g. p5.48xlarge")
-    a("--image", help="trainer image (built from trainer/Dockerfile)")
+      f"{d('monitoring_namespace')}")
+    a("--nodes", type=int, help=f"number of nodes (pods) {d('nodes')}")
+    a("--gpus-per-node", type=int, help="GPUs = processes per node (default: by --instance-type, "
+      "else 8)")
+    a("--efa-per-node", type=int, help="EFA interfaces per node (default: by --instance-type, "
+      "else 0)")
+    a("--instance-type", help="node.kubernetes.io/instance-type to run on, e.g. p5.48xlarge "
+      "(default: any node)")
+    a("--image", help="trainer image (built from trainer/Dockerfile); required, here or as "
+      "REGISTRY/IMAGE/TAG")
     a("--exporter-image", help="exporter image (default: fsdpmon-exporter next to --image)")
-    a("--model", help=f"trainer model flavour: {', '.join(MODELS)} (or meta-llama/Llama-2-7b-hf)")
-    a("--max-steps", type=int)
-    a("--batch-size", type=int, help="sequences per GPU per micro-batch")
-    a("--seq-len", type=int)
-    a("--grad-accum", type=int)
-    a("--data", help="'synthetic' or a path inside the container (e.g. under --data-mount)")
-    a("--tokenizer", help="tokenizer directory inside the container")
-    a("--hf-checkpoint", help="HF checkpoint directory inside the container")
-    a("--checkpoint-every", type=int)
-    a("--log-every", type=int)
+    a("--model", help=f"trainer model flavour: {', '.join(MODELS)} (or "
+      f"meta-llama/Llama-2-7b-hf) {d('model')}")
+    a("--max-steps", type=int, help=f"optimiser steps to train for {d('max_steps')}")
+    a("--batch-size", type=int, help=f"sequences per GPU per micro-batch {d('batch_size')}")
+    a("--seq-len", type=int, help=f"tokens per sequence {d('seq_len')}")
+    a("--grad-accum", type=int, help=f"micro-batches per optimiser step {d('grad_accum')}")
+    a("--data", help="'synthetic' or a path inside the container (e.g. under --data-mount) "
+      f"{d('data')}")
+    a("--tokenizer", help="tokenizer directory inside the container (default: bytes)")
+    a("--hf-checkpoint", help="HF checkpoint directory inside the container (default: random "
+      "init)")
+    a("--checkpoint-every", type=int,
+      help=f"steps between checkpoints (0: only at the end) {d('checkpoint_every')}")
+    a("--log-every", type=int, help=f"steps per log window {d('log_every')}")
     a("--train-arg", action="append", default=None, metavar="ARG",
-      help="extra argument for trainer.train, repeatable: --train-arg=--warmup-steps=100")
-    a("--data-pvc", help="PersistentVolumeClaim for data, checkpoints and logs (e.g. FSx)")
-    a("--data-mount", help="where the data volume is mounted (default /data)")
-    a("--shm-size", help="size limit of the memory-backed /dev/shm (default 64Gi)")
+      help="extra argument for trainer.train, repeatable, checked with the trainer's own parser: "
+      "--train-arg=--warmup-steps=100 (default: none)")
+    a("--data-pvc", help="PersistentVolumeClaim for data, checkpoints and logs, e.g. FSx "
+      "(default: an emptyDir)")
+    a("--data-mount", help=f"where the data volume is mounted {d('data_mount')}")
+    a("--shm-size", help=f"size limit of the memory-backed /dev/shm {d('shm_size')}")
     a("--elastic", action="store_true", default=None, help="elastic PyTorchJob with rendezvous")
-    a("--min-nodes", type=int, help="elastic: fewest nodes to run with (default --nodes)")
-    a("--max-restarts", type=int)
-    a("--rdzv-backend", choices=RDZV_BACKENDS, default=None)
+    a("--min-nodes", type=int, help="elastic: fewest nodes to run with (default: --nodes)")
+    a("--max-restarts", type=int, help=f"restarts before the job fails {d('max_restarts')}")
+    a("--rdzv-backend", choices=RDZV_BACKENDS, default=None,
+      help=f"elastic: rendezvous backend {d('rdzv_backend')}")
     a("--rdzv-host", help="elastic: rendezvous host (default: the master pod)")
-    a("--rdzv-port", type=int)
-    a("--runtime-name", help="TrainingRuntime the TrainJob uses (default torch-distributed)")
-    a("--hf-token-secret", help="Secret holding the Hugging Face token (default hf-token)")
+    a("--rdzv-port", type=int, help=f"elastic: rendezvous port {d('rdzv_port')}")
+    a("--runtime-name", help=f"TrainingRuntime the TrainJob uses {d('runtime_name')}")
+    a("--hf-token-secret", help=f"Secret holding the Hugging Face token {d('hf_token_secret')}")
     a("--hf-token-from-env", action="store_true",
       help="read HF_TOKEN from the environment and also emit the Secret")
     a("--hf-token", help=argparse.SUPPRESS)  # exists only to refuse a token on the command line
-    a("--release-label", help="`release` label kube-prometheus-stack selects on "
-      "(default kube-prometheus-stack; '' for none)")
-    a("--scrape-interval", help="training scrape interval (default 15s)")
+    a("--release-label", help="`release` label kube-prometheus-stack selects on ('' for none) "
+      f"{d('release_label')}")
+    a("--scrape-interval", help=f"training scrape interval {d('scrape_interval')}")
     a("--components", help=f"comma list of {','.join(COMPONENTS)} (default: all)")
-    a("--out", type=Path, help="write a kustomize directory instead of stdout")
+    a("--out", type=Path, help="write a kustomize directory (default: one YAML stream on stdout)")
+
+
+def _default(name: str) -> str:
+    """``(default: X)`` from ManifestConfig itself, so the help cannot drift from the code."""
+    return f"(default: {ManifestConfig.__dataclass_fields__[name].default})"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -167,6 +167,8 @@ def check(cfg: ManifestConfig) -> None:
 
 
 def _job_name(cfg: ManifestConfig) -> None:
+    if not cfg.job_name:
+        raise ConfigError("--job-name", "is required (or JOB_NAME in the --env-file)")
     validate.dns1123_label("--job-name", cfg.job_name)
     if not cfg.job_name[0].isalpha():
         # The operators name Services after the job, and Service names must start with a letter.
@@ -262,6 +264,18 @@ def settings_from_env(env: Mapping[str, str]) -> dict[str, Any]:
     return out
 
 
+def _per_node_defaults(merged: Mapping[str, Any]) -> tuple[int, int]:
+    """GPUs and EFA interfaces per node for the instance type; a warning when it is unknown
+    and the user left either count to it."""
+    instance = merged.get("instance_type") or ""
+    if instance and instance not in INSTANCE_TYPES and not (
+            "gpus_per_node" in merged and "efa_per_node" in merged):
+        log.warning("unknown instance type %r: assuming 8 GPUs and no EFA per node; set them "
+                    "with --gpus-per-node and --efa-per-node (env file: GPU_PER_WORKER, "
+                    "EFA_PER_WORKER); known types: %s", instance, ", ".join(INSTANCE_TYPES))
+    return INSTANCE_TYPES.get(instance, (8, 0))
+
+
 def build_config(flags: Mapping[str, Any], env: Mapping[str, str],
                  environ: Mapping[str, str], hf_token_from_env: bool,
                  version: str) -> ManifestConfig:
@@ -275,7 +289,7 @@ def build_config(flags: Mapping[str, Any], env: Mapping[str, str],
         merged.setdefault("elastic", True)
     if "model" in merged:
         merged["model"] = normalize_model(merged["model"])
-    gpus, efa = INSTANCE_TYPES.get(merged.get("instance_type") or "", (8, 0))
+    gpus, efa = _per_node_defaults(merged)
     merged.setdefault("gpus_per_node", gpus)
     merged.setdefault("efa_per_node", efa)
     for required in ("job_name", "image"):

@@ -35,6 +35,7 @@ class Bundle:
 def generate(cfg: ManifestConfig) -> Bundle:
     files: dict[str, list[Obj]] = {}
     if "job" in cfg.components:
+        training.check_trainer_args(cfg)
         secret = training.hf_token_secret(cfg)
         if secret is not None:
             files[SECRET_FILE] = [secret]

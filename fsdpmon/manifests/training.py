@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 
 from fsdpmon import conventions as conv
+from fsdpmon.errors import ConfigError, FsdpmonError
 from fsdpmon.manifests.config import HF_TOKEN_VAR, ManifestConfig
 from fsdpmon.manifests.meta import Obj, common_labels
 
@@ -57,6 +58,23 @@ def torchrun_command(cfg: ManifestConfig) -> list[str]:
     if cfg.hf_checkpoint:
         args += ["--hf-checkpoint", cfg.hf_checkpoint]
     return args + list(cfg.train_args)
+
+
+def check_trainer_args(cfg: ManifestConfig) -> None:
+    """Parse the container's trainer command with the trainer's own parser, so a bad
+    --train-arg fails here rather than when the pods start. Paths are the pods', not ours."""
+    from trainer.config import model_args_for, parse_config  # torch-free
+
+    command = torchrun_command(cfg)
+    base = command[command.index("trainer.train") + 1 :]
+    args = base[: len(base) - len(cfg.train_args)]
+    for field, argv in (("trainer command", args), ("--train-arg", base)):
+        try:
+            parsed = parse_config(argv, check_paths=False)
+            if parsed.model.hf_checkpoint is None:  # else the shape comes from its config.json
+                model_args_for(parsed)
+        except FsdpmonError as exc:
+            raise ConfigError(field, f"python -m trainer.train would reject it: {exc}") from None
 
 
 def container_env(cfg: ManifestConfig) -> list[Obj]:

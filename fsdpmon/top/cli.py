@@ -7,19 +7,18 @@ import sys
 
 from rich.console import Console
 
-from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
+from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError, UsageError
 from fsdpmon.top.app import Source, run_live
 from fsdpmon.top.snapshot import JobSnapshot, JobState
 from fsdpmon.top.views import once_frame
 
-EPILOG = """\
-sources (choose one):
-  --targets URL[,URL...]          scrape these /metrics endpoints directly (no cluster needed)
-  --job NAME | --selector SEL     find the pods through the Kubernetes API (kubeconfig,
-                                  --context, or in-cluster config) and scrape them via the
-                                  API server's pod proxy (outside) or pod IP (inside)
-  --prometheus URL [--job NAME]   query Prometheus (for jobs too large to scrape pod by pod)
+SOURCES = """\
+Choose one: --targets (scrape endpoints directly, no cluster needed); --job or --selector (find
+the pods through the Kubernetes API with the kubeconfig, --context or the in-cluster config, and
+scrape them via the API server's pod proxy from outside or by pod IP from inside); or --prometheus
+(query Prometheus, for jobs too large to scrape pod by pod; --job then names the job_name)."""
 
+EPILOG = """\
 keys: 1 ranks, 2 GPUs, 3 processes, 4 logs, 5 diagnosis (findings, evidence, merged
       stacks), Tab next view, < > sort column, i invert, / filter, ? help, q quit
 
@@ -32,12 +31,13 @@ exit status with --once or --json:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     add_source_args(parser)
     out = parser.add_argument_group("display")
-    out.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
-    out.add_argument("--timeout", type=float, default=3.0, help="per-target scrape timeout (s)")
+    out.add_argument("--interval", type=float, default=2.0, metavar="SECONDS",
+                     help="seconds between refreshes (default: %(default)s)")
+    out.add_argument("--timeout", type=float, default=3.0, metavar="SECONDS",
+                     help="per-target scrape timeout in seconds (default: %(default)s)")
     out.add_argument("--once", action="store_true", help="print one frame as text and exit")
     out.add_argument("--json", action="store_true",
                      help="print the job snapshot as JSON and exit (implies --once)")
@@ -45,9 +45,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def add_source_args(parser: argparse.ArgumentParser) -> None:
     """The source flags `top` and `diagnose` share."""
-    src = parser.add_argument_group("source")
+    src = parser.add_argument_group("source", SOURCES)
     src.add_argument("--targets", metavar="URL[,URL...]",
-                     help="comma-separated scrape endpoints (host:port or full URL)")
+                     help="comma-separated /metrics endpoints (host:port or full URL)")
     src.add_argument("--prometheus", metavar="URL", help="Prometheus base URL to query")
     src.add_argument("--job", metavar="NAME",
                      help="training job name (PyTorchJob or TrainJob; job_name with --prometheus)")
@@ -55,7 +55,7 @@ def add_source_args(parser: argparse.ArgumentParser) -> None:
                      help="label selector for the training pods (instead of --job)")
     src.add_argument("-n", "--namespace", default=None,
                      help="Kubernetes namespace (default: the kubeconfig context's)")
-    src.add_argument("--context", help="kubeconfig context to use")
+    src.add_argument("--context", help="kubeconfig context to use (default: the current one)")
     src.add_argument("--kubeconfig",
                      help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
 
@@ -67,15 +67,11 @@ def _split(urls: str) -> list[str]:
 def build_source(args: argparse.Namespace) -> Source:
     if args.interval <= 0:
         raise ConfigError("--interval", f"must be > 0, got {args.interval!r}")
-    chosen = [name for name, on in (("--targets", args.targets), ("--prometheus", args.prometheus),
-                                    ("--selector", args.selector)) if on]
-    if len(chosen) > 1:
-        raise ConfigError(chosen[1], f"cannot be combined with {chosen[0]}")
+    _one_source(args)
     if args.targets is not None:
         from fsdpmon.top.sources.targets import TargetsSource
 
-        return TargetsSource(_split(args.targets), timeout_s=args.timeout,
-                             job_name=args.job or "")
+        return TargetsSource(_split(args.targets), timeout_s=args.timeout)
     if args.prometheus:
         from fsdpmon.top.sources.prometheus import PrometheusSource
 
@@ -88,6 +84,21 @@ def build_source(args: argparse.Namespace) -> Source:
             context=args.context, kubeconfig=args.kubeconfig, timeout_s=args.timeout))
     raise ConfigError("--targets", "choose a source: --targets URL, --job NAME, --selector SEL "
                                    "or --prometheus URL")
+
+
+def _one_source(args: argparse.Namespace) -> None:
+    """One source, and no flag that only another source reads (it would be silently ignored)."""
+    given = {flag: value for flag, value in (
+        ("--targets", args.targets), ("--prometheus", args.prometheus), ("--job", args.job),
+        ("--selector", args.selector), ("--namespace", args.namespace),
+        ("--context", args.context), ("--kubeconfig", args.kubeconfig)) if value is not None}
+    allowed = ({"--targets"} if "--targets" in given
+               else {"--prometheus", "--job"} if "--prometheus" in given
+               else {"--job", "--selector", "--namespace", "--context", "--kubeconfig"})
+    extra = [flag for flag in given if flag not in allowed]
+    if extra:
+        source = "--targets" if "--targets" in given else "--prometheus"
+        raise ConfigError(extra[0], f"cannot be combined with {source} (choose one source)")
 
 
 def check_health(snap: JobSnapshot) -> None:
@@ -107,6 +118,9 @@ def check_health(snap: JobSnapshot) -> None:
 def run(args: argparse.Namespace) -> int:
     source = build_source(args)
     if not (args.once or args.json):
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):
+            source.close()
+            raise UsageError("no terminal; use --once or --json")
         return run_live(source, args.interval)
     try:
         snap = source.fetch()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.config.config_exception import ConfigException
@@ -74,9 +75,15 @@ def _load(cfg: KubeSourceConfig) -> tuple[client.Configuration, str, bool]:
             active = next(c for c in contexts if c["name"] == cfg.context)
         namespace = cfg.namespace or active.get("context", {}).get("namespace") or "default"
         return conf, namespace, False
-    except (ConfigException, OSError, StopIteration, TypeError) as exc:
+    except (ConfigException, OSError, StopIteration, TypeError, ValueError, AttributeError,
+            yaml.YAMLError) as exc:
+        # A malformed file shows up as a YAML error or, when it parses to something other than a
+        # mapping, as a TypeError/AttributeError inside the client's loader: all are bad input.
         field = "--context" if cfg.context and "context" in str(exc).lower() else "--kubeconfig"
-        raise ConfigError(field, f"cannot load Kubernetes configuration: {exc}") from None
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        if isinstance(exc, TypeError | AttributeError):
+            detail = f"not a kubeconfig (a YAML mapping of clusters, contexts, users): {detail}"
+        raise ConfigError(field, f"cannot load Kubernetes configuration: {detail}") from None
 
 
 def _in_cluster_available() -> bool:

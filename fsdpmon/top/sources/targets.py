@@ -28,7 +28,10 @@ def normalise_url(url: str, field: str = "--targets") -> str:
     text = url.strip()
     if "://" not in text:
         text = "http://" + text
-    parts = urlsplit(text)
+    try:
+        parts = urlsplit(text)
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL" for an unclosed bracket
+        raise ConfigError(field, f"{url!r} is not a valid URL ({exc})") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(field, f"{url!r} is not an http(s) URL or host:port")
     try:
