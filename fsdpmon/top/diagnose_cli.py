@@ -46,7 +46,6 @@ exit status:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = EPILOG
     add_source_args(parser)
     out = parser.add_argument_group("watch and output")
