@@ -7,7 +7,9 @@ Layers, bottom first (an import may only point at its own layer or one below):
 1. ``exporters`` and ``dashboards``: the bottom layer and themselves only, never each other.
 2. the rest of ``fsdpmon``; only the modules that run an exporter or ship the dashboards
    (``RUNNERS``) may import layer 1.
-3. ``trainer``: the training code, instrumented with the monitor; nothing imports it.
+3. ``trainer``: the training code, instrumented with the monitor; nothing imports it, except
+   that the manifests check the trainer command they generate (``--train-arg`` included) with
+   the trainer's own torch-free parser (``TRAINER_CLI``).
 
 Parsed with ``ast`` (nothing is imported), so these checks see every function body, including
 lazy imports and code no other test runs.
@@ -33,6 +35,9 @@ BOTTOM = frozenset({"fsdpmon", "fsdpmon.catalog", "fsdpmon.conventions", "fsdpmo
                     "fsdpmon.distenv"})
 # fsdpmon modules that run an exporter (the demo) or wrap the dashboards (the manifests).
 RUNNERS = ("fsdpmon.demo", "fsdpmon.manifests")
+# The trainer's command line and model shapes (no torch), and the one module that may read them.
+TRAINER_CLI = frozenset({"trainer.config", "trainer.shapes"})
+TRAINER_CLI_USER = "fsdpmon.manifests.training"
 
 
 def _module(path: Path) -> str:
@@ -60,6 +65,8 @@ def _layer(module: str) -> int:
 
 
 def _upward(source: str, target: str) -> bool:
+    if source == TRAINER_CLI_USER and target in TRAINER_CLI:
+        return False
     if _layer(target) > _layer(source):
         return True
     if _layer(source) == 1 == _layer(target):  # exporters and dashboards stay apart
