@@ -25,6 +25,7 @@ class KubeStandIn:
         self.pods: list[dict] = []
         self.metrics: dict[str, bytes] = {}  # "namespace/pod:port" -> exposition
         self.logs: dict[str, list[str]] = {}  # "namespace/pod/container" -> lines
+        self.jobs: dict[str, dict] = {}  # "group/namespace/plural/name" -> custom resource
         self.forbidden: set[str] = set()  # "list-all", "list-namespaced", "proxy"
         self.hang_s = 0.0  # every request sleeps this long first (API server timeouts)
         self.hang_pods: set[str] = set()  # pod proxy requests to these hang
@@ -89,6 +90,10 @@ class KubeStandIn:
                     return self._proxy(segs[3], segs[5])
                 if len(segs) == 7 and segs[6] == "log":
                     return self._log(segs[3], segs[5], query)
+                if segs[0] == "apis" and len(segs) == 7 and segs[3] == "namespaces":
+                    job = api.jobs.get(f"{segs[1]}/{segs[4]}/{segs[5]}/{segs[6]}")
+                    if job is not None:
+                        return self._json(200, job)
                 self._status(404, "NotFound", "the server could not find the requested resource")
 
             def _list(self, namespace: str | None, query: dict, kind: str) -> None:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from fsdpmon.top.health import MEMORY_PRESSURE_RATIO, STRAGGLER_RATIO, alerts, job_state
+from fsdpmon.top.health import (
+    MEMORY_PRESSURE_RATIO,
+    STRAGGLER_RATIO,
+    alerts,
+    gone_early,
+    job_state,
+    settle,
+    with_conditions,
+)
 from fsdpmon.top.snapshot import GpuRow, JobSnapshot, JobState, RankRow, TargetStatus
 
 UP, DOWN = TargetStatus("http://a/metrics", "train", True), TargetStatus("http://b", "", False)
@@ -27,8 +35,11 @@ def test_precedence():
     assert state(snap(targets=(UP, DOWN), ranks=stalled)) is JobState.STALLED
     assert state(snap(total_steps=5, targets=(UP, DOWN))) is JobState.DONE
     assert state(snap(targets=(DOWN,))) is JobState.DOWN
-    done = replace(snap(), state=JobState.DONE)
-    assert state(snap(targets=(DOWN,)), previous=done) is JobState.DONE
+    finished = tuple(RankRow(rank=i, step=5, down=True) for i in (0, 1))
+    assert state(snap(total_steps=5, targets=(DOWN,), ranks=finished)) is JobState.DONE
+    early = tuple(RankRow(rank=i, step=3, down=True) for i in (0, 1))
+    assert state(snap(total_steps=5, targets=(DOWN,), ranks=early)) is JobState.FAILED
+    assert state(snap(targets=(DOWN,), ranks=finished)) is JobState.FAILED  # no plan: not done
 
 
 def test_straggler_threshold_is_relative_to_the_median():
@@ -49,3 +60,51 @@ def test_memory_pressure_and_lost_gpu():
     many = tuple(RankRow(rank=r, stalled=True) for r in range(12))
     stall = next(a for a in alerts(snap(ranks=many)) if a.kind == "stall")
     assert "rank 0, 1, 2, 3, 4, 5, 6, 7 (+4 more) stalled" in stall.message
+
+
+def test_a_rank_that_went_away_finished_only_if_it_had_the_time_to():
+    # last seen at step 140 of 150 taking 0.05 s a step: it needed 10 x 0.05 = 0.5 s more
+    need = (150 - 140) * 0.05
+    seen = RankRow(rank=0, step=140, step_time_s=0.05, seen_at=100.0, down=True)
+    assert not gone_early(replace(seen, gone_at=100.0 + need * 1.01), 150)
+    assert gone_early(replace(seen, gone_at=100.0 + need * 0.99), 150)
+    assert not gone_early(replace(seen, step=150, gone_at=100.0), 150)  # seen at its last step
+    assert gone_early(replace(seen, gone_at=1e9), None)  # no plan: nothing says it finished
+    ranks = tuple(replace(seen, rank=i, gone_at=100.0 + need * 2) for i in (0, 1))
+    done = snap(total_steps=150, targets=(DOWN,), ranks=ranks)
+    assert state(done) is JobState.DONE
+    failed = snap(total_steps=150, targets=(DOWN,),
+                  ranks=(ranks[0], replace(ranks[1], gone_at=100.0 + need / 2)))
+    assert state(failed) is JobState.FAILED
+    assert "rank 1 gone before the last step (last seen at step 140/150)" in [
+        a.message for a in alerts(failed)]
+
+
+def test_restarting_until_every_rank_is_back():
+    before = replace(snap(world_size=2, restarts=0), state=JobState.RUNNING)
+    one_back = snap(world_size=2, restarts=1,
+                    ranks=(RankRow(rank=0, step=0), RankRow(rank=1, step=5, down=True)))
+    assert state(one_back, previous=before) is JobState.RESTARTING
+    restarting = replace(one_back, state=JobState.RESTARTING)
+    assert state(replace(one_back, alerts=()), previous=restarting) is JobState.RESTARTING
+    both = snap(world_size=2, restarts=1, ranks=(RankRow(rank=0, step=1), RankRow(rank=1, step=1)))
+    assert state(both, previous=restarting) is JobState.RUNNING
+    assert state(both, previous=replace(both, state=JobState.RUNNING)) is JobState.RUNNING
+
+
+def test_kubernetes_conditions_say_done_failed_restarting():
+    running = settle(replace(snap(), alerts=()), None)
+    failed = [{"type": "Created", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+              {"type": "Running", "status": "False", "lastTransitionTime": "2026-01-01T00:01:00Z"},
+              {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
+               "message": "worker-1 exited with code 137", "lastTransitionTime":
+               "2026-01-01T00:02:00Z"}]
+    out = with_conditions(running, failed)
+    assert out.state is JobState.FAILED
+    assert out.reason == "PyTorchJobFailed: worker-1 exited with code 137"
+    done = with_conditions(running, [{"type": "Complete", "status": "True"}])
+    assert (done.state, done.reason) == (JobState.DONE, "")
+    assert with_conditions(running, [{"type": "Restarting", "status": "True"}]).state is (
+        JobState.RESTARTING)
+    assert with_conditions(running, [{"type": "Running", "status": "True"}]) == running
+    assert with_conditions(running, [{"type": "Failed", "status": "False"}, "junk"]) == running

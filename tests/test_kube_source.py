@@ -13,7 +13,8 @@ from kube_standin import KubeStandIn
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
 from fsdpmon.errors import ConfigError, UnreachableError
-from fsdpmon.top.snapshot import JobState
+from fsdpmon.top.cli import check_health
+from fsdpmon.top.snapshot import JobSnapshot, JobState
 from fsdpmon.top.sources.kube import KubeSource, KubeSourceConfig
 
 PYTORCHJOB = {"training.kubeflow.org/job-name": "llama",
@@ -204,3 +205,60 @@ def test_cli_forbidden_is_exit_3_with_one_line(api, tmp_path):
                           str(tmp_path / "missing"), "--job", "llama", "--once"],
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.startswith("fsdpmon top: error: --kubeconfig")
+
+
+def _job(api: KubeStandIn, kind: str, conditions: list[dict]) -> None:
+    group, plural = (("kubeflow.org", "pytorchjobs") if kind == "pytorchjob"
+                     else ("trainer.kubeflow.org", "trainjobs"))
+    api.jobs[f"{group}/ml/{plural}/llama"] = {
+        "apiVersion": f"{group}/v1", "kind": kind, "metadata": {"name": "llama"},
+        "status": {"conditions": conditions}}
+
+
+def _ended(api: KubeStandIn, phase: str) -> None:
+    for p in api.pods:
+        if p["metadata"]["namespace"] == "ml":
+            p["status"]["phase"] = phase
+
+
+def _top(api: KubeStandIn, tmp_path, *flags: str) -> subprocess.CompletedProcess:
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    return subprocess.run([sys.executable, "-m", "fsdpmon.cli", "top", "--kubeconfig",
+                           str(kubeconfig), "--job", "llama", "--once", *flags],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _fetch(api: KubeStandIn, tmp_path) -> JobSnapshot:
+    src = source(api, tmp_path, job="llama")
+    try:
+        return src.fetch()
+    finally:
+        src.close()
+
+
+def test_the_jobs_own_conditions_say_done_and_failed(api, tmp_path):
+    populate(api, PYTORCHJOB)
+    running = [{"type": "Created", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+               {"type": "Running", "status": "True", "lastTransitionTime": "2026-01-01T00:00:05Z"}]
+    _job(api, "pytorchjob", running)
+    assert _fetch(api, tmp_path).state is JobState.RUNNING
+
+    _ended(api, "Failed")
+    failed = [{**running[1], "status": "False"},
+              {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
+               "message": "PyTorchJob llama is failed because 1 Worker replica(s) failed.",
+               "lastTransitionTime": "2026-01-01T00:09:00Z"}]
+    _job(api, "pytorchjob", [running[0], *failed])
+    out = _top(api, tmp_path)
+    assert out.returncode == 4, (out.returncode, out.stderr)
+    title = out.stdout.split("\n")[0]
+    assert "FAILED" in title and "PyTorchJobFailed" in title, out.stdout
+    assert out.stderr.count("\n") == 1 and "1 Worker replica(s) failed" in out.stderr
+
+    api.jobs.clear()
+    _ended(api, "Succeeded")
+    _job(api, "trainjob", [{"type": "Created", "status": "True"},
+                           {"type": "Complete", "status": "True", "reason": "JobsCompleted"}])
+    snap = _fetch(api, tmp_path)
+    assert (snap.state, snap.reason, snap.targets) == (JobState.DONE, "", ())
+    check_health(snap)  # --once exits 0 for a job that is DONE

@@ -17,7 +17,7 @@ from synthetic_job import job_expositions
 from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.top import fmt
-from fsdpmon.top.aggregate import aggregate
+from fsdpmon.top.aggregate import ScrapeResult, aggregate
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.ui_state import ENTER, ViewState, handle_key
 from fsdpmon.top.views import frame, nav, once_frame
@@ -210,3 +210,39 @@ def test_one_of_a_kind_is_not_plural():
     snap = snapshot(ranks(1, 1), per_node=1)
     text = render(frame(snap, ViewState(), 24))
     assert "1 rank ·" in text and "1 ranks" not in text and "1 GPU (SIMULATED)" in text, text
+
+
+def _ended(kind: str) -> JobSnapshot:
+    """A job seen running, then DONE (every rank at its last step, then gone), FAILED (gone at
+    step 100 of 1000) or RESTARTING (restart count up, one pod's ranks not back yet)."""
+    specs = ranks()
+    if kind == "done":
+        specs = [replace(s, step=1000) for s in specs]
+    before = aggregate(results(specs), now=T0, source="targets")
+    if kind == "restarting":
+        again = [replace(s, restarts=1, step=90) for s in specs]
+        return aggregate(results(again, down=(1,)), now=T0 + 2, source="targets",
+                         previous=before)
+    # the training endpoints go away; the exporters on the nodes stay
+    gone = [ScrapeResult(r.target, None, "connection refused") if ":9520/" in r.target.url
+            else r for r in results(specs)]
+    return aggregate(gone, now=T0 + 2, source="targets", previous=before)
+
+
+@pytest.mark.parametrize("size", [(80, 24), (200, 50)])
+@pytest.mark.parametrize("kind", ["done", "failed", "restarting"])
+def test_ended_and_restarting_jobs(kind, size):
+    width, height = size
+    snap = _ended(kind)
+    assert snap.state.value == kind.upper(), snap.state
+    text = render(frame(snap, ViewState(), height), width, height)
+    _fits(text, width, height)
+    check_golden(f"{kind}_{width}x{height}", text)
+    title = text.split("\n")[0]
+    assert f" {kind.upper()} " in title, title
+    if kind == "done":
+        assert "not reporting" not in text and "gone before" not in text, text
+    if kind == "failed":
+        assert "rank 0, 1, 2, 3 gone before the last step (last seen at step 100/1000)" in text
+    if kind == "restarting":
+        assert "restarts 1" in text, text

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from fsdpmon import catalog
 from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.top.expfmt import Parser, Sample
-from fsdpmon.top.health import alerts, job_state
+from fsdpmon.top.health import alerts, settle
 from fsdpmon.top.snapshot import (
     GpuRow,
     History,
@@ -291,7 +291,7 @@ def _opt_int(value: object) -> int | None:
     return int(value)  # type: ignore[call-overload]
 
 
-def _rank_row(rank: int, d: dict[str, object]) -> RankRow:
+def _rank_row(rank: int, d: dict[str, object], now: float) -> RankRow:
     age, threshold = _opt(d.get("heartbeat_age_s")), _opt(d.get("stall_threshold_s"))
     stalled = d.get("stalled") == 1.0 or (
         age is not None and threshold is not None and threshold > 0 and age > threshold
@@ -309,7 +309,7 @@ def _rank_row(rank: int, d: dict[str, object]) -> RankRow:
         collective_wait_ratio=_opt(d.get("collective_wait_ratio")),
         straggler_score=_opt(d.get("straggler_score")), unresponsive=d.get("unresponsive") == 1.0,
         loss_nonfinite=d.get("loss_nonfinite") == 1.0, checkpoint_s=_opt(d.get("checkpoint_s")),
-        restarts=_opt_int(d.get("restarts")),
+        restarts=_opt_int(d.get("restarts")), seen_at=now,
     )
 
 
@@ -429,11 +429,13 @@ def _mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
     return slowest
 
 
-def _carry_down_ranks(ranks: dict[int, RankRow], previous: JobSnapshot | None) -> None:
-    """Ranks seen before whose series are gone now stay listed, marked down."""
+def _carry_down_ranks(ranks: dict[int, RankRow], previous: JobSnapshot | None,
+                      now: float) -> None:
+    """Ranks seen before whose series are gone now stay listed, marked down (since when)."""
     for old in previous.ranks if previous else ():
         if old.rank not in ranks:
-            ranks[old.rank] = replace(old, down=True, stalled=False, slowest=False)
+            ranks[old.rank] = replace(old, down=True, stalled=False, slowest=False,
+                                      gone_at=old.gone_at if old.down else now)
 
 
 class JobAggregator:
@@ -462,18 +464,20 @@ class JobAggregator:
         last_node = {t.url: t.node for t in previous.targets} if previous else {}
         targets = [self._statuses.get(i) or _down_status(r, last_node)
                    for i, r in sorted(self._results.items())]
-        rank_rows = {r: _rank_row(r, d) for r, d in acc.ranks.items()}
-        _carry_down_ranks(rank_rows, previous)
+        rank_rows = {r: _rank_row(r, d, now) for r, d in acc.ranks.items()}
+        _carry_down_ranks(rank_rows, previous, now)
         ranks = [rank_rows[r] for r in sorted(rank_rows)]
         slowest = _mark_slowest(ranks, acc.job)
         gpus = _gpu_rows(acc, previous, {t.node for t in targets if not t.up and t.node})
         processes = _process_rows(acc)
         _tie_gpus_to_ranks(ranks, gpus, processes)
         return _finish(acc, previous, JobSnapshot(
-            time=now, source=source, job_name=acc.job_name or job_name, ranks=tuple(ranks),
+            time=now, source=source, ranks=tuple(ranks),
+            job_name=acc.job_name or job_name or (previous.job_name if previous else ""),
             gpus=tuple(gpus), nodes=tuple(_node_rows(acc, gpus)),
             processes=tuple(processes), targets=tuple(targets),
-            slowest_rank=slowest, model=acc.model, logs=logs, log_pod=log_pod,
+            slowest_rank=slowest, model=acc.model or (previous.model if previous else ""),
+            logs=logs, log_pod=log_pod,
         ))
 
 
@@ -510,10 +514,16 @@ def _finish(acc: _Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSn
     losses = [r.loss for r in live if r.loss is not None]
     median = acc.job.get("step_time_median_s", _median(r.step_time_s for r in live))
     step = _max(float(r.step) for r in live if r.step is not None)
+    if step is None:  # every rank gone: the furthest any got (a finished job shows its end)
+        step = _max(float(r.step) for r in snap.ranks if r.step is not None)
     totals = [d.get("total_steps") for d in acc.ranks.values()]
     total = _opt_int(_max(_opt(t) for t in totals))
+    if total is None and previous is not None:  # the plan outlives the ranks that reported it
+        total = previous.total_steps
     restarts = _max(_opt(d.get("restarts")) for d in acc.ranks.values())
     world = acc.job.get("world_size") or _max(_opt(d.get("world_size")) for d in acc.ranks.values())
+    if world is None and previous is not None:
+        world = previous.world_size
     loss = acc.job.get("loss", statistics.fmean(losses) if losses else None)
     tps = sum(tokens) if tokens else None
     history = previous.history if previous else History()
@@ -528,5 +538,4 @@ def _finish(acc: _Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSn
                         loss=_push(history.loss, loss),
                         step_time_s=_push(history.step_time_s, median)),
     )
-    snap = replace(snap, alerts=tuple(alerts(snap)))
-    return replace(snap, state=job_state(snap, previous))
+    return settle(replace(snap, alerts=tuple(alerts(snap))), previous)

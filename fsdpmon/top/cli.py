@@ -20,12 +20,15 @@ scrape them via the API server's pod proxy from outside or by pod IP from inside
 
 EPILOG = """\
 keys: 1 ranks, 2 GPUs, 3 processes, 4 logs, 5 diagnosis (findings, evidence, merged
-      stacks), Tab next view, < > sort column, i invert, / filter, ? help, q quit
+      stacks), Tab next view, arrows/j/k move, Enter opens the selected rank/GPU/process,
+      Esc back, / filter as you type, F follow the straggler, < > sort column, i invert,
+      ? help, q quit
 
 exit status with --once or --json:
   0  the job is RUNNING, DEGRADED (straggler, memory pressure) or DONE
   3  nothing could be reached (no target answered; API server or Prometheus unreachable)
-  4  the job is unhealthy: a rank is STALLED, or some targets are down
+  4  the job is unhealthy: a rank is STALLED, the job FAILED or is RESTARTING, or some
+     targets are down
   2  bad flags
 """
 
@@ -104,12 +107,18 @@ def _one_source(args: argparse.Namespace) -> None:
 def check_health(snap: JobSnapshot) -> None:
     """The documented exit status of `--once`: raise for an unreachable or unhealthy job."""
     down = [t for t in snap.targets if not t.up]
+    if snap.state is JobState.DONE:  # the training endpoints going away is how a job ends
+        return
     if snap.state is JobState.DOWN:
         reasons = "; ".join(f"{t.url}: {t.error}" for t in down[:3]) or "no targets found"
         raise UnreachableError(f"no target answered ({reasons})")
     if snap.state is JobState.STALLED:
         ranks = ", ".join(str(r) for r in snap.stalled_ranks[:8])
         raise JobUnhealthyError(f"job {snap.job_name or '?'} is STALLED (rank {ranks})")
+    if snap.state in (JobState.FAILED, JobState.RESTARTING):
+        why = snap.reason or next((a.message for a in snap.alerts if a.kind == "rank_down"), "")
+        raise JobUnhealthyError(f"job {snap.job_name or '?'} is {snap.state.value}"
+                                + (f" ({why})" if why else ""))
     if down:
         raise JobUnhealthyError(f"{len(down)} of {len(snap.targets)} targets down: "
                                 + ", ".join(t.url for t in down[:3]))

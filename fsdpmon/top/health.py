@@ -8,9 +8,11 @@ Pure functions of the snapshot; the thresholds are the ones the alert rules use 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
 
 from fsdpmon.conventions import MEMORY_PRESSURE_RATIO
-from fsdpmon.top.snapshot import Alert, JobSnapshot, JobState, Severity
+from fsdpmon.top.snapshot import Alert, JobSnapshot, JobState, RankRow, Severity
 
 STRAGGLER_RATIO = 1.2  # slowest rank's step time over the median that makes it a straggler
 
@@ -33,10 +35,18 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
         names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
         out.append(Alert("target_down", Severity.CRITICAL,
                             f"{len(down)} of {len(snap.targets)} targets down: {names}"))
-    gone = [r.rank for r in snap.ranks if r.down]
-    if gone:
+    early = [r for r in snap.ranks if gone_early(r, snap.total_steps)]
+    if early:
+        steps = [r.step for r in early if r.step is not None]
+        last = f" (last seen at step {min(steps)}" if steps else ""
+        last += f"/{snap.total_steps})" if last and snap.total_steps else (")" if last else "")
         out.append(Alert("rank_down", Severity.CRITICAL,
-                            f"rank {_fmt_ranks(gone)} not reporting"))
+                         f"rank {_fmt_ranks([r.rank for r in early])} gone before the last "
+                         f"step{last}"))
+    finished = [r.rank for r in snap.ranks if r.down and not gone_early(r, snap.total_steps)]
+    if finished:
+        out.append(Alert("rank_down", Severity.WARNING,
+                         f"rank {_fmt_ranks(finished)} finished and gone"))
     median, worst = snap.step_time_median_s, snap.step_time_max_s
     if (snap.slowest_rank is not None and median and worst
             and worst > STRAGGLER_RATIO * median):
@@ -64,15 +74,92 @@ def _memory_alerts(snap: JobSnapshot) -> list[Alert]:
                   f"memory ≥{MEMORY_PRESSURE_RATIO:.0%} used: {', '.join(tight[:6])}")]
 
 
+def gone_early(r: RankRow, total: int | None) -> bool:
+    """A vanished rank that cannot have reached its last step before it was found gone: it was
+    last seen at step s of ``total`` taking t per step, so finishing needed (total − s)·t more
+    seconds than it had between being last seen and being found gone. Without a plan, or
+    without the figures to tell, a vanished rank did not finish."""
+    if not r.down:
+        return False
+    if not total or r.step is None:
+        return True
+    if r.step >= total:
+        return False
+    if r.step_time_s is None or r.seen_at is None or r.gone_at is None:
+        return True
+    return r.seen_at + (total - r.step) * r.step_time_s > r.gone_at
+
+
+def _restarting(snap: JobSnapshot, previous: JobSnapshot | None) -> bool:
+    """The elastic agent restarted the ranks (their restart count went up) and not all of
+    them are back yet."""
+    if previous is None:
+        return False
+    went_up = (snap.restarts or 0) > (previous.restarts or 0)
+    if not (went_up or previous.state is JobState.RESTARTING):
+        return False
+    back = [r for r in snap.ranks if not r.down and r.step is not None]
+    return len(back) < (snap.world_size or len(snap.ranks))
+
+
 def job_state(snap: JobSnapshot, previous: JobSnapshot | None) -> JobState:
-    """RUNNING, DEGRADED, STALLED, DONE or DOWN, from the rows and alerts already built."""
+    """One word for the job, from the rows and alerts already built (see JobState)."""
     live = [r for r in snap.ranks if not r.down]
-    if snap.total_steps and live and all((r.step or 0) >= snap.total_steps for r in live):
+    total = snap.total_steps
+    if _restarting(snap, previous):
+        return JobState.RESTARTING
+    if snap.ranks and not live:
+        early = any(gone_early(r, total) for r in snap.ranks)
+        return JobState.FAILED if early else JobState.DONE
+    if total and live and all((r.step or 0) >= total for r in live) and not any(
+            gone_early(r, total) for r in snap.ranks):
         return JobState.DONE
     if snap.targets and snap.targets_up == 0:
-        return JobState.DONE if previous and previous.state is JobState.DONE else JobState.DOWN
+        return JobState.DOWN
     if snap.stalled_ranks:
         return JobState.STALLED
     if snap.alerts:
         return JobState.DEGRADED
     return JobState.RUNNING
+
+
+def settle(snap: JobSnapshot, previous: JobSnapshot | None) -> JobSnapshot:
+    """The snapshot with its state; a finished job's training endpoints going away is the
+    expected end, not an alert."""
+    ranks = tuple(replace(r, finished=True) if r.down and not gone_early(r, snap.total_steps)
+                  else r for r in snap.ranks)
+    snap = replace(snap, ranks=ranks)
+    state = job_state(snap, previous)
+    kept = snap.alerts
+    if state is JobState.DONE:
+        kept = tuple(a for a in kept if a.kind not in ("target_down", "rank_down"))
+    return replace(snap, state=state, alerts=kept)
+
+
+# A Kubernetes job's own conditions (PyTorchJob: Created, Running, Restarting, Succeeded,
+# Failed; TrainJob: Created, Suspended, Complete, Failed) → the state they say for sure.
+CONDITION_STATES = {"Succeeded": JobState.DONE, "Complete": JobState.DONE,
+                    "Failed": JobState.FAILED, "Restarting": JobState.RESTARTING}
+
+
+def current_condition(conditions: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The latest condition that holds (status "True"), as `kubectl describe` lists them."""
+    held = [c for c in conditions if isinstance(c, dict) and str(c.get("status")) == "True"]
+    held.sort(key=lambda c: str(c.get("lastTransitionTime") or ""))
+    return held[-1] if held else None
+
+
+def with_conditions(snap: JobSnapshot, conditions: Sequence[dict[str, Any]]) -> JobSnapshot:
+    """The job's own status decides DONE, FAILED and RESTARTING; the failed condition's
+    reason (and message) goes to the header."""
+    cond = current_condition(conditions)
+    state = CONDITION_STATES.get(str(cond.get("type"))) if cond else None
+    if cond is None or state is None:
+        return snap
+    reason = ""
+    if state is not JobState.DONE:
+        reason = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x)
+    alerts_ = snap.alerts
+    if state is JobState.DONE:
+        alerts_ = tuple(a for a in alerts_ if a.kind not in ("target_down", "rank_down"))
+    return replace(snap, state=state, reason=reason[:200], alerts=alerts_)

@@ -75,13 +75,16 @@ class RankRow:
     restarts: int | None = None
     gpus: tuple[str, ...] = ()  # "node/gpu" of the GPUs its process holds (exporter's NVML view)
     down: bool = False  # its series vanished or its target stopped answering; last figures kept
+    seen_at: float | None = None  # when a refresh last found it
+    gone_at: float | None = None  # the first refresh that did not
+    finished: bool = False  # gone after (or at) its last step: DONE, not DOWN
     target: str = ""  # the URL its series came from
 
     @property
     def flags(self) -> str:
         marks = []
         if self.down:
-            marks.append("DOWN")
+            marks.append("DONE" if self.finished else "DOWN")
         if self.stalled:
             marks.append("STALLED")
         if self.slowest:

@@ -66,7 +66,8 @@ def _title(snap: JobSnapshot) -> FittedLine:
         Part(Text("fsdpmon top  ", style="bold"), 30),
         Part(Text.assemble("job ", (snap.job_name or "?", "bold"), "  ")),
         Part(Text(f" {snap.state.value} ", style=STATE_STYLE[snap.state])),
-        Part(Text(f" {snap.reason}", style="bold red") if snap.reason else "", 75),
+        Part(Text(f" {snap.reason.split(':')[0]}", style="bold red") if snap.reason else "",
+             75),
         Part(f"  {snap.model}" if snap.model else "", 20),
         Part(f"  world {snap.world_size or fmt.MISSING}", 45),
         Part(f"  targets {snap.targets_up}/{len(snap.targets)} up", 50),
@@ -102,6 +103,9 @@ def header_lines(snap: JobSnapshot, verdict: Verdict | None = None) -> list[Rend
     """Job identity and state, progress, speed and loss, then the top finding and the active
     alerts."""
     lines: list[RenderableType] = [_title(snap), _progress(snap), _speed(snap)]
+    if snap.reason:  # the job's own word on why (a failed condition's reason and message)
+        lines.append(Text(f"! {snap.state.value}: {snap.reason}", style="bold red",
+                          no_wrap=True, overflow="ellipsis"))
     top = header_line(verdict)
     if top is not None:
         lines.append(top)

@@ -31,6 +31,7 @@ from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
 from fsdpmon.top.aggregate import JobAggregator, Target, new_parser
+from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.httpget import ScrapeError, http_get
 from fsdpmon.top.sources.targets import collector_paused, scrape_all, scrape_urls
@@ -40,6 +41,9 @@ RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this
              "bind it to you (kubectl create rolebinding fsdpmon-top --role fsdpmon-top "
              "--user YOU)")
 RETRIES = 3
+# The job kinds whose status top reads (the Role from `fsdpmon manifests` may get both).
+JOB_KINDS = (("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1",
+                                                     "trainjobs"))
 BACKOFF_S = 0.5
 LOG_IDLE_S = 600.0  # a followed log silent this long is reopened
 REDISCOVER_EVERY = 10  # refreshes between pod lists when nothing changed
@@ -168,6 +172,7 @@ class KubeSource:
         conf.connection_pool_maxsize = cfg.max_workers
         self.host = conf.host
         self.api = client.CoreV1Api(client.ApiClient(conf))
+        self.custom = client.CustomObjectsApi(self.api.api_client)
         self._parser = new_parser()
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_workers,
                                         thread_name_prefix="fsdpmon-kube")
@@ -177,6 +182,7 @@ class KubeSource:
         self._previous: JobSnapshot | None = None
         self._logs: LogFollower | None = None
         self._notice = ""
+        self._job_kind: tuple[str, str, str] | None = None
 
     @property
     def description(self) -> str:
@@ -265,7 +271,13 @@ class KubeSource:
         return Target(url, pod=name, node=discovery.pod_node(pod), namespace=namespace)
 
     def discover(self) -> list[Target]:
-        train = [p for p in self._job_pods() if discovery.is_running(p)]
+        try:
+            pods = self._job_pods()
+        except ConfigError:
+            if not self.job_conditions():  # a finished job's pods may be cleaned up
+                raise
+            pods = []
+        train = [p for p in pods if discovery.is_running(p)]
         targets = []
         for pod in train:
             port = discovery.training_metrics_port(pod)
@@ -322,11 +334,32 @@ class KubeSource:
             for i, result in enumerate(scraped):
                 aggregator.add(i, result)
         follower = self._logs
-        return aggregator.snapshot(
+        snap = aggregator.snapshot(
             now=time.time(), source="kubernetes", previous=previous,
             job_name=self.cfg.job, logs=tuple(follower.lines) if follower else (),
             log_pod=follower.pod if follower else "",
         )
+        return with_conditions(snap, self.job_conditions())
+
+    def job_conditions(self) -> list[dict[str, Any]]:
+        """The job's own conditions, as `kubectl describe` shows them: the PyTorchJob's, else
+        the TrainJob's of that name; [] when neither can be read (no --job, not found, not
+        allowed): the state then comes from the metrics alone."""
+        if not self.cfg.job:
+            return []
+        kinds = [k for k in JOB_KINDS if k == self._job_kind] or list(JOB_KINDS)
+        for group, version, plural in kinds:
+            try:
+                obj = self.custom.get_namespaced_custom_object(
+                    group, version, self.namespace, plural, self.cfg.job,
+                    _request_timeout=self.cfg.timeout_s)
+            except (ApiException, urllib3.exceptions.HTTPError, OSError, ValueError):
+                continue
+            self._job_kind = (group, version, plural)  # ask only this kind from now on
+            status = obj.get("status") if isinstance(obj, dict) else None
+            conditions = status.get("conditions") if isinstance(status, dict) else None
+            return [c for c in conditions or [] if isinstance(c, dict)]
+        return []
 
     @property
     def notice(self) -> str:
