@@ -54,3 +54,10 @@ def test_without_marked_phases_the_longest_step_names_the_straggler():
 def test_a_nonfinite_loss_on_any_rank_shows_in_the_job_figures():
     job = job_figures([[0.5, 0.0, 1, 1.0], [0.5, 0.0, 1, math.nan]])
     assert math.isnan(job.loss_max) and math.isnan(job.loss_mean)
+
+
+def test_plus_and_minus_infinite_losses_make_a_nan_mean_not_an_error():
+    """math.fsum raises on -inf + inf; rank 0's job figures must still be published."""
+    job = job_figures([[0.5, 0.0, 1, math.inf], [0.5, 0.0, 1, -math.inf]])
+    assert math.isnan(job.loss_mean) and job.loss_max == math.inf
+    assert job_figures([[0.5, 0.0, 1, math.inf], [0.5, 0.0, 1, 2.0]]).loss_mean == math.inf

@@ -142,7 +142,11 @@ def test_untrusted_text_is_not_markup():
 
 
 def test_formatters():
-    assert fmt.si(16400) == "16.4k" and fmt.si(None) == "-" and fmt.si(float("nan")) == "-"
+    assert fmt.si(16400) == "16.4k" and fmt.si(None) == "-"
+    # NaN and the infinities are shown as such (a diverging run), a missing figure as "-"
+    assert [fmt.fixed(float(v)) for v in ("nan", "inf", "-inf")] == ["NaN", "+Inf", "-Inf"]
+    assert fmt.si(float("nan")) == "NaN" and fmt.pct(float("inf")) == "+Inf"
+    assert fmt.sparkline([1e308, -1e308, 0.0], 3) == "█▁▄"  # a span past the float range
     assert fmt.size(40 * 2**30) == "40.0G" and fmt.duration(450) == "7m30s"
     assert fmt.duration(3 * 86400 + 4 * 3600) == "3d04h" and fmt.seconds(12.34) == "12.3s"
     assert fmt.sparkline([1, 2, 3, 4, 5, 6, 7, 8], 8) == "▁▂▃▄▅▆▇█"

@@ -105,7 +105,8 @@ def job_figures(rows: Sequence[Sequence[float]]) -> JobFigures:
         slowest_rank_step_time_s=step[slowest],
         peak_memory_max_bytes=memory[peak_rank],
         peak_memory_max_rank=peak_rank,
-        loss_mean=math.fsum(loss) / len(loss),
+        # fsum refuses -inf + inf: with a non-finite loss the mean is what IEEE says it is
+        loss_mean=(math.fsum(loss) if all(map(math.isfinite, loss)) else sum(loss)) / len(loss),
         loss_max=math.nan if any(math.isnan(x) for x in loss) else max(loss),
         world_size=len(rows),
     )

@@ -406,13 +406,24 @@ def _tie_gpus_to_ranks(ranks: list[RankRow], gpus: list[GpuRow],
             gpus[i] = replace(g, ranks=tuple(sorted(by_gpu[g.node, g.gpu])))
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    """The mean, shown as such when a value is not finite: +Inf and -Inf together are NaN
+    (statistics.fmean raises on them: fsum refuses -inf + inf)."""
+    if not values:
+        return None
+    if all(math.isfinite(v) for v in values):
+        return statistics.fmean(values)
+    return sum(values) / len(values)  # inf, -inf or nan, as IEEE arithmetic has it
+
+
 def _median(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
+    """Median of the finite values (NaN has no place in an order); None when there are none."""
+    present = [v for v in values if v is not None and not math.isnan(v)]
     return statistics.median(present) if present else None
 
 
 def _max(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
+    present = [v for v in values if v is not None and not math.isnan(v)]
     return max(present) if present else None
 
 
@@ -524,13 +535,13 @@ def _finish(acc: _Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSn
     world = acc.job.get("world_size") or _max(_opt(d.get("world_size")) for d in acc.ranks.values())
     if world is None and previous is not None:
         world = previous.world_size
-    loss = acc.job.get("loss", statistics.fmean(losses) if losses else None)
+    loss = acc.job["loss"] if "loss" in acc.job else _mean(losses)
     tps = sum(tokens) if tokens else None
     history = previous.history if previous else History()
     snap = replace(
         snap, step=_opt_int(step), total_steps=total or None,
         world_size=_opt_int(world) or (len(snap.ranks) or None), tokens_per_second=tps,
-        mfu_ratio=statistics.fmean(mfus) if mfus else None, step_time_median_s=median,
+        mfu_ratio=_mean(mfus), step_time_median_s=median,
         step_time_max_s=acc.job.get("step_time_max_s", _max(r.step_time_s for r in live)),
         loss=loss, restarts=_opt_int(restarts),
         eta_s=(total - step) * median if total and step is not None and median else None,

@@ -15,18 +15,28 @@ def _ok(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
 
+def absent(value: float | None) -> str:
+    """How a figure that is not a finite number is shown: a missing one as '-', NaN and the
+    infinities as such (as Prometheus writes them), so a diverging loss is seen, not hidden."""
+    if value is None:
+        return MISSING
+    if math.isnan(value):
+        return "NaN"
+    return "+Inf" if value > 0 else "-Inf"
+
+
 def num(value: float | None, digits: int = 3) -> str:
-    return f"{value:.{digits}g}" if _ok(value) else MISSING
+    return f"{value:.{digits}g}" if _ok(value) else absent(value)
 
 
 def fixed(value: float | None, digits: int = 3) -> str:
-    return f"{value:.{digits}f}" if _ok(value) else MISSING
+    return f"{value:.{digits}f}" if _ok(value) else absent(value)
 
 
 def si(value: float | None) -> str:
     """16400 → '16.4k'."""
     if not _ok(value):
-        return MISSING
+        return absent(value)
     v = float(value)  # type: ignore[arg-type]
     for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(v) >= scale:
@@ -37,7 +47,7 @@ def si(value: float | None) -> str:
 def size(value: float | None) -> str:
     """Bytes in binary units: 42949672960 → '40.0G'."""
     if not _ok(value):
-        return MISSING
+        return absent(value)
     v = float(value)  # type: ignore[arg-type]
     for unit, scale in (("T", 2**40), ("G", 2**30), ("M", 2**20), ("K", 2**10)):
         if abs(v) >= scale:
@@ -47,17 +57,17 @@ def size(value: float | None) -> str:
 
 def unit(value: float | None, suffix: str) -> str:
     """A whole number with its unit: '64C', '550W'."""
-    return f"{value:.0f}{suffix}" if _ok(value) else MISSING
+    return f"{value:.0f}{suffix}" if _ok(value) else absent(value)
 
 
 def pct(value: float | None, digits: int = 0) -> str:
-    return f"{value * 100:.{digits}f}%" if _ok(value) else MISSING
+    return f"{value * 100:.{digits}f}%" if _ok(value) else absent(value)
 
 
 def seconds(value: float | None) -> str:
     """A step time: '0.512s', '12.3s'."""
     if not _ok(value):
-        return MISSING
+        return absent(value)
     v = float(value)  # type: ignore[arg-type]
     return f"{v:.3f}s" if v < 10 else f"{v:.1f}s"
 
@@ -82,10 +92,10 @@ def sparkline(values: Sequence[float], width: int) -> str:
     if not data:
         return ""
     low, high = min(data), max(data)
-    span = high - low
+    span = high / 2 - low / 2  # halves: the span of -1e308..1e308 would overflow to inf
     if span <= 0:
         return _SPARKS[3] * len(data)
-    return "".join(_SPARKS[min(7, int((v - low) / span * 7.999))] for v in data)
+    return "".join(_SPARKS[min(7, int((v / 2 - low / 2) / span * 7.999))] for v in data)
 
 
 def level_style(ratio: float | None, warn: float, crit: float, *, high_is_bad: bool) -> str:

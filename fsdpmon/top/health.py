@@ -7,6 +7,7 @@ Pure functions of the snapshot; the thresholds are the ones the alert rules use 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -57,8 +58,11 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
     lost = [f"{g.node}/{g.gpu}" for g in snap.gpus if not g.up]
     if lost:
         out.append(Alert("gpu_down", Severity.CRITICAL, f"GPU lost: {', '.join(lost[:6])}"))
-    if any(r.loss is not None and r.loss != r.loss for r in live):
-        out.append(Alert("loss_nonfinite", Severity.CRITICAL, "loss is NaN or infinite"))
+    bad = [r.rank for r in live if r.loss_nonfinite
+           or (r.loss is not None and not math.isfinite(r.loss))]
+    if bad:
+        out.append(Alert("loss_nonfinite", Severity.CRITICAL,
+                         f"loss is NaN or infinite on rank {_fmt_ranks(bad)}"))
     return out
 
 
