@@ -87,13 +87,39 @@ def _record(recorded: Recorded, expr: str) -> Rule:
     return {"record": recorded.name, "expr": expr}
 
 
+# Where the runbook is published: each cause has a section (docs/runbook.md, `## <cause>`).
+# A team that hosts its own copy regenerates the rules with its URL.
+RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"
+
+# The diagnosis cause each alert stands for (`fsdpmon diagnose` names the same ones), so an
+# alert, a finding and a runbook section share one name.
+ALERT_CAUSES = {
+    "FsdpmonTrainingStalled": "hang",
+    "FsdpmonTrainingRankMissing": "rank_missing",
+    "FsdpmonRankStraggling": "straggler_compute",
+    "FsdpmonLossNonFinite": "loss_nonfinite",
+    "FsdpmonLossDiverging": "loss_spike",
+    "FsdpmonThroughputDropped": "straggler_compute",
+    "FsdpmonGPUMemoryNearCapacity": "memory_pressure",
+    "FsdpmonAllocatorRetries": "memory_pressure",
+    "FsdpmonGPULowUtilization": "straggler_data",
+    "FsdpmonGPUThrottling": "gpu_throttled",
+    "FsdpmonGPUXidErrors": "gpu_xid",
+    "FsdpmonGPUEccErrors": "gpu_ecc",
+    "FsdpmonTrainingTargetDown": "target_down",
+    "FsdpmonExporterDown": "target_down",
+}
+
+
 def _alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
            hint: str) -> Rule:
     rule: Rule = {"alert": name, "expr": expr}
     if for_ not in ("", "0s"):
         rule["for"] = for_
     rule["labels"] = {"severity": severity}
-    rule["annotations"] = {"summary": summary, "description": description, "hint": hint}
+    cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
+    rule["annotations"] = {"summary": summary, "description": description, "hint": hint,
+                           "cause": cause, "runbook_url": f"{RUNBOOK_URL}#{cause}"}
     return rule
 
 

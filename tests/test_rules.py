@@ -25,6 +25,7 @@ from dashboards.generate import GENERATED, RULES_FILE, rules_yaml
 from dashboards.promql import metric_names
 from dashboards.rules import RuleBounds, alert_names, recorded_names, rule_groups
 from fsdpmon import catalog
+from fsdpmon.diagnose import CAUSES
 
 ROOT = Path(__file__).resolve().parents[1]
 RULE_TESTS = sorted((ROOT / "tests" / "rules").glob("*.yaml"))
@@ -151,8 +152,22 @@ def test_alerts_carry_severity_summary_description_and_hint():
                 continue
             assert rule["labels"]["severity"] in {"critical", "warning", "info"}
             notes = rule["annotations"]
-            assert set(notes) == {"summary", "description", "hint"}
-            assert all(len(text) > 20 for text in notes.values()), rule["alert"]
+            assert set(notes) == {"summary", "description", "hint", "cause", "runbook_url"}
+            assert all(len(notes[k]) > 20 for k in ("summary", "description", "hint")), (
+                rule["alert"])
+            assert notes["cause"] in CAUSES, (rule["alert"], notes["cause"])
+            assert notes["runbook_url"].endswith(f"docs/runbook.md#{notes['cause']}")
+
+
+def test_runbook_has_one_section_per_cause():
+    """Every cause (each alert's and each finding's) has its section, with the three parts."""
+    text = (ROOT / "docs" / "runbook.md").read_text()
+    sections = re.split(r"^## ", text, flags=re.M)[1:]
+    names = [s.split("\n", 1)[0].strip() for s in sections]
+    assert names == list(CAUSES), names
+    for name, body in zip(names, sections, strict=True):
+        for part in ("What it means", "How to confirm", "What to do on EKS"):
+            assert f"**{part}**" in body, (name, part)
 
 
 def test_committed_rule_file_is_the_plain_rule_groups():
