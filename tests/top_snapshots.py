@@ -3,6 +3,7 @@ catalog-shaped expositions rendered by prometheus_client, parsed and aggregated.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
@@ -26,6 +27,17 @@ def ranks(n_nodes: int = 2, per_node: int = 2, **overrides: dict[int, dict]) -> 
     return out
 
 
+# Rendering is most of a built snapshot's cost and histories repeat the same specs: keep them.
+@functools.lru_cache(maxsize=256)
+def _training(mine: tuple[RankSpec, ...], specs: tuple[RankSpec, ...]) -> bytes:
+    return training_exposition(JOB, mine, specs)
+
+
+@functools.lru_cache(maxsize=256)
+def _exporter(node: str, gpus: tuple[GpuSpec, ...]) -> bytes:
+    return exporter_exposition(node, gpus)
+
+
 def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = (),
             gpu_util: dict[tuple[int, int], float] | None = None,
             gpu: dict[tuple[int, int], dict] | None = None) -> list[ScrapeResult]:
@@ -47,9 +59,9 @@ def results(specs: list[RankSpec], per_node: int = 2, down: tuple[int, ...] = ()
                         utilization_ratio=(gpu_util or {}).get((n, s.local_rank), 0.97),
                         **(gpu or {}).get((n, s.local_rank), {}))
                 for s in mine]
-        body = training_exposition(JOB, mine, specs)
+        body = _training(tuple(mine), tuple(specs))
         out.append(ScrapeResult(train, parser.parse(body.decode())))
-        out.append(ScrapeResult(exp, parser.parse(exporter_exposition(node, gpus).decode())))
+        out.append(ScrapeResult(exp, parser.parse(_exporter(node, tuple(gpus)).decode())))
     return out
 
 
