@@ -20,14 +20,14 @@ from exporters.nvml import NvmlReader
 from exporters.pods import PodIndex, api_from_config
 from exporters.procs import ProcessScanner
 from exporters.sampler import GpuSource, Sampler
-from exporters.server import Server, serve
 from exporters.simfaults import GpuFaults, exporter_faults
 from exporters.simulated import SimulatedReader
-from exporters.webconfig import WebConfig, load_web_config
 from exporters.xid import XidWatcher
 from fsdpmon import __version__, faultspec, validate
 from fsdpmon.conventions import EXPORTER_PORT
 from fsdpmon.errors import ConfigError
+from fsdpmon.httpserve import Server, serve
+from fsdpmon.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +48,13 @@ class ExporterConfig:
 
     def validate(self) -> None:
         validate.port("--port", self.port)
-        validate.positive("--interval", self.interval_s)
+        validate.between("--interval", self.interval_s, 0.1, 3600.0)
         validate.non_negative("--simulate-gpus", self.simulate_gpus)
-        validate.positive("--pod-refresh", self.pod_refresh_s)
+        validate.between("--pod-refresh", self.pod_refresh_s, 1.0, 3600.0)
         validate.positive("--max-processes", self.max_processes)
         if not self.node_name:
             raise ConfigError("--node-name", "must not be empty")
-        if not self.listen_address:
-            raise ConfigError("--listen-address", "must not be empty")
+        validate.listen_address("--listen-address", self.listen_address)
         if not os.path.isfile(os.path.join(self.proc_root, "stat")):
             raise ConfigError("--proc-root", f"{self.proc_root} does not look like a /proc mount")
         self.gpu_faults()
@@ -142,7 +141,7 @@ def start(cfg: ExporterConfig) -> Exporter:
 
     Everything that can be wrong with the setup (web config, certificates, kubeconfig, address,
     port) is checked before any background thread starts."""
-    web = load_web_config(cfg.web_config_file) if cfg.web_config_file else WebConfig()
+    web = load_web_config(cfg.web_config_file)
     api = api_from_config(cfg.kubeconfig or None)
     pods = PodIndex(api, cfg.node_name, cfg.pod_refresh_s) if api is not None else None
     gpus, xid = _gpu_source(cfg)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import re
+import socket
 from collections.abc import Iterable
 
 from fsdpmon.errors import ConfigError
@@ -38,3 +40,24 @@ def dns1123_label(field: str, value: str) -> None:
             f"{value!r} is not a DNS-1123 label (lowercase letters, digits and '-', "
             "starting and ending with a letter or digit, at most 63 characters)",
         )
+
+
+def between(field: str, value: float, low: float, high: float) -> None:
+    """A finite number in [low, high]: an interval of inf or 1e-9 s fails here, not at run time."""
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ConfigError(field, f"must be between {low:g} and {high:g}, got {value!r}")
+
+
+def listen_address(field: str, value: str) -> None:
+    """An address this machine can listen on: it resolves and is one of ours (port 0 trial)."""
+    if not value:
+        raise ConfigError(field, "must not be empty")
+    family = socket.AF_INET6 if ":" in value else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((value, 0))
+    except socket.gaierror as exc:
+        raise ConfigError(field, f"cannot listen on {value!r}: it does not resolve "
+                                 f"({exc.strerror})") from None
+    except OSError as exc:
+        raise ConfigError(field, f"cannot listen on {value!r}: {exc.strerror or exc}") from None

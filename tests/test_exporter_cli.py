@@ -127,7 +127,7 @@ def _busy_port() -> tuple[socket.socket, int]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--interval", "0"], "--interval: must be > 0"),
+        (["--interval", "0"], "--interval: must be between 0.1 and 3600"),
         (["--simulate-gpus", "-1"], "--simulate-gpus: must be >= 0"),
         (["--port", "70000"], "--port: must be a TCP port"),
         (["--proc-root", "/nonexistent"], "--proc-root: /nonexistent does not look like"),

@@ -19,9 +19,9 @@ from exporters.exposition import CachedExposition
 from exporters.host import HostReader
 from exporters.procs import ProcessScanner
 from exporters.sampler import Sampler
-from exporters.server import serve
 from exporters.simulated import SimulatedReader
-from exporters.webconfig import WebConfig
+from fsdpmon.httpserve import serve
+from fsdpmon.webconfig import WebConfig
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"

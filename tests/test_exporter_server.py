@@ -18,9 +18,9 @@ import yaml
 from prometheus_client import Gauge, make_wsgi_app
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.server import Server, serve
-from exporters.webconfig import WebConfig, load_web_config
 from fsdpmon.errors import ConfigError
+from fsdpmon.httpserve import Server, serve
+from fsdpmon.webconfig import WebConfig, load_web_config
 
 
 @pytest.fixture(scope="module")
@@ -164,5 +164,7 @@ def test_unreadable_or_invalid_web_config_file(tmp_path) -> None:
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_web_config(str(bad))
     empty = tmp_path / "empty.yaml"
-    empty.write_text("")
-    assert load_web_config(str(empty)) == WebConfig()
+    empty.write_text("")  # would silently mean no TLS and no auth
+    with pytest.raises(ConfigError, match="empty: that would mean no TLS and no auth"):
+        load_web_config(str(empty))
+    assert load_web_config("") == WebConfig()  # no file given: plain HTTP

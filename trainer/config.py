@@ -65,7 +65,7 @@ class CheckpointConfig:
 
 @dataclass(frozen=True)
 class LogConfig:
-    log_every: int = 10
+    log_every: int | None = None  # None: FSDPMON_LOG_INTERVAL, else the monitor's default (10)
     log_jsonl: str | None = None
     metrics_port: int | None = None  # None: FSDPMON_PORT or the default; 0: do not serve
     job_name: str | None = None
@@ -121,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fault", default=None, metavar="SPEC",
       help="inject a fault, e.g. compute-slow:rank=1,factor=1.5 (see fsdpmon.faultspec; "
            "FSDPMON_FAULT applies too; default: none)")
-    a("--log-every", type=int, default=10,
-      help="steps per log window (console line, JSONL record, metrics update)")
+    a("--log-every", type=int, default=None,
+      help="steps per log window (console line, JSONL record, metrics update; default: "
+      "$FSDPMON_LOG_INTERVAL or 10)")
     a("--log-jsonl", default=None,
       help="PATH: each rank writes PATH with .rankN inserted; checked writable at start "
       "(default: no log file)")
@@ -181,7 +182,8 @@ def validate_config(cfg: TrainConfig, *, check_paths: bool = True) -> None:
     if cfg.checkpoint.every and cfg.checkpoint.dir is None:
         raise ConfigError("--checkpoint-every", "needs --checkpoint-dir")
     validate.positive("--keep-checkpoints", cfg.checkpoint.keep)
-    validate.positive("--log-every", cfg.log.log_every)
+    if cfg.log.log_every is not None:
+        validate.between("--log-every", cfg.log.log_every, 1, 1_000_000)
     if cfg.log.metrics_port is not None:
         validate.port("--metrics-port", cfg.log.metrics_port)
     if cfg.log.job_name is not None:

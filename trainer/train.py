@@ -187,11 +187,14 @@ def _model_label(cfg: TrainConfig) -> str:
     return Path(hf_dir).resolve().name if hf_dir else cfg.model.name
 
 
-def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
+def _monitor_config(cfg: TrainConfig) -> MonitorConfig:
     # Flags win; what they leave unset comes from FSDPMON_* (e.g. set by the job manifest).
-    mon_cfg = MonitorConfig.from_env(port=cfg.log.metrics_port, job_name=cfg.log.job_name,
-                                     log_interval=cfg.log.log_every,
-                                     jsonl_path=cfg.log.log_jsonl)
+    return MonitorConfig.from_env(port=cfg.log.metrics_port, job_name=cfg.log.job_name,
+                                  log_interval=cfg.log.log_every, jsonl_path=cfg.log.log_jsonl)
+
+
+def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
+    mon_cfg = _monitor_config(cfg)
     d = cfg.data
     mon = Monitor(mon_cfg, model=trainer.model, seq_len=d.seq_len,
                   tokens_per_step=d.batch_size * d.seq_len * d.grad_accum,

@@ -39,15 +39,22 @@ class MonitorConfig:
     listen_address: str = "0.0.0.0"  # pods must be scrapeable; tests and local runs use loopback
     state_dir: str | None = None  # where ranks of one pod share state; default /dev/shm or tmp
     server_retry_seconds: float = 2.0  # how often a non-serving rank tries to take the port over
+    # exporter-toolkit web config (TLS, basic auth) for the endpoint, as the exporter's
+    web_config_file: str | None = None
+    # what scrapers may take from training: requests served per second, all clients together
+    max_scrapes_per_second: float = 10.0
 
     def __post_init__(self) -> None:
         validate.port("port", self.port)
-        validate.positive("log_interval", self.log_interval)
-        validate.positive("stall_factor", self.stall_factor)
-        validate.positive("stall_floor_seconds", self.stall_floor_seconds)
-        validate.positive("server_retry_seconds", self.server_retry_seconds)
+        validate.between("log_interval", self.log_interval, 1, 1_000_000)
+        validate.between("stall_factor", self.stall_factor, 1.0, 1000.0)
+        validate.between("stall_floor_seconds", self.stall_floor_seconds, 1.0, 7 * 86400.0)
+        validate.between("server_retry_seconds", self.server_retry_seconds, 0.05, 600.0)
+        validate.between("max_scrapes_per_second", self.max_scrapes_per_second, 0.1, 1000.0)
         if not self.job_name or not self.job_name.strip():
             raise ConfigError("job_name", "must not be empty")
+        if self.serves:  # a name that does not resolve fails here, not in a retry loop
+            validate.listen_address("listen_address", self.listen_address)
 
     @property
     def serves(self) -> bool:
@@ -105,7 +112,7 @@ def _text(var: str, raw: str) -> str:
 
 
 _ENV_NAMES = {"jsonl_path": "JSONL"}
-_OPTIONAL = {"jsonl_path", "state_dir"}
+_OPTIONAL = {"jsonl_path", "state_dir", "web_config_file"}
 _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "port": _number(int),
     "job_name": _text,
@@ -117,4 +124,6 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "listen_address": _text,
     "state_dir": _text,
     "server_retry_seconds": _number(float),
+    "web_config_file": _text,
+    "max_scrapes_per_second": _number(float),
 }

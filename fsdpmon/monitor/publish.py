@@ -23,6 +23,7 @@ from fsdpmon.monitor.state import RankStateWriter, job_state_dir
 from fsdpmon.monitor.stats import JobFigures, WindowStats
 from fsdpmon.monitor.timing import WindowTimes
 from fsdpmon.monitor.watchdog import StallWatchdog
+from fsdpmon.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ class Publication:
 
     def _start_serving(self, config: MonitorConfig, topo: DistEnv) -> None:
         directory = job_state_dir(config.job_name, config.port, config.state_dir)
+        self.web = load_web_config(config.web_config_file, "FSDPMON_WEB_CONFIG_FILE")
         try:
             for stale in statedir.remove_stale(directory.parent):
                 log.info("fsdpmon: removed %s, left by a job that is gone", stale)
@@ -83,7 +85,8 @@ class Publication:
         # Local rank 0 binds at once; the others wait a retry period, then take over if needed.
         delay = 0.0 if topo.local_rank == 0 else config.server_retry_seconds
         self.keeper = PortKeeper(directory, config.listen_address, config.port, delay,
-                                 config.server_retry_seconds)
+                                 config.server_retry_seconds, web=self.web,
+                                 max_per_second=config.max_scrapes_per_second)
         self.keeper.start()
 
     # ---- per step (training thread) -----------------------------------------------------

@@ -1,8 +1,12 @@
 """One HTTP endpoint per pod: every local rank competes for the port; the holder serves them all.
 
 Local rank 0 tries first; the others retry every few seconds, so when the serving rank exits
-(or dies) another takes the port over. Serving runs on prometheus_client's own threaded server,
-never on the training thread, so scrapes are answered while training is blocked.
+(or dies) another takes the port over. Serving runs in the shared server's worker threads
+(``fsdpmon.httpserve``), never on the training thread, so scrapes are answered while training is
+blocked. What scrapers can take from training is bounded whatever they do: the exposition is
+rendered at most once per ``RENDER_SECONDS`` and the cached bytes served in between, a small pool
+of workers serves at most ``max_per_second`` requests, and further clients wait in the kernel's
+listen backlog. The same web-config file as the exporter's adds TLS and basic auth.
 """
 
 from __future__ import annotations
@@ -10,26 +14,71 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
 
+from fsdpmon.basicauth import BasicAuth
+from fsdpmon.httpserve import Server, StartResponse, WsgiApp, bind, build_app
 from fsdpmon.monitor.collector import JobStateCollector
+from fsdpmon.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
+
+RENDER_SECONDS = 1.0  # newest data at most this old; Prometheus scrapes every 15-30 s
+WORKERS = 2
+
+
+class CachedExposition:
+    """The registry's exposition, rendered at most once per ``max_age`` seconds per format."""
+
+    def __init__(self, registry: CollectorRegistry, max_age: float = RENDER_SECONDS,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry, self.max_age, self.clock = registry, max_age, clock
+        self.renders = 0
+        self._cache: dict[str, tuple[float, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def body(self, accept: str) -> tuple[bytes, str]:
+        encoder, content_type = choose_encoder(accept)
+        with self._lock:  # concurrent scrapes wait for one render instead of each rendering
+            rendered_at, data = self._cache.get(content_type, (None, b""))
+            now = self.clock()
+            if rendered_at is None or now - rendered_at >= self.max_age:
+                data = encoder(self.registry)
+                self.renders += 1
+                self._cache[content_type] = (now, data)
+        return data, content_type
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        data, content_type = self.body(environ.get("HTTP_ACCEPT", ""))
+        start_response("200 OK", [("Content-Type", content_type),
+                                  ("Content-Length", str(len(data)))])
+        return [data]
 
 
 class PortKeeper:
     def __init__(self, directory: Path, address: str, port: int, first_try_delay: float,
-                 retry_seconds: float) -> None:
+                 retry_seconds: float, web: WebConfig | None = None,
+                 max_per_second: float | None = None,
+                 routes: dict[str, WsgiApp] | None = None) -> None:
         self.address = address
         self.port = port
         self.retry_seconds = retry_seconds
         self.first_try_delay = first_try_delay
+        self.web = web or WebConfig()
+        self.max_per_second = max_per_second
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(JobStateCollector(directory))
-        self._server: Any = None
+        self.exposition = CachedExposition(self.registry)
+        auth = BasicAuth(dict(self.web.users)) if self.web.users else None
+        self.app = build_app({"/metrics": self.exposition, **(routes or {})}, self.exposition,
+                             lambda: (True, "ok"), auth)
+        self._server: Server | None = None
         self._stop = threading.Event()
         self._warned = False
         self._thread = threading.Thread(target=self._run, name="fsdpmon-port", daemon=True)
@@ -51,7 +100,8 @@ class PortKeeper:
 
     def _try_bind(self) -> bool:
         try:
-            server, _thread = start_http_server(self.port, self.address, registry=self.registry)
+            server = bind(self.app, self.address, self.port, self.web, workers=WORKERS,
+                          max_per_second=self.max_per_second)
         except OSError as exc:
             if not self._warned:
                 self._warned = True
@@ -63,8 +113,9 @@ class PortKeeper:
             _shutdown(server)
             return True
         self._server = server
-        log.info("fsdpmon: serving training metrics on http://%s:%d/metrics",
-                 self.address, self.port)
+        scheme = "https" if self.web.tls is not None else "http"
+        log.info("fsdpmon: serving training metrics on %s://%s:%d/metrics",
+                 scheme, self.address, self.port)
         return True
 
     def close(self) -> None:
@@ -79,7 +130,6 @@ class PortKeeper:
             self._server = None
 
 
-def _shutdown(server: Any) -> None:
+def _shutdown(server: Server) -> None:
     with contextlib.suppress(Exception):
-        server.shutdown()
-        server.server_close()
+        server.stop()

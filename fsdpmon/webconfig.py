@@ -11,12 +11,16 @@ Same YAML as node_exporter's ``--web.config.file``, so operators reuse what they
     basic_auth_users:
       prometheus: $2y$10$...                       # bcrypt hash
 
-Unknown keys are errors (as in the toolkit), each naming the field.
+Unknown keys are errors (as in the toolkit), each naming the field; so are hashes bcrypt cannot
+read, files that cannot be read, certificates that do not load and an empty file (which would
+silently mean no TLS and no auth). A hash of cost below 10 is accepted with a warning.
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,6 +29,12 @@ from typing import Any
 import yaml
 
 from fsdpmon.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+BCRYPT_HASH = re.compile(r"^\$2[aby]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+MIN_BCRYPT_COST = 10  # the exporter-toolkit's and htpasswd -B's default
+HTTP_KEYS = {"http2", "headers"}
 
 TOP_KEYS = {"tls_server_config", "basic_auth_users", "http_server_config"}
 TLS_KEYS = {"cert_file", "key_file", "client_ca_file", "client_auth_type", "min_version",
@@ -90,6 +100,8 @@ def _file(tls: Mapping[str, Any], key: str, required: bool) -> str:
         raise ConfigError(where, "is required when tls_server_config is set")
     if value and not os.path.isfile(value):
         raise ConfigError(where, f"no such file: {value}")
+    if value and not os.access(value, os.R_OK):
+        raise ConfigError(where, f"cannot read {value}: permission denied")
     return value
 
 
@@ -110,30 +122,53 @@ def _tls(raw: Any) -> TlsConfig | None:
     if auth == "RequireAndVerifyClientCert" and not ca:
         raise ConfigError("tls_server_config.client_ca_file",
                           "is required for client_auth_type RequireAndVerifyClientCert")
-    return TlsConfig(_file(tls, "cert_file", True), _file(tls, "key_file", True), ca, auth,
-                     min_version)
+    config = TlsConfig(_file(tls, "cert_file", True), _file(tls, "key_file", True), ca, auth,
+                       min_version)
+    config.ssl_context()  # a certificate or key that does not load fails here, at start
+    return config
 
 
 def _users(raw: Any) -> dict[str, bytes]:
     users: dict[str, bytes] = {}
     for user, hashed in _mapping(raw, "basic_auth_users").items():
         where = f"basic_auth_users.{user}"
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
-            raise ConfigError(where, "must be a bcrypt hash ($2a$/$2b$/$2y$...)")
+        match = BCRYPT_HASH.match(hashed) if isinstance(hashed, str) else None
+        if match is None:
+            raise ConfigError(where, "must be a bcrypt hash: $2a$/$2b$/$2y$, a two-digit cost, "
+                                     "$, 53 characters of salt and hash (htpasswd -nBC 12)")
+        cost = int(match.group(1))
+        if not 4 <= cost <= 31:
+            raise ConfigError(where, f"bcrypt cost {cost} is outside 4..31")
+        if cost < MIN_BCRYPT_COST:
+            log.warning("%s: bcrypt cost %d is below %d: cheap to guess offline; "
+                        "make a new hash with htpasswd -nBC 12", where, cost, MIN_BCRYPT_COST)
         users[str(user)] = hashed.encode()
     return users
 
 
-def load_web_config(path: str) -> WebConfig:
-    """Parse and check a web-config file; ConfigError names the bad field."""
+def load_web_config(path: str | None, option: str = "--web-config-file") -> WebConfig:
+    """Parse and check a web-config file (none: plain HTTP); ConfigError names the bad field."""
+    if not path:
+        return WebConfig()
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.safe_load(f)
     except OSError as exc:
-        raise ConfigError("--web-config-file", f"cannot read {path}: {exc.strerror}") from None
+        raise ConfigError(option, f"cannot read {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError("--web-config-file", f"{path} is not valid YAML: {exc}") from None
-    top = _mapping(raw, "--web-config-file")
+        problem = " ".join(str(exc).split())
+        raise ConfigError(option, f"{path} is not valid YAML: {problem}") from None
+    if raw is None:
+        raise ConfigError(option, f"{path} is empty: that would mean no TLS and no auth; "
+                                  "configure tls_server_config or basic_auth_users, or drop "
+                                  "the option")
+    top = _mapping(raw, option)
     _unknown(top, TOP_KEYS, "")
-    return WebConfig(tls=_tls(top.get("tls_server_config")),
-                     users=_users(top.get("basic_auth_users")))
+    http = _mapping(top.get("http_server_config"), "http_server_config")
+    _unknown(http, HTTP_KEYS, "http_server_config.")
+    config = WebConfig(tls=_tls(top.get("tls_server_config")),
+                       users=_users(top.get("basic_auth_users")))
+    if config.tls is None and not config.users:
+        raise ConfigError(option, f"{path} configures neither tls_server_config nor "
+                                  "basic_auth_users")
+    return config

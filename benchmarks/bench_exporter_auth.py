@@ -1,0 +1,132 @@
+"""Can password guessing be turned against the exporter? Valid scrapes with and without guessers.
+
+Starts the real exporter (``fsdpmon exporter --simulate-gpus 8``) with basic auth (a cost-10
+bcrypt hash, as ``htpasswd -nBC 10`` makes). Then, in one run: valid scrapes one after another
+with nobody else (unloaded), then the same while ``--guessers`` clients send wrong passwords
+(a fresh one per request) as fast as they are answered. Prints the valid scrapes' p50/p99 of
+each phase, their ratio, the exporter's CPU (cores) and what the guessers got. Goal (issue 18):
+p99 loaded <= 2 x unloaded, exporter <= 1 core. Asserts nothing.
+
+Run: ``.venv/bin/python benchmarks/bench_exporter_auth.py [--seconds 20]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import collections
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import bcrypt
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def header(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def get(url: str, auth: str) -> int:
+    request = urllib.request.Request(url, headers={"Authorization": auth})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            resp.read()
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def valid_scrapes(url: str, auth: str, seconds: float) -> list[float]:
+    latencies = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        status = get(url, auth)
+        latencies.append(time.perf_counter() - t0)
+        assert status == 200, status
+        time.sleep(0.05)  # a scraper's cadence, compressed
+    return latencies
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=float, default=20.0, help="per phase")
+    p.add_argument("--guessers", type=int, default=8)
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-auth."))
+    hashed = bcrypt.hashpw(b"scrape-me", bcrypt.gensalt(rounds=10)).decode()
+    web = work / "web.yaml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    exporter = subprocess.Popen(
+        [sys.executable, "-m", "fsdpmon.cli", "exporter", "--simulate-gpus", "8", "--port",
+         str(port), "--listen-address", "127.0.0.1", "--node-name", "bench",
+         "--web-config-file", str(web)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}/metrics"
+    good = header("prometheus", "scrape-me")
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if get(url, good) == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        quiet = valid_scrapes(url, good, args.seconds)
+        stop = threading.Event()
+        got: collections.Counter[int] = collections.Counter()
+
+        def guess() -> None:
+            while not stop.is_set():
+                try:
+                    got[get(url, header("prometheus", secrets.token_hex(8)))] += 1
+                except OSError:
+                    got[-1] += 1
+
+        guessers = [threading.Thread(target=guess, daemon=True) for _ in range(args.guessers)]
+        for t in guessers:
+            t.start()
+        time.sleep(1.0)  # let the guessers fill the queue
+        cpu0, t0 = cpu_seconds(exporter.pid), time.monotonic()
+        loaded = valid_scrapes(url, good, args.seconds)
+        cores = (cpu_seconds(exporter.pid) - cpu0) / (time.monotonic() - t0)
+        stop.set()
+        for t in guessers:
+            t.join(35)
+    finally:
+        exporter.terminate()
+        exporter.wait(10)
+    q50, q99, l50, l99 = (pct(quiet, 0.5), pct(quiet, 0.99), pct(loaded, 0.5),
+                          pct(loaded, 0.99))
+    print(f"valid scrapes unloaded: p50 {q50 * 1e3:.1f} ms, p99 {q99 * 1e3:.1f} ms "
+          f"({len(quiet)} scrapes)")
+    print(f"with {args.guessers} wrong-password clients: p50 {l50 * 1e3:.1f} ms, "
+          f"p99 {l99 * 1e3:.1f} ms ({len(loaded)} scrapes); p99 ratio {l99 / q99:.2f} (goal <= 2)")
+    print(f"exporter CPU while guessed at: {cores:.2f} cores (goal <= 1); guessers got "
+          f"{dict(sorted(got.items()))} (401 denied, 429 busy, -1 connection error)")
+
+
+if __name__ == "__main__":
+    main()

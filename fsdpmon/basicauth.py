@@ -1,0 +1,109 @@
+"""HTTP basic auth against bcrypt hashes, built so that guessing cannot be used to burn CPU.
+
+bcrypt is slow by design (cost 10: ~80 ms of CPU per check), so, as the Prometheus
+exporter-toolkit does:
+- at most ``BCRYPT_AT_ONCE`` checks run at a time, and at most ``BCRYPT_WAITING`` requests wait
+  for one; the rest are answered "busy" (429) after ``BUSY_DELAY_SECONDS`` (a sleep: no CPU, and
+  a guesser cannot spin on it), so guessers can never occupy every worker of the server; after a
+  failed check the slot stays taken for ``FAILED_PAUSE`` x its duration, so guessing takes at
+  most 1 / (1 + FAILED_PAUSE) of one core;
+- recent outcomes are cached (keyed by a SHA-256 of user, password and hash, never the password
+  itself), so a scraper with good credentials pays bcrypt once, not per scrape;
+- an unknown user or a password bcrypt cannot take (over 72 bytes) costs the same bcrypt time as
+  a wrong password and is answered 401, so timing reveals neither.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import hashlib
+import threading
+import time
+from collections import OrderedDict
+
+import bcrypt
+
+BCRYPT_AT_ONCE = 1
+BCRYPT_WAITING = 4
+BUSY_DELAY_SECONDS = 1.0
+FAILED_PAUSE = 0.25
+CACHE_ENTRIES = 128
+BCRYPT_MAX_PASSWORD_BYTES = 72
+
+
+class Verdict(enum.Enum):
+    OK = "ok"
+    DENIED = "denied"
+    BUSY = "busy"
+
+
+class BasicAuth:
+    def __init__(self, users: dict[str, bytes]) -> None:
+        self.users = users
+        # Unknown users are checked against a real hash of the same cost: same time.
+        self._decoy = next(iter(users.values()))
+        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._lock = threading.Lock()
+        self._running = threading.BoundedSemaphore(BCRYPT_AT_ONCE)
+        self._admitted = threading.BoundedSemaphore(BCRYPT_AT_ONCE + BCRYPT_WAITING)
+        self.bcrypt_checks = 0  # how many ran (tests and benchmarks read it)
+        self.busy_delay = BUSY_DELAY_SECONDS
+
+    def allows(self, header: str | None) -> bool:
+        return self.check(header) is Verdict.OK
+
+    def check(self, header: str | None) -> Verdict:
+        credentials = _decode(header)
+        if credentials is None:
+            return Verdict.DENIED
+        user, password = credentials
+        hashed = self.users.get(user)
+        key = hashlib.sha256(b"\0".join((user.encode(), password, hashed or b""))).digest()
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return Verdict.OK if cached else Verdict.DENIED
+        if not self._admitted.acquire(blocking=False):
+            time.sleep(self.busy_delay)
+            return Verdict.BUSY
+        try:
+            with self._running:
+                started = time.monotonic()
+                ok = self._bcrypt(password, hashed)
+                if not ok:
+                    time.sleep(FAILED_PAUSE * (time.monotonic() - started))
+        finally:
+            self._admitted.release()
+        with self._lock:
+            self._cache[key] = ok
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return Verdict.OK if ok else Verdict.DENIED
+
+    def _bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
+        self.bcrypt_checks += 1
+        usable = hashed is not None and len(password) <= BCRYPT_MAX_PASSWORD_BYTES
+        try:
+            matched = bcrypt.checkpw(password[:BCRYPT_MAX_PASSWORD_BYTES],
+                                     hashed if hashed is not None else self._decoy)
+        except ValueError:  # a hash bcrypt cannot read: validated at start, so not expected
+            return False
+        return usable and matched
+
+
+def _decode(header: str | None) -> tuple[str, bytes] | None:
+    if not header or not header.startswith("Basic "):
+        return None
+    try:
+        raw = base64.b64decode(header[6:], validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    user, sep, password = raw.partition(b":")
+    if not sep:
+        return None
+    try:
+        return user.decode(), password
+    except UnicodeDecodeError:
+        return None
