@@ -18,12 +18,20 @@ lazy imports and code no other test runs.
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 from fsdpmon import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("fsdpmon", "exporters", "dashboards", "trainer")
+
+
+@functools.cache
+def _tree(path: Path) -> ast.Module:
+    """Each file parsed once for all the checks here."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def _sources(*dirs: str) -> list[Path]:
@@ -80,7 +88,7 @@ def test_imports_only_point_down():
     paths = _sources(*PACKAGES)
     known = {_module(p) for p in paths}
     edges = {(_module(p), t) for p in paths
-             for t in _imports(ast.parse(p.read_text(), str(p)), known)}
+             for t in _imports(_tree(p), known)}
     assert len(edges) > 100, f"only {len(edges)} import edges found: is the parser blind?"
     up = sorted(f"{a} -> {b}" for a, b in edges if _upward(a, b))
     assert not up, f"{len(up)} imports point up a layer:\n" + "\n".join(up)
@@ -101,10 +109,63 @@ def test_every_catalog_attribute_used_exists():
     """``catalog.TRAIN_LOS`` in a function body would only fail when called: fail here."""
     missing = []
     for path in _sources(*PACKAGES, "tests", "benchmarks"):
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         aliases = _catalog_aliases(tree)
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
                     and node.value.id in aliases and not hasattr(catalog, node.attr)):
                 missing.append(f"{path.relative_to(ROOT)}:{node.lineno}: catalog.{node.attr}")
     assert not missing, f"{len(missing)} unknown catalog symbols:\n" + "\n".join(missing)
+
+
+# A metric or recorded-series name inside a string literal: fsdpmon_ then lower case, digits,
+# underscores and colons (FSDPMON_ environment variables and file names with dots do not match).
+QUOTED_NAME = re.compile(r"(?<![A-Za-z0-9_])fsdpmon_[a-z0-9_:]*[a-z0-9_]")
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    kinds = (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, kinds) and node.body and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)}
+
+
+def _quoted_names(path: Path) -> list[str]:
+    tree = _tree(path)
+    prose = _docstrings(tree)
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and id(node) not in prose:
+            text = node.value.decode("latin-1") if isinstance(node.value, bytes) else node.value
+            if isinstance(text, str):
+                found += [f"{where}:{node.lineno}: {name}"
+                          for name in QUOTED_NAME.findall(text)]
+    return found
+
+
+def test_no_metric_name_is_retyped_outside_the_catalog():
+    """Every metric and recorded-series name is spelt once, in fsdpmon/catalog.py.
+
+    Scope: all code in the packages and benchmarks, and the helpers in tests/ that produce or
+    read metrics (the synthetic job, the fakes). The test files themselves (tests/test_*.py)
+    may spell names out where they assert on what Prometheus and users see (exposition text,
+    generated dashboards and rules): there the literal is the contract, and a rename should
+    make them fail. Docstrings and comments are prose and are not checked.
+    """
+    helpers = [p for p in _sources("tests") if not p.name.startswith("test_")]
+    paths = [p for p in _sources(*PACKAGES, "benchmarks") + helpers
+             if p != ROOT / "fsdpmon" / "catalog.py"]
+    assert len(paths) > 100, f"only {len(paths)} files checked"
+    retyped = [hit for p in paths for hit in _quoted_names(p)]
+    assert not retyped, (f"{len(retyped)} retyped metric names (use catalog.SYMBOL):\n"
+                         + "\n".join(retyped))
+
+
+def test_the_retyped_name_check_sees_names_in_strings_bytes_and_f_strings(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text('"""fsdpmon_in_docstring is prose."""\n'
+                      'A = "fsdpmon_train_loss"\nB = b"fsdpmon_gpu_up{"\n'
+                      'C = f"rate(fsdpmon_job:loss:avg[{A}])"\nD = "FSDPMON_PORT"\n')
+    names = [hit.split(": ")[1] for hit in _quoted_names(sample)]
+    assert names == ["fsdpmon_train_loss", "fsdpmon_gpu_up", "fsdpmon_job:loss:avg"], names
