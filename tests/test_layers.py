@@ -3,7 +3,8 @@
 Layers, bottom first (an import may only point at its own layer or one below):
 
 0. the bottom layer: ``fsdpmon`` (the package root), ``catalog``, ``conventions``, ``errors``,
-   ``validate``, ``faultspec``, ``families``, ``distenv``; it imports nothing else of ours.
+   ``validate``, ``faultspec``, ``families``, ``distenv``, and the endpoint both servers share
+   (``httpserve``, ``webconfig``, ``basicauth``); it imports nothing else of ours.
 1. ``exporters`` and ``dashboards``: the bottom layer and themselves only, never each other.
 2. the rest of ``fsdpmon``; only the modules that run an exporter or ship the dashboards
    (``RUNNERS``) may import layer 1.
@@ -40,7 +41,9 @@ def _sources(*dirs: str) -> list[Path]:
 
 BOTTOM = frozenset({"fsdpmon", "fsdpmon.catalog", "fsdpmon.conventions", "fsdpmon.errors",
                     "fsdpmon.validate", "fsdpmon.faultspec", "fsdpmon.families",
-                    "fsdpmon.distenv"})
+                    "fsdpmon.distenv",
+                    # the one HTTP endpoint both the exporter and the monitor serve through
+                    "fsdpmon.httpserve", "fsdpmon.webconfig", "fsdpmon.basicauth"})
 # fsdpmon modules that run an exporter (the demo) or wrap the dashboards (the manifests).
 RUNNERS = ("fsdpmon.demo", "fsdpmon.manifests")
 # The trainer's command line and model shapes (no torch), and the one module that may read them.
