@@ -5,8 +5,10 @@
 # torch: the CPU build of 2.13.0. From https://download.pytorch.org/whl/cpu when that index
 # answers (a stock pip's default index would give the CUDA build and several GB of nvidia-*
 # wheels); otherwise whatever this machine's pip resolves (a pip set up with local CPU wheels
-# keeps working). TORCH_INDEX_URL=URL picks another index (e.g. .../whl/cu128 on a GPU machine).
-# The script says which build it installed.
+# keeps working). TORCH_INDEX_URL=URL picks another index (e.g. .../whl/cu128 on a GPU machine);
+# TORCH_INDEX_URL=default takes what pip resolves without trying the CPU index. The script says
+# which build it installed. FSDPMON_NO_APT=1 skips the Debian packages (offline GPU machines).
+# A torch already importable in .venv is kept.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -25,14 +27,17 @@ apt_install() {
 need=()
 # A bare Debian's python3 has no venv/ensurepip until python3-venv is installed.
 [ -x .venv/bin/python ] || python3 -c 'import ensurepip, venv' 2>/dev/null || need+=(python3-venv)
-if [ "$want_test" = 1 ]; then
+if [ "$want_test" = 1 ] && [ "${FSDPMON_NO_APT:-0}" != 1 ]; then
   command -v promtool >/dev/null || need+=(prometheus)
   command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
   command -v tmux >/dev/null || need+=(tmux)
 fi
 [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
 
-[ -x .venv/bin/python ] || { echo "==> creating .venv" >&2; python3 -m venv .venv; }
+# FSDPMON_VENV_SYSTEM_SITE=1: the venv also sees the system's packages (a GPU image's torch).
+venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-site-packages)
+[ -x .venv/bin/python ] || { echo "==> creating .venv ${venv_flags[*]}" >&2
+  python3 -m venv "${venv_flags[@]}" .venv; }
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
 stamp=".venv/.fsdpmon-$(sha1sum pyproject.toml | cut -c1-12)-$extras"
 [ -f "$stamp" ] && exit 0
@@ -51,7 +56,10 @@ PY
 install_torch() {
   local index="${TORCH_INDEX_URL:-}"
   if [ -z "$index" ] && reachable "$CPU_INDEX"; then index="$CPU_INDEX"; fi
-  if [ -n "$index" ]; then
+  if [ "$index" = default ]; then
+    echo "==> torch $TORCH_VERSION as this machine's pip resolves it (TORCH_INDEX_URL=default)" >&2
+    pip "torch==$TORCH_VERSION"
+  elif [ -n "$index" ]; then
     echo "==> torch $TORCH_VERSION from $index" >&2
     pip --index-url "$index" "torch==$TORCH_VERSION"
   else
