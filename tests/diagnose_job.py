@@ -1,0 +1,114 @@
+"""A real job to diagnose: torchrun CPU ranks of the bundled trainer (trainer faults through
+--fault) and the exporter with simulated GPUs (GPU faults through its --fault), watched the way
+`fsdpmon diagnose` watches (TargetsSource + Diagnoser). The e2e test and
+benchmarks/bench_diagnose.py share it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from proc_tree import kill_tree
+from support import free_port
+
+from fsdpmon.diagnose import Finding, Verdict
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.top.stack_evidence import Diagnoser
+
+REPO = Path(__file__).resolve().parents[1]
+STALL_FLOOR_S = 8.0  # the monitor's stall floor for these jobs (the shipped default is 120 s)
+
+
+@dataclass
+class Job:
+    urls: list[str]
+    train: subprocess.Popen
+    exporter_args: list[str]
+    env: dict[str, str]
+    logs: Path
+    exporter: subprocess.Popen | None = None
+    exporter_started: float = 0.0  # monotonic; GPU faults' `after` counts from here
+    source: TargetsSource = field(init=False)
+    diagnoser: Diagnoser = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.source = TargetsSource(self.urls, timeout_s=2.0)
+        self.diagnoser = Diagnoser(self.source, 2.0)
+
+    def start_exporter(self, gpu_fault: str = "") -> None:
+        with open(self.logs / "exporter.log", "w") as out:
+            self.exporter = subprocess.Popen(
+                self.exporter_args + (["--fault", gpu_fault] if gpu_fault else []), cwd=REPO,
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.exporter_started = time.monotonic()
+
+    def refresh(self) -> tuple[JobSnapshot, Verdict]:
+        snap = self.source.fetch()
+        return snap, self.diagnoser.update(snap)
+
+    def wait(self, what: str, ready, timeout_s: float = 180.0) -> JobSnapshot:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            snap, _ = self.refresh()
+            if ready(snap):
+                return snap
+            time.sleep(0.5)
+        raise AssertionError(f"{what}: not within {timeout_s}s:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return "\n".join(p.read_text()[-2000:] for p in sorted(self.logs.glob("*.log")))
+
+
+def stepping(ranks: int, gpus: bool = False):
+    """A readiness check: every rank past step 2 (and the exporter's GPUs tied to ranks)."""
+    def ready(snap: JobSnapshot) -> bool:
+        going = len([r for r in snap.ranks if (r.step or 0) > 2]) == ranks
+        return going and (not gpus or len([g for g in snap.gpus if g.ranks]) == ranks)
+    return ready
+
+
+@contextlib.contextmanager
+def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
+               extra: tuple[str, ...] = ()) -> Iterator[Job]:
+    """A running training (killed, with every child and the exporter, on exit); the exporter
+    starts when the caller says, so GPU faults count from a known moment."""
+    train_port, exporter_port = free_port(), free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
+           "FSDPMON_STALL_FLOOR_SECONDS": str(STALL_FLOOR_S), "PYTHONUNBUFFERED": "1"}
+    env.pop("FSDPMON_FAULT", None)
+    exporter_args = [sys.executable, "-m", "fsdpmon.cli", "exporter", "--port",
+                     str(exporter_port), "--listen-address", "127.0.0.1", "--interval", "1",
+                     "--simulate-gpus", str(ranks)]
+    train_args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  f"--nproc_per_node={ranks}", "--max-restarts", "0", "-m", "trainer.train",
+                  "--model", "tiny", "--max-steps", "1000000", "--batch-size", "2",
+                  "--seq-len", "32", "--log-every", "5", "--metrics-port", str(train_port),
+                  "--job-name", "e2e-diagnose", *extra,
+                  *(["--fault", train_fault] if train_fault else [])]
+    with open(tmp / "train.log", "w") as out:
+        train = subprocess.Popen(train_args, cwd=REPO, env=env, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    job = Job([f"127.0.0.1:{train_port}", f"127.0.0.1:{exporter_port}"], train, exporter_args,
+              env, tmp)
+    try:
+        yield job
+    finally:
+        job.source.close()
+        kill_tree(train)
+        if job.exporter is not None:
+            kill_tree(job.exporter)
+
+
+def named(findings: tuple[Finding, ...], cause: str, rank: int | None = None,
+          gpu: str | None = None) -> Finding | None:
+    """The finding of ``cause`` naming that rank / GPU (None: any), if any."""
+    return next((f for f in findings if f.cause == cause
+                 and (rank is None or f.rank == rank) and (gpu is None or f.gpu == gpu)), None)
