@@ -240,6 +240,8 @@ class Monitor:
         self._phase(name, False)
 
     def _phase(self, name: str, entering: bool) -> None:
+        if self.pub is not None:
+            self.pub.phase = name if entering else ""  # one store: read only by a stall's evidence
         try:
             if entering:
                 self._timer.begin_phase(name)

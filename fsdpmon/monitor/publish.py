@@ -16,9 +16,10 @@ from typing import Any
 from fsdpmon import catalog
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.monitor import exit_cleanup, statedir
+from fsdpmon.monitor import collective_seq, exit_cleanup, statedir
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.server import PortKeeper
+from fsdpmon.monitor.stacks import StackPublisher, stacks_app
 from fsdpmon.monitor.state import RankStateWriter, job_state_dir
 from fsdpmon.monitor.stats import JobFigures, WindowStats
 from fsdpmon.monitor.timing import WindowTimes
@@ -43,6 +44,9 @@ class Publication:
         self._watchdog_seen = 0.0
         self.writer: RankStateWriter | None = None
         self.keeper: PortKeeper | None = None
+        self.stacks: StackPublisher | None = None
+        self.phase = ""  # the phase the training thread is in ("" between phases)
+        self._training_thread = threading.get_ident()  # the monitor is made on it
         self.snapshot: dict[str, Any] = {
             "pid": os.getpid(), "rank": topo.rank, "local_rank": topo.local_rank,
             "job_name": config.job_name, "started_unix": time.time(),
@@ -78,6 +82,9 @@ class Publication:
             self._fail("state directory", exc)
             return
         exit_cleanup.register(self.writer.close)  # SIGTERM too, not only a normal exit
+        self.stacks = StackPublisher(directory, topo.rank, topo.local_rank,
+                                     self._training_thread, self._stack_context)
+        collective_seq.install()
         try:
             self._beat()
         except Exception as exc:
@@ -86,7 +93,8 @@ class Publication:
         delay = 0.0 if topo.local_rank == 0 else config.server_retry_seconds
         self.keeper = PortKeeper(directory, config.listen_address, config.port, delay,
                                  config.server_retry_seconds, web=self.web,
-                                 max_per_second=config.max_scrapes_per_second)
+                                 max_per_second=config.max_scrapes_per_second,
+                                 routes={"/stacks": stacks_app(directory, config.job_name)})
         self.keeper.start()
 
     # ---- per step (training thread) -----------------------------------------------------
@@ -112,13 +120,34 @@ class Publication:
     def _watchdog_tick(self) -> None:
         self._watchdog_seen = time.time()
         self._beat()
+        if self._stall[0] and self.stacks is not None and self.stacks.due():
+            self._publish_stack(True)  # still stalled: where is it now?
 
     def _stall_changed(self, stalled: bool, threshold: float) -> None:
+        was_stalled = bool(self._stall[0])
         self._stall = (1.0 if stalled else 0.0, threshold)
+        if stalled != was_stalled:
+            self._publish_stack(stalled)
         try:
             self._beat()
         except Exception as exc:
             self._fail("heartbeat", exc)
+
+    def _publish_stack(self, stalled: bool) -> None:
+        """Stack evidence while stalled (watchdog thread): written on entering, refreshed, and
+        removed when steps resume; never on the training thread, never per step."""
+        if self.stacks is None:
+            return
+        try:
+            if stalled:
+                self.stacks.publish()
+            else:
+                self.stacks.clear()
+        except Exception as exc:
+            self._fail("stack evidence", exc)
+
+    def _stack_context(self) -> tuple[float, str, tuple[str, int] | None]:
+        return self._progress[1], self.phase, collective_seq.last_entered()
 
     # ---- per log step -------------------------------------------------------------------
 
@@ -174,6 +203,8 @@ class Publication:
 
     def close(self) -> None:
         self.watchdog.close()
+        if self.stacks is not None:
+            self.stacks.clear()
         if self.keeper is not None:
             self.keeper.close()
         with self._lock:

@@ -1,0 +1,161 @@
+"""Stack evidence: a stalled rank's training-thread stack, phase, step and last collective,
+served as /stacks beside /metrics; bounded, untrusted when read, absent when not stalled."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+
+from support import free_port
+
+from fsdpmon.monitor import collective_seq
+from fsdpmon.monitor.server import PortKeeper
+from fsdpmon.monitor.stacks import (
+    MAX_FILE_BYTES,
+    MAX_FRAMES,
+    StackPublisher,
+    job_stacks,
+    stacks_app,
+    thread_frames,
+)
+from fsdpmon.monitor.state import RankStateWriter
+
+
+def next_batch_that_never_comes(release: threading.Event) -> None:
+    release.wait()
+
+
+def _blocked_thread() -> tuple[threading.Thread, threading.Event]:
+    release = threading.Event()
+    thread = threading.Thread(target=next_batch_that_never_comes, args=(release,), daemon=True)
+    thread.start()
+    time.sleep(0.05)
+    return thread, release
+
+
+def test_frames_are_the_threads_own_outermost_first() -> None:
+    thread, release = _blocked_thread()
+    try:
+        frames = thread_frames(thread.ident)
+    finally:
+        release.set()
+    functions = [f["function"] for f in frames]
+    assert "next_batch_that_never_comes" in functions, functions
+    assert functions.index("_bootstrap") < functions.index("next_batch_that_never_comes")
+    mine = frames[functions.index("next_batch_that_never_comes")]
+    assert mine["file"] == __file__ and mine["line"] > 0
+
+
+def test_a_deep_stack_keeps_its_innermost_frames_and_stays_bounded() -> None:
+    got: list = []
+
+    def dig(n: int) -> None:
+        if n:
+            dig(n - 1)
+        else:
+            got.extend(thread_frames(threading.get_ident()))
+
+    dig(400)
+    assert len(got) == MAX_FRAMES, f"{len(got)} frames, bound {MAX_FRAMES}"
+    assert got[-1]["function"] == "thread_frames" and got[-2]["function"] == "dig"
+
+
+def _rank(directory, rank: int, stalled: bool) -> RankStateWriter:
+    writer = RankStateWriter(directory, rank)
+    writer.snapshot({"pid": os.getpid(), "rank": rank, "local_rank": rank, "job_name": "j"})
+    writer.heartbeat(time.time() - 60, 7, 7, 700, 1.0 if stalled else 0.0, 30)
+    return writer
+
+
+def test_only_the_stalled_rank_publishes_and_the_document_has_the_agreed_shape(tmp_path):
+    writers = [_rank(tmp_path, 0, stalled=True), _rank(tmp_path, 1, stalled=False)]
+    thread, release = _blocked_thread()
+    publisher = StackPublisher(tmp_path, 0, 0, thread.ident,
+                               lambda: (7.0, "data", ("all_gather_into_tensor", 41)))
+    try:
+        publisher.publish()
+        doc = json.loads(json.dumps(job_stacks(tmp_path, "j"), allow_nan=False))
+        assert doc["job"] == "j" and [r["rank"] for r in doc["ranks"]] == [0, 1]
+        hung, fine = doc["ranks"]
+        assert set(hung) == {"rank", "local_rank", "pid", "step", "phase", "stalled",
+                             "published_at", "last_collective", "frames"}
+        assert hung["stalled"] and hung["step"] == 7 and hung["phase"] == "data"
+        assert hung["last_collective"] == {"op": "all_gather_into_tensor", "seq": 41}
+        assert hung["frames"][-2]["function"] == "next_batch_that_never_comes" or any(
+            f["function"] == "next_batch_that_never_comes" for f in hung["frames"])
+        assert abs(hung["published_at"] - time.time()) < 60
+        assert not fine["stalled"] and fine["frames"] == [] and fine["last_collective"] is None
+        publisher.clear()  # steps resumed
+        assert job_stacks(tmp_path, "j")["ranks"][0]["frames"] == []
+    finally:
+        release.set()
+        for w in writers:
+            w.close()
+
+
+def test_stack_files_are_untrusted(tmp_path):
+    writer = _rank(tmp_path, 0, stalled=True)
+    path = tmp_path / "stack0.json"
+    try:
+        for bad in (b"not json", b"[1, 2]", json.dumps({"pid": os.getpid() + 1}).encode(),
+                    b"[" * 100000, b" " * (MAX_FILE_BYTES + 1)):
+            path.write_bytes(bad)
+            assert job_stacks(tmp_path, "j")["ranks"][0]["frames"] == [], bad[:20]
+        path.write_text(json.dumps({
+            "pid": os.getpid(), "step": "x", "phase": 3, "published_at": float("nan"),
+            "last_collective": {"op": 1}, "frames": [{"file": "a", "line": 1, "function": "f"},
+                                                    {"file": 2}, "x"] * 100}))
+        rank = job_stacks(tmp_path, "j")["ranks"][0]
+        assert rank["step"] is None and rank["phase"] is None and rank["published_at"] is None
+        assert rank["last_collective"] is None and len(rank["frames"]) <= MAX_FRAMES
+        assert all(f == {"file": "a", "line": 1, "function": "f"} for f in rank["frames"])
+        json.dumps(job_stacks(tmp_path, "j"), allow_nan=False)
+    finally:
+        writer.close()
+
+
+def test_stacks_are_served_beside_metrics_on_the_same_listener(tmp_path):
+    writer = _rank(tmp_path, 0, stalled=True)
+    thread, release = _blocked_thread()
+    StackPublisher(tmp_path, 0, 0, thread.ident, lambda: (7.0, "forward", None)).publish()
+    port = free_port()
+    keeper = PortKeeper(tmp_path, "127.0.0.1", port, 0, 0.2,
+                        routes={"/stacks": stacks_app(tmp_path, "j")})
+    try:
+        keeper.start()
+        deadline = time.monotonic() + 10
+        while not keeper.serving and time.monotonic() < deadline:
+            time.sleep(0.05)
+        base = f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(base + "/stacks", timeout=5) as resp:
+            assert resp.headers["Content-Type"] == "application/json"
+            doc = json.loads(resp.read())
+        assert doc["ranks"][0]["phase"] == "forward" and doc["ranks"][0]["frames"]
+        with urllib.request.urlopen(base + "/metrics", timeout=5) as resp:
+            assert b"fsdpmon_train_stalled" in resp.read()
+    finally:
+        release.set()
+        keeper.close()
+        writer.close()
+
+
+def test_collectives_are_counted_once_each_in_order(tmp_path):
+    import torch
+    import torch.distributed as dist
+
+    assert collective_seq.install() and collective_seq.install()  # idempotent
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        before = collective_seq.last_entered()
+        first = before[1] if before else 0
+        dist.all_reduce(torch.ones(2))
+        assert collective_seq.last_entered() == ("all_reduce", first + 1)
+        dist.all_gather_object([None], {"x": 1})  # calls all_gather inside: counted once
+        dist.barrier()
+        assert collective_seq.last_entered() == ("barrier", first + 3)
+    finally:
+        dist.destroy_process_group()
