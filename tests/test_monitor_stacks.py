@@ -159,3 +159,41 @@ def test_collectives_are_counted_once_each_in_order(tmp_path):
         assert collective_seq.last_entered() == ("barrier", first + 3)
     finally:
         dist.destroy_process_group()
+
+
+def test_stacks_take_the_same_basic_auth_as_metrics(tmp_path):
+    import base64
+    import urllib.error
+
+    import bcrypt
+
+    from fsdpmon.webconfig import WebConfig
+
+    writer = _rank(tmp_path, 0, stalled=False)
+    port = free_port()
+    web = WebConfig(users={"prometheus": bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))})
+    keeper = PortKeeper(tmp_path, "127.0.0.1", port, 0, 0.2, web=web,
+                        routes={"/stacks": stacks_app(tmp_path, "j")})
+
+    def status(path: str, password: bytes | None) -> int:
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        if password is not None:
+            token = base64.b64encode(b"prometheus:" + password).decode()
+            request.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(request, timeout=5) as resp:
+                return resp.status
+        except urllib.error.HTTPError as err:
+            return err.code
+
+    try:
+        keeper.start()
+        deadline = time.monotonic() + 10
+        while not keeper.serving and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for path in ("/stacks", "/metrics"):
+            assert [status(path, None), status(path, b"wrong"), status(path, b"right")] == [
+                401, 401, 200], path
+    finally:
+        keeper.close()
+        writer.close()
