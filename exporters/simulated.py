@@ -99,8 +99,10 @@ class SimulatedReader:
         used = (52 + 14 * wave + i % 3) * GIB
         mine = sorted(p for p, local in pids.items() if local is not None
                       and local % self.count == i)
+        # The workers hold all of the memory the GPU reports used, so top's Processes view
+        # adds up to its GPUs view (no invisible share that only a real driver would explain).
         processes = tuple(
-            GpuProcess(pid=p, memory_used_bytes=used * 0.95 / len(mine),
+            GpuProcess(pid=p, memory_used_bytes=used / len(mine),
                        sm_utilization_ratio=util / len(mine))
             for p in mine
         )

@@ -26,7 +26,8 @@ def test_healthy_job_header_figures():
     assert snap.eta_s == pytest.approx(900 * snap.step_time_median_s)
     assert [r.rank for r in snap.ranks] == [0, 1, 2, 3]
     assert [r.pod for r in snap.ranks] == ["llama-worker-0"] * 2 + ["llama-worker-1"] * 2
-    assert snap.slowest_rank == 3 and [r.slowest for r in snap.ranks] == [0, 0, 0, 1]
+    # rank 3 is the job's slowest by 1%: no straggler by the shared line, so no SLOWEST flag
+    assert snap.slowest_rank == 3 and [r.slowest for r in snap.ranks] == [0, 0, 0, 0]
     assert len(snap.gpus) == 4 and {g.node for g in snap.gpus} == {"node-0", "node-1"}
     assert len(snap.history.tokens_per_second) == 3 and len(snap.gpus[0].utilization_history) == 3
     assert [n.node for n in snap.nodes] == ["node-0", "node-1"] and snap.nodes[0].gpus == 2
@@ -105,3 +106,21 @@ def test_garbage_samples_and_unknown_targets_are_harmless():
     assert snap.ranks == () and snap.targets[0].up and snap.state is JobState.RUNNING
     empty = aggregate([], now=T0, source="t")
     assert empty.state is JobState.RUNNING and empty.targets == ()
+
+
+def test_slowest_flag_needs_the_shared_threshold_and_does_not_flap():
+    from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD as LINE
+
+    def flagged(score: float) -> list[int]:
+        snap = snapshot(ranks(r1={"straggler_score": score, "step_time_s": 0.6}))
+        assert snap.slowest_rank == 1
+        return [r.rank for r in snap.ranks if r.slowest]
+
+    assert flagged(LINE * 1.01) == [], "the job's slowest rank above the line is no straggler"
+    assert flagged(LINE * 0.99) == [1]
+    # ranks equal to the millisecond, the job's "slowest" alternating between them: no flag
+    seen = set()
+    for i in range(4):
+        specs = ranks(**{f"r{i % 2}": {"step_time_s": 0.5061}})
+        seen |= {r.rank for r in snapshot(specs, refreshes=1).ranks if r.slowest}
+    assert not seen, f"SLOWEST flapped onto ranks {sorted(seen)}"

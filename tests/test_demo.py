@@ -23,6 +23,7 @@ from fsdpmon.demo.session import (
     make_plan,
     real_gpu_count,
 )
+from fsdpmon.demo.source import LocalLogs
 from fsdpmon.errors import ConfigError, JobUnhealthyError
 from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow, TargetStatus
 
@@ -166,12 +167,13 @@ def _snap(step: int, up: bool) -> JobSnapshot:
                                 TargetStatus("http://b", "exporter", True)))
 
 
-def test_headless_keeps_the_last_whole_snapshot_when_training_finishes():
-    """At --max-steps the trainer's endpoint goes away before its process exits."""
+def test_headless_takes_the_final_snapshot_after_the_training_ended():
+    """At --max-steps the trainer's endpoint goes away: the final snapshot is taken after that
+    (the source says DONE then, from torchrun's exit status)."""
     session = FakeSession([_snap(10, True), _snap(20, True), _snap(20, False)], finish_after=3)
     cfg = DemoConfig(headless=True, duration_s=60, interval_s=0.01)
-    assert _headless(session, cfg).step == 20
-    assert session.fetches == 3
+    final = _headless(session, cfg)
+    assert session.fetches == 4 and final is session.snaps[-1]
 
 
 def test_headless_stops_after_its_duration():
@@ -179,3 +181,20 @@ def test_headless_stops_after_its_duration():
     started = time.monotonic()
     snap = _headless(session, DemoConfig(headless=True, duration_s=0.3, interval_s=0.05))
     assert 0.3 <= time.monotonic() - started < 5 and snap.step == session.fetches
+
+
+def test_local_logs_follow_what_is_appended(tmp_path):
+    train, exporter = tmp_path / "train.log", tmp_path / "exporter.log"
+    train.write_text("[rank0] starting\n[rank1] start")
+    exporter.write_text("exporter up\n")
+    logs = LocalLogs([("training", train), ("exporter", exporter)])
+    assert logs.read() == ("training", ("[rank0] starting",))  # a half-written line waits
+    with train.open("a") as fh:
+        fh.write("ing\nstep 1/40 | loss 2.5\n")
+    assert logs.read()[1][-2:] == ("[rank1] starting", "step 1/40 | loss 2.5")
+    logs.follow(7)  # the Logs view's `]` past the end: the last file
+    assert logs.read() == ("exporter", ("exporter up",))
+    logs.follow("some-pod")  # a rank's screen: the demo's ranks share the training log
+    assert logs.read()[0] == "exporter"
+    exporter.write_text("")  # truncated: starts over
+    assert logs.read() == ("exporter", ())

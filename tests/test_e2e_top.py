@@ -95,8 +95,41 @@ def _rank_pid(torchrun: subprocess.Popen, rank: int) -> int:
 
 
 def _rank_rows(screen: str) -> list[str]:
-    return [line for line in screen.split("\n") if line.split()[:1] in (["0"], ["1"])
-            and "127.0.0.1" in line]
+    return [line for line in screen.split("\n")
+            if line.replace("▸", " ").split()[:1] in (["0"], ["1"]) and "127.0.0.1" in line]
+
+
+def _selected(screen: str) -> str:
+    """The rank the selection marker (▸) is on."""
+    marked = [line for line in screen.split("\n") if "▸" in line]
+    return marked[0].split("▸", 1)[1].split()[0] if len(marked) == 1 else ""
+
+
+def _navigate(tmux: Tmux) -> None:
+    """As an htop/k9s user would: move, open a rank and come back, filter as you type, help."""
+    tmux("send-keys", "-t", "top", "Home")
+    _wait("the selection on the first row", lambda: _selected(tmux.screen()), 10)
+    first = _selected(tmux.screen())
+    other = "1" if first == "0" else "0"
+    tmux("send-keys", "-t", "top", "Down")
+    _wait(f"the selection to move to rank {other}", lambda: _selected(tmux.screen()) == other,
+          10)
+    tmux("send-keys", "-t", "top", "Enter")
+    screen = tmux.wait_for(f"› rank {other}")
+    assert f"rank {other}  node " in screen and "step time" in screen, screen
+    tmux("send-keys", "-t", "top", "Escape")
+    _wait("the ranks again, the same row selected",
+          lambda: "› rank" not in (s := tmux.screen()) and _selected(s) == other, 10)
+    tmux("send-keys", "-t", "top", "/", "z", "z")  # no Enter: the rows go as the text comes
+    screen = tmux.wait_for("0 ranks")
+    assert "filter 'zz'" in screen and not _rank_rows(screen), screen
+    tmux("send-keys", "-t", "top", "Escape")
+    _wait("the filter gone", lambda: len(_rank_rows(tmux.screen())) == 2, 10)
+    tmux("send-keys", "-t", "top", "?")
+    tmux.wait_for("Esc  Backspace")
+    tmux("send-keys", "-t", "top", "Escape")
+    _wait("help closed", lambda: "Esc  Backspace" not in (s := tmux.screen())
+          and len(_rank_rows(s)) == 2, 10)
 
 
 def test_top_in_tmux_follows_a_real_training(tmp_path):
@@ -147,6 +180,7 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
         tmux.wait_for("POD ↑")
         tmux("send-keys", "-t", "top", "i")
         tmux.wait_for("POD ↓")
+        _navigate(tmux)
 
         rank1 = _rank_pid(trainer, 1)
         assert rank1, "rank 1 not found among torchrun's children"

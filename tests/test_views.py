@@ -64,7 +64,7 @@ def test_healthy_job_80x24(view):
 
 
 def test_straggler_highlighted():
-    snap = snapshot(ranks(r2={"step_time_s": 0.9}))
+    snap = snapshot(ranks(r2={"step_time_s": 0.9, "straggler_score": 0.5}))
     text = render(frame(snap, ViewState(view="ranks", sort_key="step_time", descending=True), 24))
     check_golden("straggler_ranks", text)
     assert "DEGRADED" in text and "rank 2 straggles" in text

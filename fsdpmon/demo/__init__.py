@@ -116,21 +116,19 @@ def run(args: argparse.Namespace) -> int:
 def _headless(session: Session, cfg: DemoConfig) -> JobSnapshot:
     """Train for ``cfg.duration_s``, printing one progress line per interval; the last snapshot.
 
-    When the training reaches --max-steps and exits, its endpoint goes away first, so the
-    snapshot kept is the last one taken while every target answered.
+    When the training reaches --max-steps and exits, the final snapshot is taken after it
+    ended: its ranks keep their last figures and the job is DONE (torchrun exited 0).
     """
     end = time.monotonic() + cfg.duration_s
     start = time.monotonic()
-    snap = last_whole = session.source.fetch()
+    snap = session.source.fetch()
     while True:
         time.sleep(max(0.0, min(cfg.interval_s, end - time.monotonic())))
         session.check_children(finished_ok=True)
         if session.training_finished():
             say("training finished (--max-steps reached)")
-            return last_whole
+            return session.source.fetch()
         snap = session.source.fetch()
-        if all(t.up for t in snap.targets):
-            last_whole = snap
         say(progress_line(snap, time.monotonic() - start))
         if time.monotonic() >= end or snap.state is JobState.DONE:
             return snap

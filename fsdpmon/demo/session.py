@@ -19,9 +19,9 @@ from pathlib import Path
 
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
 from fsdpmon.demo.processes import Child, spawn, stop_all
+from fsdpmon.demo.source import DemoSource
 from fsdpmon.errors import ConfigError, JobUnhealthyError
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.targets import TargetsSource
 
 JOB_NAME = "fsdpmon-demo"
 LOOPBACK = "127.0.0.1"
@@ -151,8 +151,8 @@ class Session:
         self.plan = plan
         self.say = say
         self.children: list[Child] = []
-        self.source = TargetsSource([plan.metrics_url, plan.exporter_url], timeout_s=2.0,
-                                    job_name=JOB_NAME)
+        self.source = DemoSource([plan.metrics_url, plan.exporter_url], JOB_NAME, plan.log_dir,
+                                 self.pids, self.training_exit_code)
 
     def start(self) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -165,7 +165,18 @@ class Session:
 
     def training_finished(self) -> bool:
         """The training reached --max-steps and exited cleanly."""
-        return any(c.name == "training" and c.exit_code() == 0 for c in self.children)
+        return self.training_exit_code() == 0
+
+    def training_exit_code(self) -> int | None:
+        """torchrun's exit status once it has exited (None while it runs)."""
+        codes = [c.exit_code() for c in self.children if c.name == "training"]
+        return codes[0] if codes else None
+
+    def pids(self) -> set[int]:
+        """Every process the demo started, torchrun's workers included."""
+        for child in self.children:
+            child.remember_tree()
+        return {pid for child in self.children for pid in child.known}
 
     def check_children(self, finished_ok: bool = False) -> None:
         """Raise when a child has exited (a cleanly finished training only if not

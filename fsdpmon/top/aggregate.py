@@ -13,7 +13,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from fsdpmon import catalog
-from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
+from fsdpmon.conventions import (
+    JOB_LABEL,
+    LOCAL_RANK_LABEL,
+    RANK_LABEL,
+    STRAGGLER_SCORE_THRESHOLD,
+)
 from fsdpmon.top.expfmt import Parser, Sample
 from fsdpmon.top.health import alerts, settle
 from fsdpmon.top.snapshot import (
@@ -371,6 +376,7 @@ def _process_rows(acc: _Acc) -> list[ProcessRow]:
         gpu_memory_bytes=_opt(d.get("gpu_memory_bytes")),
         rank=d.get("rank"),  # type: ignore[arg-type]
         gpus=tuple(sorted(d.get("gpus", ()), key=_gpu_order)),  # type: ignore[call-overload]
+        gpu_simulated=bool(d.get("gpus")) and bool(acc.nodes.get(node, {}).get("simulated")),
     ) for (node, pid), d in acc.procs.items()]
     return sorted(rows, key=lambda p: (p.node, p.pid))
 
@@ -428,14 +434,21 @@ def _max(values: Iterable[float | None]) -> float | None:
 
 
 def _mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
+    """The job's slowest rank; its row is flagged SLOWEST only when it is a straggler by the
+    shared line (score below STRAGGLER_SCORE_THRESHOLD), so ranks equal to the millisecond
+    are never flagged and the flag does not hop between them from one refresh to the next."""
     live = [r for r in ranks if not r.down and r.step_time_s is not None]
     if len(live) < 2:
         return None
     slowest = _opt_int(job.get("slowest_rank"))
     if slowest is None or all(r.rank != slowest for r in live):
         slowest = max(live, key=lambda r: r.step_time_s or 0.0).rank
+    median = statistics.median(r.step_time_s or 0.0 for r in live)
     for i, r in enumerate(ranks):
-        if r.rank == slowest:
+        # without a published score: the same shape from step times, median ÷ own
+        score = r.straggler_score if r.straggler_score is not None else (
+            median / r.step_time_s if r.step_time_s else None)
+        if r.rank == slowest and score is not None and score < STRAGGLER_SCORE_THRESHOLD:
             ranks[i] = replace(r, slowest=True)
     return slowest
 

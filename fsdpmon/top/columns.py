@@ -24,6 +24,10 @@ class Column:
     min_width: int | None = None
     max_width: int | None = None
     ratio: int | None = None  # columns with a ratio share the spare width (pod, command)
+    cell: Callable[[Any], str] | None = None  # the text from the whole row, when show can't
+
+    def text(self, row: Any) -> str:
+        return self.cell(row) if self.cell is not None else self.show(self.value(row))
 
 
 def short_target(url: str) -> str:
@@ -70,7 +74,8 @@ PROCESS_COLUMNS: tuple[Column, ...] = (
            max_width=10),
     Column("cpu", "CPU%", lambda p: p.cpu_ratio, lambda v: fmt.pct(v)),
     Column("rss", "RSS", lambda p: p.rss_bytes, fmt.size),
-    Column("gpu_memory", "GPU MEM", lambda p: p.gpu_memory_bytes, fmt.size),
+    Column("gpu_memory", "GPU MEM", lambda p: p.gpu_memory_bytes, fmt.size,
+           cell=lambda p: fmt.size(p.gpu_memory_bytes) + (" SIM" if p.gpu_simulated else "")),
     Column("state", "S", lambda p: p.state[:1].upper()),
     Column("command", "COMMAND", lambda p: p.command, fmt.command, justify="left",
            min_width=8, ratio=2),

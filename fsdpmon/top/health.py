@@ -137,6 +137,8 @@ def settle(snap: JobSnapshot, previous: JobSnapshot | None) -> JobSnapshot:
     kept = snap.alerts
     if state is JobState.DONE:
         kept = tuple(a for a in kept if a.kind not in ("target_down", "rank_down"))
+        if any(r.finished for r in ranks):  # they got to the end, not just to where last seen
+            snap = replace(snap, step=snap.total_steps or snap.step)
     return replace(snap, state=state, alerts=kept)
 
 
@@ -163,7 +165,8 @@ def with_conditions(snap: JobSnapshot, conditions: Sequence[dict[str, Any]]) -> 
     reason = ""
     if state is not JobState.DONE:
         reason = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x)
-    alerts_ = snap.alerts
-    if state is JobState.DONE:
-        alerts_ = tuple(a for a in alerts_ if a.kind not in ("target_down", "rank_down"))
-    return replace(snap, state=state, reason=reason[:200], alerts=alerts_)
+    if state is JobState.DONE:  # it says it finished: so did every rank that went away
+        ranks = tuple(replace(r, finished=True) if r.down else r for r in snap.ranks)
+        snap = replace(snap, ranks=ranks, step=snap.total_steps or snap.step, alerts=tuple(
+            a for a in snap.alerts if a.kind not in ("target_down", "rank_down")))
+    return replace(snap, state=state, reason=reason[:200])

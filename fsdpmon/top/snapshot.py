@@ -147,6 +147,7 @@ class ProcessRow:
     rss_bytes: float | None = None
     gpu_memory_bytes: float | None = None
     gpus: tuple[str, ...] = ()  # the GPUs (indices on its node) it holds memory on
+    gpu_simulated: bool = False  # those GPUs are the exporter's simulated ones (marked SIM)
     rank: int | None = None  # RANK of a torchrun worker, from its environment
 
 

@@ -114,7 +114,7 @@ def cells(row: Row, cols: Sequence[Column]) -> list[RenderableType]:
         return gpu_cells(row)
     # Text, never str: pod names and command lines are untrusted and must not be read as rich
     # markup ("[/x]" in a command line would raise).
-    return [Text(c.show(c.value(row))) for c in cols]
+    return [Text(c.text(row)) for c in cols]
 
 
 def table_of(rows: Sequence[Row], view: str, state: ViewState, page: int, *,
@@ -177,7 +177,7 @@ def gpu_summary(gpus: Sequence[GpuRow], simulated: bool = False) -> FittedLine:
     parts = [Part(fmt.plural(len(gpus), "GPU"))]
     if models:
         parts.append(Part(f" ({', '.join(models)})", 90 if simulated else 30))
-    parts.append(Part(f" on {fmt.plural(nodes, 'node')}", 20))
+    parts.append(Part(f" on {fmt.plural(nodes, 'node')}", 55))
     if utils:
         parts.append(Part(f" · util avg {fmt.pct(sum(utils) / len(utils))} "
                           f"min {fmt.pct(min(utils))}", 60))
