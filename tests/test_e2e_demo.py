@@ -98,7 +98,7 @@ def test_headless_demo_trains_two_ranks_and_leaves_nothing_behind(tmp_path):
         demo_pids = set(watcher.seen)
     snap = json.loads(out)
     assert (snap["state"], snap["step"], snap["total_steps"]) == ("DONE", MAX_STEPS, MAX_STEPS)
-    assert "training finished" in err and snap["world_size"] == 2, err[-2000:]
+    assert snap["world_size"] == 2, err[-2000:]
     assert sorted((r["rank"], r["finished"]) for r in snap["ranks"]) == [(0, True), (1, True)]
     progress = [tuple(map(int, m.groups())) for m in STEPS.finditer(err)]
     assert len(progress) >= 2, err
