@@ -250,3 +250,17 @@ def test_ended_and_restarting_jobs(kind, size):
         assert "rank 0, 1, 2, 3 gone before the last step (last seen at step 100/1000)" in text
     if kind == "restarting":
         assert "restarts 1" in text, text
+
+
+def test_header_lines_are_never_cut_mid_word():
+    from fsdpmon.top.fitted import cut_at_word
+
+    alert = "4 of 4 targets down: llama-worker-0, fsdpmon-exporter-0, llama-worker-1"
+    assert cut_at_word(alert, 80) == alert
+    assert cut_at_word(alert, 60) == "4 of 4 targets down: llama-worker-0, fsdpmon-exporter-0…"
+    snap = replace(snapshot(), time=T0 + 3600 * 13 + 60 * 14 + 15)
+    for width in (60, 70, 80):
+        title = render(frame(snap, ViewState(), 24), width).split("\n")[0]
+        # the clock, like every header part, is there whole or not at all
+        assert "13:14:15Z" in title or ":" not in title.replace("job", ""), title
+        assert "…" not in title, title

@@ -51,3 +51,25 @@ class FittedLine:
         if self.style:
             line.stylize(self.style)
         yield line
+
+
+def cut_at_word(text: str, width: int) -> str:
+    """``text`` if it fits, else up to the last whole word that fits, then '…'."""
+    if len(text) <= width:
+        return text
+    head = text[:max(0, width - 1)]
+    space = head.rfind(" ")
+    if space > width // 2:  # a word boundary not too far back; else cut where it must
+        head = head[:space].rstrip(" ,·:")
+    return head + "…"
+
+
+class WordCutLine:
+    """A line (an alert) that, when too long, ends after its last whole word with '…'."""
+
+    def __init__(self, text: str, style: str = "") -> None:
+        self.text, self.style = text, style
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield Text(cut_at_word(self.text, options.max_width), style=self.style, no_wrap=True,
+                   overflow="crop")

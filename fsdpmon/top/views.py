@@ -20,7 +20,7 @@ from fsdpmon.diagnose import Verdict
 from fsdpmon.top import details, fmt
 from fsdpmon.top.columns import Row
 from fsdpmon.top.diagnosis_view import DiagnosisPane, header_line
-from fsdpmon.top.fitted import FittedLine, Part
+from fsdpmon.top.fitted import FittedLine, Part, WordCutLine
 from fsdpmon.top.snapshot import JobSnapshot, JobState, Severity
 from fsdpmon.top.tables import gpu_summary, row_key, select_rows, table_of
 from fsdpmon.top.ui_state import VIEWS, Nav, ViewState
@@ -104,14 +104,13 @@ def header_lines(snap: JobSnapshot, verdict: Verdict | None = None) -> list[Rend
     alerts."""
     lines: list[RenderableType] = [_title(snap), _progress(snap), _speed(snap)]
     if snap.reason:  # the job's own word on why (a failed condition's reason and message)
-        lines.append(Text(f"! {snap.state.value}: {snap.reason}", style="bold red",
-                          no_wrap=True, overflow="ellipsis"))
+        lines.append(WordCutLine(f"! {snap.state.value}: {snap.reason}", "bold red"))
     top = header_line(verdict)
     if top is not None:
         lines.append(top)
     for alert in snap.alerts[:MAX_ALERT_LINES - (top is not None)]:
         style = "bold red" if alert.severity is Severity.CRITICAL else "yellow"
-        lines.append(Text(f"! {alert.message}", style=style, no_wrap=True, overflow="ellipsis"))
+        lines.append(WordCutLine(f"! {alert.message}", style))
     shown = MAX_ALERT_LINES - (top is not None)
     if len(snap.alerts) > shown:
         lines.append(Text(f"! +{len(snap.alerts) - shown} more alerts", style="red"))
@@ -276,7 +275,7 @@ def frame(snap: JobSnapshot, state: ViewState, height: int, notice: str = "",
     """
     head = header_lines(snap, verdict)
     if notice:
-        head.append(Text(f"! {notice}", style="bold red", no_wrap=True, overflow="ellipsis"))
+        head.append(WordCutLine(f"! {notice}", "bold red"))
     avail = max(1, _avail(snap, height, notice, verdict))
     return Group(*head, tab_bar(state), body(snap, state, avail, verdict=verdict))
 
