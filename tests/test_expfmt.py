@@ -11,6 +11,7 @@ from synthetic_job import job_expositions
 
 from fsdpmon.top.aggregate import WANTED
 from fsdpmon.top.expfmt import Parser, parse, parse_labels
+from fsdpmon.top.expfmt_strict import parse_line
 
 
 def _reference(text: str) -> list[tuple]:
@@ -82,7 +83,7 @@ def test_histogram_buckets_reuse_cached_blocks_correctly():
     got = [(s.labels, s.value) for s in parse(text)]
     assert got == [({"a": "1"}, 1.0), ({"a": "1", "le": "0.5"}, 2.0),
                    ({"a": "1", "le": "1"}, 3.0), ({"le": "3"}, 4.0),
-                   ({"a": "1", "le": "4"}, 6.0), ({"a": "1", "le": 'a"b'}, 7.0)]
+                   ({"a": "1", "le": "4"}, 6.0)]  # le="a\"b" is no float: dropped
 
 
 def test_parse_labels_rejects_garbage():
@@ -107,3 +108,55 @@ def test_fuzzed_input_never_raises(text):
             assert isinstance(sample.name, str) and isinstance(sample.value, float)
             assert all(isinstance(k, str) and isinstance(v, str)
                        for k, v in sample.labels.items())
+
+
+def _line_by_line(text: str, names: set[str] | None) -> list[tuple]:
+    """The strict reader on each terminated line alone: what the fast path must agree with."""
+    out = []
+    for line in text.split("\n")[:-1]:
+        parsed = parse_line(line)
+        if parsed and (names is None or parsed[0] in names):
+            out.append(parsed)
+    return out
+
+
+_FAST_PIECES = st.sampled_from([
+    "a", "b_count", "_sum", "{", "}", '"', "\\", "=", ",", " ", "\t", "\n", "\n", "#", " TYPE ",
+    "le", '"1"', "1", "1_2", "2.5", "NaN", "+Inf", "-", "x", '"0"', "é",
+])
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_FAST_PIECES, max_size=60).map("".join))
+def test_fast_path_agrees_with_the_strict_line_reader(text):
+    for names in (None, {"a"}, {"a", "b_count"}):
+        got = [tuple(s) for s in Parser(names).parse(text)]
+        want = _line_by_line(text, names)
+        assert _same(got, want), f"names {names}: {got} vs {want}"
+
+
+# The differences issue 16 lists, each with what Prometheus's parser makes of it.
+_ODD = [
+    ('a {x="1"} 2\n', [("a", {"x": "1"}, 2.0)]),  # a blank before '{'
+    ('a{x="1"}2\n', [("a", {"x": "1"}, 2.0)]),  # none after '}'
+    ('a{ x = "1" , }-Inf\n', [("a", {"x": "1"}, -math.inf)]),
+    ("  a 2\n", [("a", {}, 2.0)]),  # leading blanks
+    ("a\t1\n", [("a", {}, 1.0)]),  # tab-separated, no TYPE
+    ("#  TYPE a gauge\na 1\n", [("a", {}, 1.0)]),  # two blanks in the TYPE line
+    ("  #    TYPE a gauge\na 1\n", [("a", {}, 1.0)]),  # an indented TYPE line
+    ("# TYPE a summary\na_count 1\n# TYPE b gauge\nb 2\na_sum 3\n",  # interleaved families
+     [("a_count", {}, 1.0), ("b", {}, 2.0), ("a_sum", {}, 3.0)]),
+    ("a 1_2\nb 3\n", [("b", {}, 3.0)]),  # Python's float reads 12
+    ('a{x="1",x="2"} 1\nb 3\n', [("b", {}, 3.0)]),  # duplicate label names
+    ('a{x="1" y="2"} 1\nb 3\n', [("b", {}, 3.0)]),  # no comma between labels
+    ("a 1 abc\na 2 1.5\na 3 17\n", [("a", {}, 3.0)]),  # timestamps are integers
+    ("a 1\nb 2", [("a", {}, 1.0)]),  # an unterminated last line (a cut-off body)
+]
+
+
+def test_odd_but_valid_forms_read_as_prometheus_reads_them_filtered_or_not():
+    for text, want in _ODD:
+        for names in (None, {"a", "b"}, {"a_sum", "a_count"}):
+            got = [tuple(s) for s in Parser(names).parse(text)]
+            expected = [s for s in want if names is None or s[0] in names]
+            assert got == expected, f"{text!r} names {names}: {got} vs {expected}"

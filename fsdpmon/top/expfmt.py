@@ -1,31 +1,33 @@
-"""A fast, tolerant reader of the Prometheus text exposition format: only what `top` needs.
+"""A fast reader of the Prometheus text exposition format (0.0.4): only what `top` needs.
 
 prometheus_client's parser builds full metric families and validates every line; for a 256-node
 job that is seconds per refresh. `top` needs only (name, labels, value) of the series it shows,
-so this module first drops the families it does not read (whole ``# TYPE`` sections, found by
-one scan), then matches sample lines with one compiled regular expression over the bytes as
-received (the scanning happens in C; label blocks are decoded and parsed once, then cached),
-and skips anything it does not understand. It never raises: what a pod serves is untrusted.
+so one compiled regular expression matches the canonical sample lines of the wanted names over
+the bytes as received (the scanning happens in C; with names, an alternation with shared
+prefixes factored out, tried only at line starts; label blocks are decoded and parsed once, then
+cached). Lines it does not match are counted, not guessed at: when a payload holds sample lines
+of a wanted name (all, without names) that the fast pattern missed, those lines are read one at
+a time by expfmt_strict, which follows Prometheus's own text parser. A line either reader
+rejects is dropped alone, and so is an unterminated last line (a cut-off body). It never raises:
+what a pod serves is untrusted.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
-from itertools import chain
 from typing import NamedTuple
+
+from fsdpmon.top.expfmt_strict import bounds_ok, labels_block, parse_line
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 # A label block, greedy to the line's last '}' (label values may hold '}'); the block is then
 # validated (and cached) by parse_labels. A tight greedy scan is twice as fast as matching the
-# quoting in the line pattern.
+# quoting in the line pattern. The value never starts with '{' (that is `name {a="1"} 2`, a form
+# the strict reader takes); a timestamp is an integer; the line ends in a newline.
 _LABELS = rb"\{(.*)\}"
-_TAIL = rb"[ \t]+([^ \t\n]+)(?:[ \t]+[^ \t\n]+)?[ \t]*(?=\n|\Z)"
-_LABEL_PAIR = re.compile(
-    r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"([^"\\\n]*(?:\\.[^"\\\n]*)*)"[ \t]*,?'
-)
-_UNESCAPE = re.compile(r"\\(.)")
-_ESCAPES = {"n": "\n", "\\": "\\", '"': '"'}
+_TAIL = rb"[ \t]+([^ \t\n\r\x0b\x0c{][^ \t\n\r\x0b\x0c]*)(?:[ \t]+[-+]?[0-9]+)?[ \t]*(?=\n)"
 
 
 class Sample(NamedTuple):
@@ -38,10 +40,6 @@ class Sample(NamedTuple):
 # decoded), each from the newline before it: a literal the regex engine searches for quickly,
 # where a multi-line ``^`` is tried at every character (~15% slower).
 _ANY_LINE = re.compile(rb"\n(" + _NAME.encode() + rb")(?:" + _LABELS + rb")?" + _TAIL)
-
-
-def _unescape(value: str) -> str:
-    return _UNESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), value)
 
 
 Pairs = dict[str, tuple[str, str]]  # 'key="value' → (key, value): pairs repeat across blocks
@@ -60,7 +58,7 @@ def _pair(piece: str, cache: Pairs) -> tuple[str, str] | None:
 
 
 def _plain_labels(block: str, cache: Pairs) -> dict[str, str] | None:
-    """Fast path for blocks without escapes: split at the quotes instead of a regex scan."""
+    """Fast path for blocks without escapes: split at the quotes instead of a scan."""
     body = block
     if not body.endswith('"'):  # trailing comma or blanks: allowed, rarely seen
         body = body.rstrip(" \t")
@@ -69,28 +67,24 @@ def _plain_labels(block: str, cache: Pairs) -> dict[str, str] | None:
             return None
     get = cache.get
     pairs = [get(piece) or _pair(piece, cache) for piece in body[:-1].split('",')]
-    return None if None in pairs else dict(pairs)  # type: ignore[arg-type]
+    if None in pairs:
+        return None
+    labels = dict(pairs)  # type: ignore[arg-type]
+    if len(labels) != len(pairs) or "__name__" in labels:  # Prometheus rejects both
+        return None
+    return labels if ("le" not in labels and "quantile" not in labels) or bounds_ok(labels) \
+        else None
 
 
 def parse_labels(block: str, cache: Pairs | None = None) -> dict[str, str] | None:
-    """``a="1",b="x"`` → dict; None when the block is malformed (pairs must be contiguous).
+    """``a="1",b="x"`` → dict; None when Prometheus would reject the block.
 
     ``cache`` keeps pairs already seen (a Parser passes its own)."""
     if "\\" not in block:
         plain = _plain_labels(block, {} if cache is None else cache)
         if plain is not None:
             return plain
-    labels: dict[str, str] = {}
-    pos = 0
-    for m in _LABEL_PAIR.finditer(block):
-        if m.start() != pos:
-            return None
-        key, value = m.groups()
-        labels[key] = _unescape(value) if "\\" in value else value
-        pos = m.end()
-    if pos != len(block) and block[pos:].strip(" \t"):
-        return None
-    return labels
+    return labels_block(block)
 
 
 def _split_le(block: bytes) -> tuple[bytes, bytes] | None:
@@ -111,29 +105,43 @@ def _split_le(block: bytes) -> tuple[bytes, bytes] | None:
 
 _MISSING: dict[str, str] = {}
 _NAMES_LIMIT = 10_000
-_TYPE_SEP = b"\n# TYPE "  # a section per family: samples follow their TYPE line
-_SUFFIXES = ("_total", "_bucket", "_count", "_sum", "_created", "_info")
 
 
-def _family_names(names: frozenset[str]) -> frozenset[bytes]:
-    """Header names under which samples called ``names`` may appear (``x`` for ``x_total``)."""
-    out = set(names)
-    for name in names:
-        out.update(name[: -len(s)] for s in _SUFFIXES if name.endswith(s))
-    return frozenset(n.encode() for n in out)
+def alternation(words: Iterable[bytes]) -> bytes:
+    """A regex matching exactly ``words``, shared prefixes factored out (``fsdpmon_(?:a|b)``):
+    Python's engine tries alternatives one by one, so 40 names that share a prefix would
+    otherwise each re-read it at every line start."""
+    items = sorted(set(words))
+    if not items:
+        return rb"(?!)"
+    prefix = os.path.commonprefix(items)  # noqa: RUF071 - bytes, not paths
+    rest = [w[len(prefix):] for w in items]
+    if len(items) == 1:
+        return re.escape(prefix)
+    if prefix:
+        inner = alternation([r for r in rest if r])
+        return re.escape(prefix) + b"(?:" + inner + (b")?" if b"" in rest else b")")
+    groups: dict[int, list[bytes]] = {}
+    for w in items:
+        groups.setdefault(w[0], []).append(w)
+    return b"(?:" + b"|".join(alternation(g) for g in groups.values()) + b")"
 
 
-def _lines_holding(section: bytes, start: bytes, text: bytes) -> list[bytes]:
-    """The lines of ``section`` that begin with ``start`` and hold ``text`` (found in C)."""
-    out, pos = [], section.find(text)
-    while pos >= 0:
-        begin = section.rfind(b"\n", 0, pos) + 1
-        end = section.find(b"\n", pos)
-        end = len(section) if end < 0 else end
-        if section.startswith(start, begin):
-            out.append(section[begin:end])
-        pos = section.find(text, end)
-    return out
+_COUNTS = ("_bucket", "_count")
+_BLANK_LINE = re.compile(rb"\n(?=\n)")
+
+
+def _histogram(data: bytes, name: str) -> bool:
+    """Whether ``data`` declares ``name``'s family (less its suffix) a histogram."""
+    base = re.escape(name.rsplit("_", 1)[0].encode())
+    return re.search(rb"\n[ \t]*#[ \t]+TYPE[ \t]+" + base + rb"[ \t]+histogram[ \t]*\n",
+                     data) is not None
+
+
+def _terminated(data: bytes) -> bytes:
+    """``\n`` + the payload up to its last newline: an unterminated last line is dropped, as
+    Prometheus's parser rejects it (and a body cut short ends in one)."""
+    return b"\n" + data[: data.rfind(b"\n") + 1]
 
 
 class Parser:
@@ -157,48 +165,24 @@ class Parser:
         # Sample names as matched → the str every sample of that name shares (the wanted ones;
         # with no ``names``, a cache of those seen).
         self._name_of = {name.encode(): name for name in self._names or ()}
-        # A required family's lines: (what they begin with, the text they must hold).
-        self._narrow = {name: (name + b"{", text) for name, text in self._require.items()}
-        # The TYPE lines of wanted families, found by one scan in C.
-        families = b"|".join(re.escape(f) for f in sorted(
-            _family_names(self._names or frozenset()), key=len, reverse=True))
-        self._headers = re.compile(rb"\n# TYPE (" + families + rb")(?=[ \t\n])")
-        self._first_header = re.compile(rb"# TYPE (" + families + rb")(?=[ \t\n])")
+        if self._names is None:
+            self._line = _ANY_LINE
+            self._candidate = None
+        else:
+            names_re = alternation(self._name_of)
+            self._line = re.compile(rb"\n(" + names_re + rb")(?:" + _LABELS + rb")?" + _TAIL)
+            # Every line that may hold a wanted sample, in any form the references accept (a
+            # line opening with '{' names its metric inside, maybe with escapes: read it).
+            self._candidate = re.compile(rb"\n[ \t]*(?:\{|(?:" + names_re + rb")(?=[ \t{]))")
         self._blocks: dict[bytes, dict[str, str] | None] = {b"": {}}
         self._pairs: Pairs = {}
 
-    def _wanted_payload(self, data: bytes) -> bytes:
-        """Only the families (from one ``# TYPE`` line to the next) that hold wanted names.
-
-        Expositions group each family's samples under its TYPE line, so whole sections of
-        unwanted families are dropped without looking at their lines, and the line regex
-        reads only what is kept: about a quarter of what pods serve. Lines before the first
-        TYPE line, or an exposition without any, are filtered per line.
-        """
-        at_start = self._first_header.match(data)
-        first = 0 if data.startswith(b"# TYPE ") else data.find(_TYPE_SEP)
-        kept = [b"", self._wanted_lines(data if first < 0 else data[:first])]  # "\n" first
-        narrow = self._narrow
-        for header in chain((at_start,) if at_start else (), self._headers.finditer(data)):
-            start = header.start(1) - 7  # where "# TYPE " begins
-            end = data.find(_TYPE_SEP, header.end())
-            section = data[start:end] if end >= 0 else data[start:]
-            required = narrow.get(header.group(1))
-            if required is not None:  # the TYPE line, then only the lines holding the text
-                section = b"\n".join([section[: section.find(b"\n")],
-                                      *_lines_holding(section, *required)])
-            kept.append(section)
-        return b"\n".join(kept)
-
-    def _wanted_lines(self, data: bytes) -> bytes:
-        names = self._name_of
-        kept = []
-        for line in data.split(b"\n"):
-            brace, space = line.find(b"{"), line.find(b" ")
-            end = brace if 0 <= brace < space or space < 0 else space
-            if line[:end] in names:
-                kept.append(line)
-        return b"\n".join(kept)
+    def _sample_lines(self, data: bytes) -> int:
+        """How many lines of ``data`` may be samples (of a wanted name, when names are given)."""
+        if self._candidate is not None:
+            return len(self._candidate.findall(data))
+        # Lines (the count less the leading newline) less comments and blank lines.
+        return data.count(b"\n") - 1 - data.count(b"\n#") - len(_BLANK_LINE.findall(data))
 
     def parse(self, payload: str | bytes) -> list[Sample]:
         """The wanted samples of one exposition, given as received (bytes) or as text."""
@@ -209,10 +193,13 @@ class Parser:
             blocks.clear()
             blocks[b""] = {}
         data = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
+        data = _terminated(data)
+        matches = self._line.findall(data)
+        if len(matches) != self._sample_lines(data):  # some line is not in canonical form
+            return self._line_by_line(data)
         every = self._names is None
-        data = b"\n" + data if every else self._wanted_payload(data)
         require = self._require
-        for name_bytes, block, raw in _ANY_LINE.findall(data):
+        for name_bytes, block, raw in matches:
             name = name_of.get(name_bytes)
             if name is None:
                 if not every:
@@ -224,11 +211,41 @@ class Parser:
                 value = float(raw)
             except ValueError:
                 continue
+            if b"_" in raw or (value != value and raw[:1] in b"+-"):  # Go's float rules
+                continue
+            if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
+                continue  # Prometheus rejects a negative bucket or count of a histogram
             labels = blocks.get(block, _MISSING)
             if labels is _MISSING:
                 labels = blocks[block] = self._new_block(block)
             if labels is not None:
                 append(new(Sample, (name, labels, value)))
+        return out
+
+    def _line_by_line(self, data: bytes) -> list[Sample]:
+        """Every (wanted) line read alone by the strict reader: the rare, odd payload."""
+        if self._candidate is None:
+            lines = data.split(b"\n")
+        else:
+            lines = [data[m.start() + 1: data.find(b"\n", m.end())]
+                     for m in self._candidate.finditer(data)]
+        out = []
+        for line in lines:
+            try:
+                parsed = parse_line(line.decode("utf-8"))
+            except UnicodeDecodeError:  # Prometheus rejects invalid UTF-8
+                continue
+            if parsed is None:
+                continue
+            name, labels, value = parsed
+            if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
+                continue
+            raw_name = name.encode("utf-8", "surrogatepass")
+            if self._names is not None and name not in self._names:
+                continue
+            if raw_name in self._require and self._require[raw_name] not in line:
+                continue
+            out.append(Sample(name, labels, value))
         return out
 
     def _learn_name(self, name: bytes) -> str:
@@ -242,9 +259,14 @@ class Parser:
         split = _split_le(block) if b'le="' in block else None
         if split is not None:
             base = self._blocks.get(split[0])
-            if base and b"\\" not in split[1]:
-                return {**base, "le": decode(split[1])}
-        return parse_labels(decode(block), self._pairs)
+            if base is not None and "le" not in base and b"\\" not in split[1]:
+                labels = {**base, "le": split[1].decode("ascii", "replace")}
+                return labels if bounds_ok(labels) else None
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError:  # Prometheus rejects invalid UTF-8 in a label value
+            return None
+        return parse_labels(text, self._pairs)
 
 
 def parse(payload: str | bytes, names: Iterable[str] | None = None) -> list[Sample]:
