@@ -5,15 +5,16 @@ job that is seconds per refresh. `top` needs only (name, labels, value) of the s
 so one compiled regular expression matches the canonical sample lines of the wanted names over
 the bytes as received (the scanning happens in C; with names, an alternation with shared
 prefixes factored out, tried only at line starts; label blocks are decoded and parsed once, then
-cached). Lines it does not match are counted, not guessed at: when a payload holds sample lines
-of a wanted name (all, without names) that the fast pattern missed, those lines are read one at
-a time by expfmt_strict, which follows Prometheus's own text parser. A line either reader
-rejects is dropped alone, and so is an unterminated last line (a cut-off body). It never raises:
-what a pod serves is untrusted.
+cached). A line of a wanted name (any line, without names) that is not in that canonical form
+is captured whole by the same pattern and read by expfmt_strict, which follows Prometheus's own
+text parser, so odd spacing, quoted names or interleaved families lose nothing. A line either
+reader rejects is dropped alone, and so is an unterminated last line (a cut-off body). It never
+raises: what a pod serves is untrusted.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Iterable
@@ -39,7 +40,20 @@ class Sample(NamedTuple):
 # Lines are matched in the bytes as received (only label blocks seen for the first time are
 # decoded), each from the newline before it: a literal the regex engine searches for quickly,
 # where a multi-line ``^`` is tried at every character (~15% slower).
-_ANY_LINE = re.compile(rb"\n(" + _NAME.encode() + rb")(?:" + _LABELS + rb")?" + _TAIL)
+# A line not in that form is captured whole (last group), for the strict reader: any line but a
+# comment or a blank one; with names, one that begins with a wanted name or with '{' (a name
+# quoted inside, maybe escaped).
+_ODD = rb"([^\n]*)(?=\n)"
+
+
+@functools.lru_cache(maxsize=64)
+def _line_pattern(names: frozenset[bytes] | None) -> re.Pattern[bytes]:
+    if names is None:
+        return re.compile(rb"\n(?:(" + _NAME.encode() + rb")(?:" + _LABELS + rb")?" + _TAIL
+                          + rb"|(?=[ \t]*[^ \t\n#])" + _ODD + rb")")
+    wanted = alternation(names)
+    return re.compile(rb"\n(?:(" + wanted + rb")(?:" + _LABELS + rb")?" + _TAIL
+                      + rb"|(?=[ \t]*(?:\{|(?:" + wanted + rb")[ \t{]))" + _ODD + rb")")
 
 
 Pairs = dict[str, tuple[str, str]]  # 'key="value' → (key, value): pairs repeat across blocks
@@ -128,7 +142,6 @@ def alternation(words: Iterable[bytes]) -> bytes:
 
 
 _COUNTS = ("_bucket", "_count")
-_BLANK_LINE = re.compile(rb"\n(?=\n)")
 
 
 def _histogram(data: bytes, name: str) -> bool:
@@ -165,24 +178,9 @@ class Parser:
         # Sample names as matched → the str every sample of that name shares (the wanted ones;
         # with no ``names``, a cache of those seen).
         self._name_of = {name.encode(): name for name in self._names or ()}
-        if self._names is None:
-            self._line = _ANY_LINE
-            self._candidate = None
-        else:
-            names_re = alternation(self._name_of)
-            self._line = re.compile(rb"\n(" + names_re + rb")(?:" + _LABELS + rb")?" + _TAIL)
-            # Every line that may hold a wanted sample, in any form the references accept (a
-            # line opening with '{' names its metric inside, maybe with escapes: read it).
-            self._candidate = re.compile(rb"\n[ \t]*(?:\{|(?:" + names_re + rb")(?=[ \t{]))")
+        self._line = _line_pattern(None if self._names is None else frozenset(self._name_of))
         self._blocks: dict[bytes, dict[str, str] | None] = {b"": {}}
         self._pairs: Pairs = {}
-
-    def _sample_lines(self, data: bytes) -> int:
-        """How many lines of ``data`` may be samples (of a wanted name, when names are given)."""
-        if self._candidate is not None:
-            return len(self._candidate.findall(data))
-        # Lines (the count less the leading newline) less comments and blank lines.
-        return data.count(b"\n") - 1 - data.count(b"\n#") - len(_BLANK_LINE.findall(data))
 
     def parse(self, payload: str | bytes) -> list[Sample]:
         """The wanted samples of one exposition, given as received (bytes) or as text."""
@@ -194,14 +192,14 @@ class Parser:
             blocks[b""] = {}
         data = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
         data = _terminated(data)
-        matches = self._line.findall(data)
-        if len(matches) != self._sample_lines(data):  # some line is not in canonical form
-            return self._line_by_line(data)
         every = self._names is None
         require = self._require
-        for name_bytes, block, raw in matches:
+        for name_bytes, block, raw, odd in self._line.findall(data):
             name = name_of.get(name_bytes)
             if name is None:
+                if odd:
+                    out.extend(self._strict(odd, data))
+                    continue
                 if not every:
                     continue
                 name = self._learn_name(name_bytes)
@@ -222,31 +220,23 @@ class Parser:
                 append(new(Sample, (name, labels, value)))
         return out
 
-    def _line_by_line(self, data: bytes) -> list[Sample]:
-        """Every (wanted) line read alone by the strict reader: the rare, odd payload."""
-        if self._candidate is None:
-            lines = data.split(b"\n")
-        else:
-            lines = [data[m.start() + 1: data.find(b"\n", m.end())]
-                     for m in self._candidate.finditer(data)]
-        out = []
-        for line in lines:
-            try:
-                parsed = parse_line(line.decode("utf-8"))
-            except UnicodeDecodeError:  # Prometheus rejects invalid UTF-8
-                continue
-            if parsed is None:
-                continue
-            name, labels, value = parsed
-            if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
-                continue
-            raw_name = name.encode("utf-8", "surrogatepass")
-            if self._names is not None and name not in self._names:
-                continue
-            if raw_name in self._require and self._require[raw_name] not in line:
-                continue
-            out.append(Sample(name, labels, value))
-        return out
+    def _strict(self, line: bytes, data: bytes) -> list[Sample]:
+        """The sample of a line not in the canonical form, read by the strict reader."""
+        try:
+            parsed = parse_line(line.decode("utf-8"))
+        except UnicodeDecodeError:  # Prometheus rejects invalid UTF-8
+            return []
+        if parsed is None:
+            return []
+        name, labels, value = parsed
+        raw_name = name.encode("utf-8", "surrogatepass")
+        if self._names is not None and name not in self._names:
+            return []
+        if raw_name in self._require and self._require[raw_name] not in line:
+            return []
+        if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
+            return []
+        return [Sample(name, labels, value)]
 
     def _learn_name(self, name: bytes) -> str:
         if len(self._name_of) > _NAMES_LIMIT:  # bounded against hostile name churn
