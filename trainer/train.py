@@ -25,7 +25,7 @@ from fsdpmon import faultspec
 from fsdpmon.cli import guarded
 from fsdpmon.monitor import Monitor, MonitorConfig
 from trainer import faults
-from trainer.checkpoint import Checkpointer, TrainState, latest_complete
+from trainer.checkpoint import Checkpointer, TrainState
 from trainer.config import TrainConfig, model_args_for, parse_config
 from trainer.data import BatchLoader, SampleSource, build_source
 from trainer.hf_weights import load_hf_weights, read_config
@@ -37,6 +37,7 @@ from trainer.parallel import (
     exit_process,
     init_distributed,
 )
+from trainer.resume import resume_newest
 
 log = logging.getLogger("trainer")
 
@@ -109,17 +110,14 @@ class Trainer:
         if self.checkpointer is None:
             return
         self.checkpointer.remove_incomplete()
-        # Rank 0 decides, so every rank loads the same checkpoint even on a slow shared disk.
-        choice = [latest_complete(self.checkpointer.root)]
-        if dist.is_initialized():
-            dist.broadcast_object_list(choice, src=0)
-        if choice[0] is None:
+        resumed = resume_newest(self.checkpointer, self.model, self.optim)
+        if resumed is None:
             return
-        state = self.checkpointer.load(Path(choice[0]), self.model, self.optim)
+        state, path = resumed
         self.sched.load_state_dict(state.scheduler)
         self.loader.position, self.step = state.data_position, state.step
         if self.env.rank == 0:
-            log.info("resumed from %s (step %d, restart %d)", choice[0], state.step,
+            log.info("resumed from %s (step %d, restart %d)", path, state.step,
                      self.env.restart_count)
 
     def accumulate_gradients(self, mon: Monitor) -> torch.Tensor:
