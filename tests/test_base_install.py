@@ -140,3 +140,16 @@ def _await_series(url: str, proc: subprocess.Popen[str], prefix: str, wait_s: fl
             pass
         time.sleep(0.1)
     raise AssertionError(f"exporter at {url} served no {prefix}* series within {wait_s} s")
+
+
+def test_trainer_and_monitor_name_the_train_extra_without_torch():
+    trainer = run_base("-m", "trainer.train", "--help")
+    assert trainer.returncode == 2, trainer.stderr
+    first = trainer.stderr.strip().splitlines()[0]
+    assert first == ("trainer: error: the trainer needs the 'train' extra: "
+                     "pip install 'fsdpmon[train]'"), trainer.stderr
+    monitor = subprocess.run(
+        [sys.executable, "-c", BLOCK + "\ntry:\n    from fsdpmon.monitor import Monitor\n"
+         "except ModuleNotFoundError as exc:\n    print(exc)\n"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert "the in-trainer monitor needs the 'train' extra" in monitor.stdout, monitor

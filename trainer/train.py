@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError:  # the base install (`pip install fsdpmon`) has no torch
+    print("trainer: error: the trainer needs the 'train' extra: pip install 'fsdpmon[train]'",
+          file=sys.stderr)
+    raise SystemExit(2) from None
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh

@@ -20,7 +20,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
+try:
+    import torch
+except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) has no torch
+    raise ModuleNotFoundError("the in-trainer monitor needs the 'train' extra: "
+                              "pip install 'fsdpmon[train]'", name="torch") from exc
 from torch import nn
 
 from fsdpmon import catalog
