@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -28,3 +29,21 @@ def test_reader_skips_a_torn_last_line(tmp_path):
     path = tmp_path / "x.rank0.jsonl"
     path.write_text('{"kind": "run"}\n{"kind": "step", "step": 1}\n{"kind": "st')
     assert read_records(path) == [{"kind": "run"}, {"kind": "step", "step": 1}]
+
+
+def test_a_resumed_run_cuts_a_torn_last_record_off_with_a_warning(tmp_path, caplog):
+    sink = JsonlSink(tmp_path / "x.jsonl", 0)
+    sink.write({"kind": "run", "n": 1})
+    sink.write({"kind": "step", "n": 2})
+    sink.close()
+    with rank_path(tmp_path / "x.jsonl", 0).open("a") as fh:
+        fh.write('{"kind": "step", "n": 3, "lo')  # the process died mid-write
+    with caplog.at_level(logging.WARNING, logger="fsdpmon.monitor.jsonl"):
+        sink = JsonlSink(tmp_path / "x.jsonl", 0)
+    sink.write({"kind": "run", "n": 4})
+    sink.close()
+    path = rank_path(tmp_path / "x.jsonl", 0)
+    assert [r["n"] for r in read_records(path)] == [1, 2, 4]
+    assert path.read_text().count("\n") == 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 1 and f"{path}:3: removed a record cut short" in messages[0], messages

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -118,6 +119,20 @@ def test_torn_last_line_is_skipped(tmp_path):
         f.write('{"kind": "step", "time": 17')  # the process died mid-write
     torn = run_stats(load_runs([str(tmp_path / "t.jsonl")])[0])
     assert torn == whole
+
+
+def test_a_torn_record_a_resumed_run_appended_to_is_skipped_with_a_warning(tmp_path, caplog):
+    [path] = write_run(tmp_path / "t.jsonl", 1, log_steps=5)
+    lines = path.read_text().splitlines(keepends=True)
+    # the old sink: a crash cut line 4 short, the resumed run's header went on the same line
+    glued = lines[3][: len(lines[3]) // 2] + lines[0]
+    path.write_text("".join(lines[:3]) + glued + "".join(lines[4:]))
+    with caplog.at_level(logging.WARNING, logger="fsdpmon.report.loader"):
+        [run] = load_runs([str(tmp_path / "t.jsonl")])
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and f"{path}:4: skipped a record cut short" in warnings[0], warnings
+    assert "glued after it is kept" in warnings[0], warnings
+    assert run_stats(run).world_size == 1
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ Anything unreadable becomes an :class:`InputError` that names the file (and line
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from collections import defaultdict
@@ -20,6 +21,8 @@ from fsdpmon.report.model import RunData, Sample
 
 _RANK_FILE = re.compile(r"^(?P<base>.+)\.rank(?P<rank>\d+)(?P<ext>\.[^.]*)?$")
 _STEP_NUMBERS = ("time", "step", "tokens_per_second", "step_time_s", "tokens_total")
+
+log = logging.getLogger(__name__)
 
 
 def load_runs(arguments: list[str]) -> list[RunData]:
@@ -136,8 +139,10 @@ def _read_file(path: Path) -> dict[int, tuple[dict[str, Any], list[Sample]]]:
 def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, record) for each JSON line, streamed: long runs write large logs.
 
-    A final line that is cut short (no newline, not JSON) is what a crash mid-write leaves;
-    it is skipped. A bad line anywhere else is an error.
+    A line that starts as a record but does not parse is what a crash mid-write leaves (at the
+    end, or, once a resumed run appended to it, in the middle with the next record glued on):
+    it is skipped with a warning naming the file and line, and a record glued after it is kept.
+    Any other bad line is an error.
     """
     seen_any = False
     try:
@@ -149,9 +154,9 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError:
-                    if line.endswith("\n"):
-                        raise InputError(f"{path}:{number}: not a JSON record") from None
-                    continue  # only the last line can lack its newline: a torn write
+                    record = _torn(path, number, line)
+                    if record is None:
+                        continue
                 if not isinstance(record, dict):
                     raise InputError(f"{path}:{number}: not a JSON object")
                 yield number, record
@@ -159,6 +164,23 @@ def _records(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         raise InputError(f"{path}: cannot read: {exc}") from None
     if not seen_any:
         raise InputError(f"{path}: empty log")
+
+
+def _torn(path: Path, number: int, line: str) -> dict[str, Any] | None:
+    """The record glued after a torn one on the same line, if any; InputError if not torn."""
+    if not line.lstrip().startswith("{"):
+        raise InputError(f"{path}:{number}: not a JSON record")
+    glued = line.rfind('{"kind"', 1)
+    record = None
+    if glued > 0:
+        try:
+            record = json.loads(line[glued:])
+        except json.JSONDecodeError:
+            record = None
+    kept = "; the record glued after it is kept" if isinstance(record, dict) else ""
+    log.warning("fsdpmon report: %s:%d: skipped a record cut short by a crash%s", path,
+                number, kept)
+    return record if isinstance(record, dict) else None
 
 
 def _sample(path: Path, number: int, record: dict[str, Any]) -> Sample:
