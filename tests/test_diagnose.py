@@ -209,3 +209,15 @@ def test_merge_thousands_of_ranks_into_few_classes():
     assert classes[0].ranks == (17,)
     assert classes[1].describe().startswith("2047 ranks at fsdp.py:123 wait (step 812, last "
                                             "collective #21937 all_gather_into_tensor)")
+
+
+def test_a_rank_that_never_reported_is_missing():
+    """Fewer ranks than the world size (another job took a pod's endpoint): named, not silent."""
+    snaps = history(lambda i: {})
+    world = snaps[-1].world_size or len(snaps[-1].ranks)
+    gone = max(r.rank for r in snaps[-1].ranks)
+    short = [dataclasses.replace(s, world_size=world,
+                                 ranks=tuple(r for r in s.ranks if r.rank != gone))
+             for s in snaps]
+    f = only(diagnose(short), "rank_missing")
+    assert f.rank == gone, f

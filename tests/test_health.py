@@ -108,3 +108,12 @@ def test_kubernetes_conditions_say_done_failed_restarting():
         JobState.RESTARTING)
     assert with_conditions(running, [{"type": "Running", "status": "True"}]) == running
     assert with_conditions(running, [{"type": "Failed", "status": "False"}, "junk"]) == running
+
+
+def test_fewer_ranks_than_the_world_size_is_flagged():
+    one = (RankRow(rank=0, step=5),)  # rank 1 never reported (another job took its endpoint)
+    found = alerts(snap(ranks=one, world_size=2))
+    assert [(a.kind, a.message) for a in found] == [
+        ("rank_missing", "only 1 of 2 ranks report; rank 1 never seen")], found
+    assert state(snap(ranks=one, world_size=2)) is JobState.DEGRADED
+    assert alerts(snap(world_size=2)) == []  # both report: nothing named

@@ -37,7 +37,10 @@ def _unresponsive(snap: JobSnapshot) -> list[int]:
 
 
 def _missing(snap: JobSnapshot) -> list[int]:
-    return [r.rank for r in snap.ranks if r.down]
+    """Ranks that went away, and ranks of the world size that never reported at all."""
+    seen = {r.rank for r in snap.ranks}
+    never = set(range(snap.world_size)) - seen if snap.world_size else set()
+    return sorted({r.rank for r in snap.ranks if r.down} | never)
 
 
 def _lost(snap: JobSnapshot) -> list[GpuKey]:

@@ -36,6 +36,7 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
         names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
         out.append(Alert("target_down", Severity.CRITICAL,
                             f"{len(down)} of {len(snap.targets)} targets down: {names}"))
+    out += _never_seen(snap)
     early = [r for r in snap.ranks if gone_early(r, snap.total_steps)]
     if early:
         steps = [r.step for r in early if r.step is not None]
@@ -64,6 +65,24 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
         out.append(Alert("loss_nonfinite", Severity.CRITICAL,
                          f"loss is NaN or infinite on rank {_fmt_ranks(bad)}"))
     return out
+
+
+def never_seen(snap: JobSnapshot) -> list[int]:
+    """Ranks below the job's world size that no target serves (not even as gone): e.g. ranks
+    whose endpoint another job took, or whose pod never came up."""
+    if not snap.world_size:
+        return []
+    return sorted(set(range(snap.world_size)) - {r.rank for r in snap.ranks})
+
+
+def _never_seen(snap: JobSnapshot) -> list[Alert]:
+    absent = never_seen(snap)
+    if not absent:
+        return []
+    reporting = snap.world_size - len(absent) if snap.world_size else 0
+    return [Alert("rank_missing", Severity.CRITICAL,
+                  f"only {reporting} of {snap.world_size} ranks report; rank "
+                  f"{_fmt_ranks(absent)} never seen")]
 
 
 def _memory_alerts(snap: JobSnapshot) -> list[Alert]:
