@@ -192,6 +192,20 @@ def test_logs_of_the_training_container_are_followed_live(api, tmp_path):
                for p in api.requests)
 
 
+def test_a_ranks_screen_follows_its_own_pods_log(api, tmp_path):
+    populate(api, PYTORCHJOB)
+    src = source(api, tmp_path, job="llama")
+    try:
+        src.fetch()
+        src.follow_logs("llama-worker-1")  # Enter on rank 2 or 3: their pod's log, by name
+        deadline = time.monotonic() + 10
+        while not (snap := src.fetch()).logs and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        src.close()
+    assert snap.log_pod == "llama-worker-1" and snap.logs[0] == "step 0 loss 2.0", snap.logs
+
+
 def test_cli_forbidden_is_exit_3_with_one_line(api, tmp_path):
     populate(api, PYTORCHJOB)
     api.forbidden = {"list-namespaced", "list-all"}
