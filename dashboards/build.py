@@ -59,17 +59,25 @@ def _vars(*names: str) -> list[Json]:
     return [query_variable(n, *queries[n]) for n in names]
 
 
-def _link(title: str, uid: str) -> Json:
-    return {"title": title, "type": "link", "url": f"/d/{uid}?${{__url_time_range}}"
-            "&${namespace:queryparam}&${job:queryparam}", "targetBlank": False,
-            "keepTime": True, "includeVars": True, "asDropdown": False, "icon": "dashboard",
-            "tags": []}
+def _link(title: str, uid: str, tooltip: str, variables: tuple[str, ...]) -> Json:
+    """A link to another fsdpmon dashboard keeping the time range and the variables this
+    dashboard has (a `${x:queryparam}` of a variable it lacks would be sent literally)."""
+    params = "".join(f"&${{{v}:queryparam}}" for v in variables if v in ("namespace", "job"))
+    return {"title": title, "type": "link", "url": f"/d/{uid}?${{__url_time_range}}{params}",
+            "tooltip": tooltip, "targetBlank": False, "keepTime": True, "includeVars": True,
+            "asDropdown": False, "icon": "dashboard", "tags": []}
 
 
-LINKS = [
-    _link("Job overview", "fsdpmon-job"), _link("Ranks", "fsdpmon-ranks"),
-    _link("Nodes and GPUs", "fsdpmon-nodes"), _link("Runs compared", "fsdpmon-runs"),
-]
+def _links(*variables: str) -> list[Json]:
+    return [
+        _link("Job overview", "fsdpmon-job", "Throughput, progress, quality and health",
+              variables),
+        _link("Ranks", "fsdpmon-ranks", "Per-rank step times, stragglers and memory", variables),
+        _link("Nodes and GPUs", "fsdpmon-nodes", "GPU, host and process figures per node",
+              variables),
+        _link("Runs compared", "fsdpmon-runs", "Runs of different sizes side by side",
+              variables),
+    ]
 
 
 def _peak_memory(sel: str) -> str:
@@ -151,7 +159,7 @@ def job_overview() -> Json:
     items = [*_job_now(), *_job_speed(), *_job_quality_and_health()]
     return dashboard("fsdpmon-job", "fsdpmon / Job overview",
                      "Throughput, speed, progress, quality and health of FSDP training jobs.",
-                     items, _vars("namespace", "job"), LINKS)
+                     items, _vars("namespace", "job"), _links("namespace", "job"))
 
 
 def _rank_step_times() -> list[Panel | Row]:
@@ -225,7 +233,8 @@ def ranks() -> Json:
     items = [*_rank_step_times(), *_rank_stragglers(), *_rank_memory()]
     return dashboard("fsdpmon-ranks", "fsdpmon / Ranks and stragglers",
                      "Per-rank step time, phases, data wait and memory: find the slow rank.",
-                     items, _vars("namespace", "job", "rank"), LINKS)
+                     items, _vars("namespace", "job", "rank"),
+                     _links("namespace", "job"))
 
 
 def _gpu(metric: Metric, legend_extra: str = "") -> Target:
@@ -332,7 +341,8 @@ def nodes() -> Json:
     items = [*_gpu_use(), *_gpu_physics(), *_gpu_errors_and_links(), *_host()]
     return dashboard("fsdpmon-nodes", "fsdpmon / Nodes and GPUs",
                      "GPU utilisation, memory, thermals, power, clocks, errors and interconnect, "
-                     "host and processes, per node.", items, _vars("namespace", "node"), LINKS)
+                     "host and processes, per node.", items, _vars("node"),
+                     _links("node"))
 
 
 def _by_world_size(expr: str) -> str:
@@ -378,7 +388,8 @@ def runs() -> Json:
     ]
     return dashboard("fsdpmon-runs", "fsdpmon / Runs compared",
                      "Throughput and memory per GPU against world size across jobs: the scaling "
-                     "chart of the EKS workflow, live.", items, _vars("namespace", "job"), LINKS)
+                     "chart of the EKS workflow, live.", items, _vars("namespace", "job"),
+                     _links("namespace", "job"))
 
 
 def all_dashboards() -> dict[str, dict[str, Any]]:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dashboards.descriptions import DESCRIPTIONS
+
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 SCHEMA_VERSION = 39
@@ -75,7 +77,7 @@ class Panel:
             "id": panel_id,
             "type": self.kind,
             "title": self.title,
-            "description": self.description,
+            "description": self.description or DESCRIPTIONS[self.title],
             "datasource": DATASOURCE,
             "gridPos": {"h": self.height, "w": self.width, "x": x, "y": y},
             "targets": [t.to_json(chr(ord("A") + i)) for i, t in enumerate(self.targets)],
@@ -130,7 +132,8 @@ def heatmap(title: str, target: Target, unit: str = "short", description: str = 
     options = {"calculate": False, "yAxis": {"axisPlacement": "left"},
                "rowsFrame": {"layout": "auto"}, "color": {"mode": "scheme",
                                                           "scheme": "Oranges", "steps": 64},
-               "cellGap": 1, "legend": {"show": True}, "tooltip": {"show": True}}
+               "cellGap": 1, "legend": {"show": True},
+               "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": False}}
     return Panel(title, "heatmap", (target,), unit, description, width, options=options, **kw)
 
 
@@ -145,7 +148,8 @@ def bars(title: str, *targets: Target, unit: str = "short", description: str = "
 
 def query_variable(name: str, label: str, query: str, *, include_all: bool = True) -> Json:
     """A multi-select variable from ``label_values(...)``; "All" matches a missing label too."""
-    current = {"selected": True, "text": ["All"], "value": ["$__all"]} if include_all else {}
+    current = ({"selected": True, "text": ["All"], "value": ["$__all"]} if include_all
+               else {"selected": False, "text": "", "value": ""})
     return {
         "type": "query", "name": name, "label": label, "datasource": DATASOURCE,
         "query": {"query": query, "refId": f"{name}-variable"}, "definition": query,
@@ -157,7 +161,9 @@ def query_variable(name: str, label: str, query: str, *, include_all: bool = Tru
 
 def datasource_variable() -> Json:
     return {"type": "datasource", "name": "datasource", "label": "Data source",
-            "query": "prometheus", "current": {}, "options": [], "hide": 0, "refresh": 1,
+            "query": "prometheus", "current": {"selected": False, "text": "default",
+                                               "value": "default"},
+            "options": [], "hide": 0, "refresh": 1,
             "regex": ""}
 
 

@@ -9,11 +9,13 @@ in the catalog), or Prometheus' own ``ALERTS``.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -191,7 +193,7 @@ def test_datasource_is_a_variable_everywhere():
 @pytest.mark.parametrize(("name", "variables"), [
     ("fsdpmon-job-overview.json", {"namespace", "job"}),
     ("fsdpmon-ranks.json", {"namespace", "job", "rank"}),
-    ("fsdpmon-nodes.json", {"namespace", "node"}),
+    ("fsdpmon-nodes.json", {"node"}),
     ("fsdpmon-runs.json", {"namespace", "job"}),
 ])
 def test_variables_are_defined_and_used(name, variables):
@@ -257,3 +259,30 @@ def test_each_dashboard_covers_what_the_issue_asks_for():
 def test_device_only_list_names_real_metrics():
     known = set(catalog.all_series_names()) | recorded_names()
     assert not build.DEVICE_ONLY - known
+
+
+def test_dashboards_pass_grafanas_schema_for_their_version():
+    """Grafana's own dashboard model (tests/schemas/grafana-dashboard-v39.json, transcribed from
+    @grafana/schema for schemaVersion 39): links with tooltips, variables whose `current` has
+    text and value, the heatmap tooltip's `mode`, a description on every panel."""
+    schema = json.loads((Path(__file__).parent / "schemas" / "grafana-dashboard-v39.json")
+                        .read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    problems = [f"{name}: {'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+                for name, dash in all_dashboards().items()
+                for e in validator.iter_errors(dash)]
+    assert problems == [], "\n".join(problems)
+
+
+def test_each_dashboard_uses_every_variable_it_declares():
+    """A variable no query reads (the nodes dashboard's old `namespace`) only confuses; a link
+    forwarding a variable the dashboard lacks sends `${x:queryparam}` literally."""
+    for name, dash in all_dashboards().items():
+        text = json.dumps(dash["panels"]) + json.dumps(
+            [v.get("definition", "") for v in dash["templating"]["list"]])
+        declared = {v["name"] for v in dash["templating"]["list"]} - {"datasource"}
+        unused = {v for v in declared if f"${v}" not in text and f"${{{v}" not in text}
+        assert not unused, (name, unused)
+        for link in dash["links"]:
+            forwarded = set(re.findall(r"\$\{(\w+):queryparam\}", link["url"]))
+            assert forwarded <= declared, (name, link["url"])
