@@ -63,6 +63,36 @@ def test_plan_without_gpus_trains_on_cpu_and_simulates_marked_gpus(tmp_path):
     assert "SIMULATED" in said and str(tmp_path) in said and plan.metrics_url in said
 
 
+def test_faults_go_to_the_trainer_and_the_simulated_gpus_and_are_announced(tmp_path):
+    spec = "gpu-throttle:gpu=1,after=20,reason=thermal; hang:rank=1,at_step=40;xid:gpu=0,code=79"
+    cfg = DemoConfig(log_dir=tmp_path, fault=spec)
+    cfg.validate()
+    plan = make_plan(cfg, gpus=0)
+    trainer = plan.trainer_argv[plan.trainer_argv.index("--fault") + 1]
+    exporter = plan.exporter_argv[plan.exporter_argv.index("--fault") + 1]
+    assert trainer == "hang:rank=1,at_step=40,where=data"
+    assert exporter == ("gpu-throttle:gpu=1,after=20.0,reason=thermal;"
+                        "xid:gpu=0,code=79,after=0.0")
+    said = "\n".join(describe(plan, cfg))
+    assert said.count("fault injected:") == 3 and "hang:rank=1" in said
+    healthy = make_plan(DemoConfig(log_dir=tmp_path), gpus=0)
+    assert "--fault" not in healthy.trainer_argv + healthy.exporter_argv
+
+
+@pytest.mark.parametrize(("spec", "gpus", "problem"), [
+    ("hang:rank=2", 0, "names rank 2, but the demo runs 2"),
+    ("xid:gpu=2,code=79", 0, "names GPU 2, but the demo simulates 2"),
+    ("gpu-lost:gpu=0", 2, "simulated GPUs only"),
+    ("melt:rank=0", 0, "unknown kind 'melt'"),
+])
+def test_bad_fault_specs_name_the_flag(tmp_path, spec, gpus, problem):
+    with pytest.raises(ConfigError) as caught:
+        cfg = DemoConfig(log_dir=tmp_path, fault=spec)
+        cfg.validate()
+        make_plan(cfg, gpus)
+    assert caught.value.field == "--fault" and problem in str(caught.value), str(caught.value)
+
+
 @pytest.mark.parametrize(("gpus", "cuda"), [(1, False), (2, True), (8, True)])
 def test_plan_uses_cuda_only_with_a_gpu_per_rank(tmp_path, gpus, cuda):
     plan = make_plan(DemoConfig(log_dir=tmp_path, metrics_port=9600, exporter_port=9601), gpus)

@@ -44,6 +44,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="training metrics port (default: a free port)")
     parser.add_argument("--exporter-port", type=int, default=0, metavar="PORT",
                         help="exporter port (default: a free port)")
+    parser.add_argument("--fault", default="", metavar="SPEC",
+                        help="inject faults to watch them being found, e.g. "
+                             "'gpu-throttle:gpu=1,after=20,reason=thermal' or "
+                             "'hang:rank=1,at_step=40,where=data' (several joined by ';'; "
+                             "kinds and keys in the README)")
     parser.add_argument("--startup-timeout", type=float, default=d.startup_timeout_s,
                         metavar="SECONDS", help="give up if not ready by then (default: 180)")
 
@@ -53,7 +58,7 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
         nproc=args.nproc, model=args.model, max_steps=args.max_steps, headless=args.headless,
         duration_s=args.duration, json=args.json, interval_s=args.interval,
         startup_timeout_s=args.startup_timeout, log_dir=args.log_dir,
-        metrics_port=args.metrics_port, exporter_port=args.exporter_port,
+        metrics_port=args.metrics_port, exporter_port=args.exporter_port, fault=args.fault,
     )
     cfg.validate()
     if cfg.json and not cfg.headless:

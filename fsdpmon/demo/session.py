@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fsdpmon import faultspec
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
 from fsdpmon.demo.processes import Child, spawn, stop_all
 from fsdpmon.demo.source import DemoSource
@@ -43,6 +44,7 @@ class DemoConfig:
     log_dir: Path | None = None
     metrics_port: int = 0  # 0: pick a free port
     exporter_port: int = 0
+    fault: str = ""  # fsdpmon.faultspec: trainer kinds go to the ranks, GPU kinds to the exporter
 
     def validate(self) -> None:
         checks: list[tuple[str, bool, str]] = [
@@ -57,6 +59,14 @@ class DemoConfig:
         for name, ok, problem in checks:
             if not ok:
                 raise ConfigError(name, problem)
+        for fault in self.faults():
+            rank = getattr(fault, "rank", 0)
+            if rank >= self.nproc:
+                raise ConfigError("--fault", f"{faultspec.describe(fault)} names rank {rank}, "
+                                             f"but the demo runs {self.nproc} (--nproc)")
+
+    def faults(self) -> tuple[faultspec.Fault, ...]:
+        return faultspec.parse(self.fault, "--fault")
 
 
 @dataclass(frozen=True)
@@ -69,6 +79,7 @@ class Plan:
     trainer_argv: list[str]
     exporter_argv: list[str]
     trainer_env: dict[str, str] = field(repr=False, default_factory=dict)
+    faults: tuple[str, ...] = ()  # each injected fault, spelled out (for the banner)
 
     @property
     def metrics_url(self) -> str:
@@ -109,6 +120,7 @@ def make_plan(cfg: DemoConfig, gpus: int) -> Plan:
     exporter_port = cfg.exporter_port or free_port()
     cuda = gpus >= cfg.nproc  # one GPU per rank, or all ranks on CPU
     simulated = 0 if gpus else cfg.nproc
+    trainer_faults, gpu_faults = _split_faults(cfg, simulated)
     env = {**os.environ, "FSDPMON_LISTEN_ADDRESS": LOOPBACK, "PYTHONUNBUFFERED": "1"}
     env.setdefault("OMP_NUM_THREADS", "1")  # ranks share the cores; oversubscription crawls
     if not cuda:
@@ -120,13 +132,33 @@ def make_plan(cfg: DemoConfig, gpus: int) -> Plan:
         "--log-every", str(cfg.log_every), "--batch-size", str(cfg.batch_size),
         "--seq-len", str(cfg.seq_len), "--metrics-port", str(metrics_port),
         "--job-name", JOB_NAME, "--log-jsonl", str(log_dir / "train.jsonl"),
+        *(["--fault", trainer_faults] if trainer_faults else []),
     ]
     exporter = [
         sys.executable, "-m", "fsdpmon.cli", "exporter", "--port", str(exporter_port),
         "--listen-address", LOOPBACK, "--interval", "1",
         *(["--simulate-gpus", str(simulated)] if simulated else []),
+        *(["--fault", gpu_faults] if gpu_faults else []),
     ]
-    return Plan(log_dir, metrics_port, exporter_port, simulated, cuda, trainer, exporter, env)
+    spelled = tuple(faultspec.describe(f) for f in cfg.faults())
+    return Plan(log_dir, metrics_port, exporter_port, simulated, cuda, trainer, exporter, env,
+                spelled)
+
+
+def _split_faults(cfg: DemoConfig, simulated: int) -> tuple[str, str]:
+    """The spec for the ranks and the one for the exporter; ConfigError when the GPU faults
+    cannot be injected here (real GPUs are never faulted) or name a GPU the demo lacks."""
+    faults = cfg.faults()
+    gpu = [f for f in faults if isinstance(f, faultspec.GPU_KINDS)]
+    if gpu and not simulated:
+        raise ConfigError("--fault", "GPU faults are injected into simulated GPUs only, and "
+                                     "this machine has real ones")
+    for f in gpu:
+        if f.gpu >= simulated:
+            raise ConfigError("--fault", f"{faultspec.describe(f)} names GPU {f.gpu}, but the "
+                                         f"demo simulates {simulated} (one per rank: --nproc)")
+    trainer = [f for f in faults if not isinstance(f, faultspec.GPU_KINDS)]
+    return (";".join(map(faultspec.describe, trainer)), ";".join(map(faultspec.describe, gpu)))
 
 
 def describe(plan: Plan, cfg: DemoConfig) -> list[str]:
@@ -141,6 +173,8 @@ def describe(plan: Plan, cfg: DemoConfig) -> list[str]:
         f"exporter: {plan.exporter_url}  host and process metrics, {gpus}",
         f"training: {cfg.nproc} ranks of model {cfg.model!r} on {device}, "
         f"metrics at {plan.metrics_url}",
+        *(f"fault injected: {f}  (watch for it in the views and the 5 Diagnosis view)"
+          for f in plan.faults),
     ]
 
 
