@@ -30,6 +30,9 @@ SECRET_ARG = re.compile(r"(?i)(--?[\w.-]*(?:token|password|secret|api[_-]?key)[\
 HF_TOKEN = re.compile(r"\bhf_[A-Za-z0-9]{8,}")
 COMMAND_MAX = 200
 RECLASSIFY_S = 30.0  # re-read uncovered PIDs now and then: a PID may have been reused
+# A process younger than this may not have exec'd yet (torchrun forks, then execs the worker):
+# what it is (command, environment, LOCAL_RANK) is read again on every scan until it is older.
+SETTLE_S = 2.0
 STATES = {"R": "running", "S": "sleeping", "D": "disk-sleep", "Z": "zombie", "T": "stopped",
           "t": "tracing-stop", "X": "dead", "I": "idle"}
 
@@ -112,6 +115,7 @@ class _Known:
     seen_at: float
     rank: int | None = None
     local_rank: int | None = None
+    settled: bool = True  # False: too young to trust its command and environment yet
 
 
 PodLookup = Callable[[str, str], "PodRef | None"]
@@ -185,8 +189,10 @@ class ProcessScanner:
         except OSError:  # other users' environ is private unless we run as root
             environ = b""
         training = looks_like_training(command, environ)
+        age = time.time() - (self._boot_time + stat.start_ticks / self._ticks)
         return _Known(stat.start_ticks, command, self._user(uid), cgroup, training, now,
-                      environ_int(environ, b"RANK"), environ_int(environ, b"LOCAL_RANK"))
+                      environ_int(environ, b"RANK"), environ_int(environ, b"LOCAL_RANK"),
+                      settled=age >= SETTLE_S)
 
     def _refresh_known(self, pids: Iterable[int], now: float) -> None:
         live = set(pids)
@@ -196,7 +202,7 @@ class ProcessScanner:
                 self._cpu.pop(pid, None)
         for pid in live:
             known = self._known.get(pid)
-            if known is None or now - known.seen_at > RECLASSIFY_S:
+            if known is None or not known.settled or now - known.seen_at > RECLASSIFY_S:
                 fresh = self._discover(pid, now)
                 if fresh is not None:
                     self._known[pid] = fresh

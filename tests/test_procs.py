@@ -169,3 +169,25 @@ def test_rank_and_local_rank_come_from_the_environment_and_nothing_else_is_kept(
     assert environ_int(b"RANK=-1\0", b"RANK") is None  # not a rank: not a label
     assert environ_int(b"RANK=1e9\0", b"RANK") is None
     assert environ_int(b"RANK=" + b"9" * 40 + b"\0", b"RANK") is None  # bounded
+
+
+def test_a_young_process_is_read_again_until_it_has_settled(tmp_path, monkeypatch) -> None:
+    """torchrun forks, then execs the worker: a scan between the two sees the launcher's
+    command and environment, which must not stick to the worker for RECLASSIFY_S."""
+    import exporters.procs as procs
+
+    root = tmp_path / "proc"
+    shutil.copytree(FIXTURE, root, symlinks=True)
+    scanner = ProcessScanner(str(root))
+    young = root / "3001"
+    (young / "environ").write_bytes(b"HOME=/root\0")  # forked from torchrun, not exec'd yet
+    (young / "cmdline").write_bytes(b"/usr/bin/python\0/usr/local/bin/torchrun\0")
+    start = int((young / "stat").read_text().split(")")[1].split()[19])
+    ticks = os.sysconf("SC_CLK_TCK")
+    monkeypatch.setattr(procs.time, "time",
+                        lambda: scanner._boot_time + start / ticks + procs.SETTLE_S / 2)
+    scanner.scan()
+    assert scanner.training_local_ranks()[3001] is None
+    (young / "environ").write_bytes(b"LOCAL_RANK=1\0RANK=1\0")  # the exec'd worker
+    scanner.scan()
+    assert scanner.training_local_ranks()[3001] == 1
