@@ -96,6 +96,7 @@ RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"
 ALERT_CAUSES = {
     "FsdpmonTrainingStalled": "hang",
     "FsdpmonTrainingRankMissing": "rank_missing",
+    "FsdpmonTrainingRanksShort": "rank_missing",
     "FsdpmonRankStraggling": "straggler_compute",
     "FsdpmonLossNonFinite": "loss_nonfinite",
     "FsdpmonLossDiverging": "loss_spike",
@@ -240,8 +241,26 @@ def _straggler(b: RuleBounds) -> Rule:
     )
 
 
+def _ranks_short(b: RuleBounds) -> Rule:
+    """Ranks that never reported are not caught by the rule above (nothing vanished): e.g. a
+    pod whose endpoint another job took, or a pod that never started."""
+    by = f"by ({JOB_KEYS})"
+    expr = (f"max {by} ({m(catalog.JOB_WORLD_SIZE)})\n"
+            f"  > count {by} ({AGE})")
+    return _alert(
+        "FsdpmonTrainingRanksShort", expr, b.missing_for, "critical",
+        "Fewer ranks of {{ $labels.job_name }} report than its world size",
+        "The job has {{ $value }} ranks, but fewer of them are scraped: a pod's endpoint is "
+        "not scraped, serves another job, or the pod never started.",
+        "List the ranks that report (`fsdpmon top --job NAME` names the ones never seen), "
+        "then check the missing ranks' pods: Pending, crash-looping, or their metrics port "
+        "taken by another process (the trainer's log says so at start).",
+    )
+
+
 def training_alerts(b: RuleBounds) -> list[Rule]:
-    return [_stall(b), _rank_missing(b), _straggler(b), *_quality_alerts(b), *_memory_alerts(b)]
+    return [_stall(b), _rank_missing(b), _ranks_short(b), _straggler(b), *_quality_alerts(b),
+            *_memory_alerts(b)]
 
 
 def _quality_alerts(b: RuleBounds) -> list[Rule]:
