@@ -5,8 +5,9 @@ building the families. A sample is frozen until the next one, so its exposition 
 once per sample and format (with prometheus_client's own encoders, and gzipped once when asked
 for), and every scrape in between only renders the two series that must be computed at scrape
 time (staleness and sample age) and puts them in front. Gzip output is two gzip members back to
-back, which every gzip reader (Go's included) decodes as one stream. Requests this cache does
-not cover (``name[]`` filters, non-GET) go to prometheus_client's plain app.
+back, which every gzip reader (Go's included) decodes as one stream. A ``name[]`` filter is cut
+from the cached rendering (fsdpmon.families.restrict, uncompressed); non-GET requests go to
+prometheus_client's plain app.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from exporters.collector import (
 )
 from exporters.sample import NodeSample
 from exporters.sampler import Sampler
+from fsdpmon.families import restrict
 
 OPENMETRICS_EOF = b"# EOF\n"
 GZIP_LEVEL = 6
@@ -87,10 +89,13 @@ class CachedExposition:
     def __call__(self, environ: dict[str, Any],
                  start_response: Callable[..., Any]) -> Iterable[bytes]:
         params = parse_qs(environ.get("QUERY_STRING", ""))
-        if environ.get("REQUEST_METHOD") != "GET" or "name[]" in params:
+        if environ.get("REQUEST_METHOD") != "GET":
             return self._plain_app(environ, start_response)
-        content_type, body, zipped = self.render(environ.get("HTTP_ACCEPT"),
-                                                 environ.get("HTTP_ACCEPT_ENCODING"))
+        names = params.get("name[]")
+        content_type, body, zipped = self.render(
+            environ.get("HTTP_ACCEPT"), None if names else environ.get("HTTP_ACCEPT_ENCODING"))
+        if names:  # Prometheus's filter, cut from the cached rendering
+            body = restrict(body, set(names))
         headers = [("Content-Type", content_type), ("Content-Length", str(len(body)))]
         if zipped:
             headers.append(("Content-Encoding", "gzip"))

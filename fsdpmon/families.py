@@ -67,3 +67,27 @@ class Families:
 
     def families(self) -> list[Family]:
         return list(self._by_name.values())
+
+
+def restrict(body: bytes, names: set[str] | frozenset[str]) -> bytes:
+    """A rendered exposition (text 0.0.4 or OpenMetrics) cut to the samples called ``names``,
+    as prometheus_client answers Prometheus's ``name[]`` filter: a family's HELP/TYPE/UNIT
+    lines stay when any of its samples does, and ``# EOF`` stays. Both endpoints render
+    once and cache, so cutting the cached bytes is cheaper than rendering again."""
+    wanted = {n.encode() for n in names}
+    out: list[bytes] = []
+    header: list[bytes] = []  # the comment lines of the family being read, until one is kept
+    family: list[bytes] = []
+    for line in body.split(b"\n"):
+        if line == b"# EOF":
+            out.append(line)
+        elif line.startswith(b"#"):
+            name = line.split(b" ", 3)[2:3]
+            if name != family:
+                header, family = [], name
+            header.append(line)
+        elif line and line.split(b"{", 1)[0].split(b" ", 1)[0] in wanted:
+            out.extend(header)
+            header = []
+            out.append(line)
+    return b"".join(piece + b"\n" for piece in out)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from urllib.parse import parse_qsl
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from fsdpmon import catalog
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
-from fsdpmon.families import Families
+from fsdpmon.families import Families, restrict
 
 
 @dataclass(frozen=True)
@@ -305,8 +306,11 @@ class PayloadServer:
                 request = self.rfile.readline(65537).split()
                 while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
                     pass  # request headers: not needed
-                path = request[1].decode("latin-1").split("?", 1)[0] if len(request) > 1 else ""
+                target = request[1].decode("latin-1") if len(request) > 1 else ""
+                path, _, query = target.partition("?")
                 body = outer.payloads.get(path)
+                if body is not None and query and outer.honour_names:
+                    body = outer.restricted(path, body, query)
                 status = b"200 OK" if body is not None else b"404 Not Found"
                 body = b"not found\n" if body is None else body
                 self.wfile.write(b"HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4; "
@@ -321,11 +325,24 @@ class PayloadServer:
             allow_reuse_address = True
 
         self.payloads = payloads
+        self._restricted: dict[tuple[str, str], tuple[bytes, bytes]] = {}
+        self.honour_names = True  # False: a server that ignores ``name[]`` (other exporters)
         self.httpd = Server((host, 0), Handler)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
         self._thread.start()
 
+
+    def restricted(self, path: str, body: bytes, query: str) -> bytes:
+        """``body`` cut to the samples named by ``name[]`` in ``query``, as the monitor and the
+        exporter answer it; cached per path and query while the body stays the same object."""
+        cached = self._restricted.get((path, query))
+        if cached is not None and cached[0] is body:
+            return cached[1]
+        names = {v for k, v in parse_qsl(query) if k == "name[]"}
+        filtered = restrict(body, names) if names else body
+        self._restricted[path, query] = (body, filtered)
+        return filtered
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port}{path}"
 

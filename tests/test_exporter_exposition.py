@@ -124,3 +124,28 @@ def test_a_real_prometheus_scrapes_it(tmp_path: Path) -> None:
     finally:
         server.stop()
         sampler.stop()
+
+
+def _wsgi_get(app, query: str, accept: str = "") -> bytes:
+    status: list[str] = []
+    body = b"".join(app({"REQUEST_METHOD": "GET", "QUERY_STRING": query, "HTTP_ACCEPT": accept},
+                        lambda s, headers: status.append(s)))
+    assert status == ["200 OK"], status
+    return body
+
+
+def test_name_filter_answers_as_prometheus_client_does() -> None:
+    """`top` asks with Prometheus's ``name[]`` filter: the same samples of those names as the
+    whole exposition holds, nothing else, in both formats."""
+    sampler = _sampler()
+    sampler.sample_once()
+    exposition = CachedExposition(sampler, "0.1.0", simulated=True)
+    names = {"fsdpmon_gpu_utilization_ratio", "fsdpmon_exporter_info", "fsdpmon_process_info"}
+    query = "&".join(f"name%5B%5D={n}" for n in sorted(names))
+    full = _samples(_wsgi_get(exposition, "").decode())
+    cut = _wsgi_get(exposition, query)
+    want = {k: v for k, v in full.items() if k[0] in names}
+    assert want and _samples(cut.decode()) == want, f"{len(_samples(cut.decode()))} vs {len(want)}"
+    assert len(cut) < len(_wsgi_get(exposition, "")) / 4, len(cut)
+    om = _wsgi_get(exposition, query, OPENMETRICS).decode()
+    assert om.endswith("# EOF\n") and _samples(om, parse_om) == want

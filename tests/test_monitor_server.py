@@ -66,3 +66,26 @@ def test_a_port_held_by_another_process_is_retried_not_fatal(tmp_path):
     finally:
         keeper.close()
         blocker.close()
+
+
+def test_name_filter_serves_only_the_asked_series(tmp_path):
+    """`top` asks with Prometheus's ``name[]``: the monitor answers with those series only."""
+    writer = RankStateWriter(tmp_path, 0)
+    writer.snapshot({"pid": os.getpid(), "rank": 0, "local_rank": 0, "job_name": "j",
+                     "values": {"fsdpmon_train_loss": 3.5, "fsdpmon_train_step": 7}})
+    writer.heartbeat(time.time(), 1, 1, 1, 0, 60)
+    port = free_port()
+    keeper = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0, retry_seconds=0.2)
+    try:
+        keeper.start()
+        assert _wait(lambda: keeper.serving)
+        full = _get(port)
+        url = f"http://127.0.0.1:{port}/metrics?name%5B%5D=fsdpmon_train_loss"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            cut = resp.read().decode()
+        samples = [line for line in cut.splitlines() if not line.startswith("#")]
+        assert samples == ['fsdpmon_train_loss{job_name="j",local_rank="0",rank="0"} 3.5'], cut
+        assert "fsdpmon_train_step" in full and len(cut) < len(full) / 4, (len(cut), len(full))
+    finally:
+        keeper.close()
+        writer.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from dataclasses import asdict
 
 import pytest
 from synthetic_job import PayloadServer, job_expositions
@@ -133,3 +134,32 @@ def test_https_targets_go_through_blocking_gets_beside_the_loop(server):
     plain, secure = snap.targets
     assert plain.up and plain.kind == "train"
     assert not secure.up and "SSL" in secure.error
+
+
+def _rows(snap) -> list[list[str]]:
+    """Every row's figures, without where and when it was scraped."""
+    where = ("seen_at", "gone_at", "target", "url")
+    return [sorted(repr({k: v for k, v in asdict(row).items() if k not in where})
+                   for row in rows) for rows in (snap.ranks, snap.gpus, snap.processes)]
+
+
+def test_asks_only_for_the_names_top_reads_and_a_target_ignoring_that_still_works():
+    """The stand-in answers ``name[]`` as the monitor and the exporter do (their own tests)."""
+    payloads = job_expositions("llama", 2, 2)
+    honouring = PayloadServer(payloads)
+    ignoring = PayloadServer(payloads)  # answers every query with the whole exposition
+    ignoring.honour_names = False
+    urls = [honouring.url("/train/node-000"), honouring.url("/node/node-000")]
+    try:
+        full = sum(len(http_get(u, 5.0)) for u in urls)
+        others = [ignoring.url("/train/node-001"), ignoring.url("/node/node-001")]
+        source = TargetsSource([*urls, *others], timeout_s=5.0)
+        snap, got = source.fetch(), source.bytes_received
+        extra = len(payloads["/train/node-001"]) + len(payloads["/node/node-001"])
+        assert got - extra < full / 2, f"{got - extra} bytes from the filtering pods of {full}"
+        reference = TargetsSource([ignoring.url(p) for p in sorted(payloads)], timeout_s=5.0)
+        assert _rows(snap) == _rows(reference.fetch()), "the filtered scrape lost series"
+        assert snap.targets_up == 4 and len(snap.ranks) == 4 and len(snap.processes) == 4
+    finally:
+        honouring.close()
+        ignoring.close()

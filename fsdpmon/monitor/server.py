@@ -18,11 +18,13 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from fsdpmon.basicauth import BasicAuth
+from fsdpmon.families import restrict
 from fsdpmon.httpserve import Server, StartResponse, WsgiApp, bind, build_app
 from fsdpmon.monitor.collector import JobStateCollector
 from fsdpmon.webconfig import WebConfig
@@ -56,6 +58,9 @@ class CachedExposition:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         data, content_type = self.body(environ.get("HTTP_ACCEPT", ""))
+        names = parse_qs(environ.get("QUERY_STRING", "")).get("name[]")
+        if names:  # Prometheus's filter, as prometheus_client's handler answers it
+            data = restrict(data, set(names))
         start_response("200 OK", [("Content-Type", content_type),
                                   ("Content-Length", str(len(data)))])
         return [data]

@@ -30,7 +30,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
-from fsdpmon.top.aggregate import JobAggregator, Target, new_parser
+from fsdpmon.top.aggregate import WANTED, JobAggregator, Target, new_parser
 from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.httpget import ScrapeError, http_get
@@ -328,7 +328,7 @@ class KubeSource:
         aggregator = JobAggregator()
         if self.inside:  # pod IPs: one selector loop for every scrape, as for --targets
             scrape_urls(self._targets, self._parser, self.cfg.timeout_s, self.cfg.max_workers,
-                        self._pool, aggregator.add)
+                        self._pool, aggregator.add, WANTED)
         else:  # through the API server's pod proxy, with the client's auth
             scraped = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
             for i, result in enumerate(scraped):

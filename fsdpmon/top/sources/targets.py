@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 from fsdpmon.errors import ConfigError
-from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target, new_parser
+from fsdpmon.top.aggregate import WANTED, JobAggregator, ScrapeResult, Target, new_parser
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
@@ -94,12 +94,24 @@ def _parsed(
     return ScrapeResult(target, samples, "", duration_s)
 
 
+def with_names(url: str, names: Iterable[str] | None) -> str:
+    """``url`` asking only for the series called ``names``: Prometheus's ``name[]`` filter,
+    which prometheus_client's handler (the monitor, the exporter) honours. A server that
+    ignores it sends everything, and the parser's own name filter still applies."""
+    if not names:
+        return url
+    query = urlencode([("name[]", n) for n in sorted(names)])
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
 def scrape_urls(
     targets: Sequence[Target], parser: Parser, timeout_s: float, limit: int,
     pool: ThreadPoolExecutor | None, add: Callable[[int, ScrapeResult], None],
-) -> None:
-    """Scrapes every target's URL; ``add`` gets each result (with the target's index) on this
-    thread as soon as it is parsed.
+    names: Iterable[str] | None = None,
+) -> int:
+    """Scrapes every target's URL (asking for ``names`` only, when given); ``add`` gets each
+    result (with the target's index) on this thread as soon as it is parsed. Returns the
+    bytes of the bodies received.
 
     Plain-HTTP targets share one selector loop on this thread (httpget.get_all); https ones
     are fetched by blocking GETs on ``pool`` meanwhile (TLS and its certificate checks).
@@ -109,16 +121,22 @@ def scrape_urls(
     if len(plain) < len(targets):
         if pool is None:
             raise ValueError("https targets need a thread pool")
-        tls = {i: pool.submit(_timed_get, t.url, timeout_s)
+        tls = {i: pool.submit(_timed_get, with_names(t.url, names), timeout_s)
                for i, t in enumerate(targets) if not t.url.startswith("http:")}
+    received = 0
 
     def file(j: int, body: bytes | None, error: str, duration_s: float) -> None:
+        nonlocal received
         i = plain[j]
+        received += len(body or b"")
         add(i, _parsed(targets[i], body, error, duration_s, parser))
 
-    get_all([targets[i].url for i in plain], timeout_s, limit, file)
+    get_all([with_names(targets[i].url, names) for i in plain], timeout_s, limit, file)
     for i, future in tls.items():
-        add(i, _parsed(targets[i], *future.result(), parser))
+        body, error, duration_s = future.result()
+        received += len(body or b"")
+        add(i, _parsed(targets[i], body, error, duration_s, parser))
+    return received
 
 
 def _timed_get(url: str, timeout_s: float) -> tuple[bytes | None, str, float]:
@@ -148,6 +166,7 @@ class TargetsSource:
         tls = any(not t.url.startswith("http:") for t in self.targets)
         self._pool = ThreadPoolExecutor(max_workers=self._limit) if tls else None
         self._previous: JobSnapshot | None = None
+        self.bytes_received = 0  # by the last refresh
 
     @property
     def description(self) -> str:
@@ -162,8 +181,8 @@ class TargetsSource:
         # The samples die when this returns, before the collector resumes: its first pass
         # then sees only the new snapshot, not the ~60k samples it was built from.
         aggregator = JobAggregator()
-        scrape_urls(self.targets, self._parser, self.timeout_s, self._limit, self._pool,
-                    aggregator.add)
+        self.bytes_received = scrape_urls(self.targets, self._parser, self.timeout_s,
+                                          self._limit, self._pool, aggregator.add, WANTED)
         return aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
                                    job_name=self.job_name)
 
