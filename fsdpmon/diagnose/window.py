@@ -61,7 +61,9 @@ class Window:
         an older snapshot that already had others counts from 0 (a new XID code's series)."""
         if len(self.history) < 2:
             return {}
-        now = value(self.now)
+        now = {k: v for k, v in value(self.now).items() if v > 0}  # 0 cannot have risen
+        if not now:
+            return {}
         low: dict[K, float] = {}
         for snap in self.history[:-1]:
             then = value(snap)
