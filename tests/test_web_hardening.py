@@ -7,9 +7,13 @@ from __future__ import annotations
 import base64
 import logging
 import math
+import os
+import shutil
 import socket
 import ssl
 import subprocess
+import sys
+import tempfile
 import threading
 import time
 import urllib.error
@@ -32,6 +36,7 @@ from fsdpmon.monitor.state import RankStateWriter
 from fsdpmon.webconfig import WebConfig, load_web_config
 from trainer.config import parse_config
 
+REPO = Path(__file__).resolve().parents[1]
 HASH4 = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))
 
 
@@ -257,3 +262,31 @@ def test_trainer_log_interval_comes_from_the_environment_unless_the_flag_is_give
                            ).log_interval == 7
     monkeypatch.delenv("FSDPMON_LOG_INTERVAL")
     assert _monitor_config(parse_config(["--metrics-port", "0"])).log_interval == 10
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"),
+                    reason="reading as another user needs root and setpriv")
+def test_a_file_the_user_cannot_read_fails_at_start_naming_the_field(tls_files):
+    cert, key = tls_files
+    work = Path(tempfile.mkdtemp(prefix="fsdpmon-test-web."))
+    try:
+        work.chmod(0o755)
+        for source in (cert, key):
+            shutil.copy(source, work / source.name)
+            (work / source.name).chmod(0o644)
+        (work / "key.pem").chmod(0o600)  # root's: the user below cannot read it
+        web = work / "web.yaml"
+        web.write_text(yaml.safe_dump({"tls_server_config": {
+            "cert_file": str(work / "cert.pem"), "key_file": str(work / "key.pem")}}))
+        web.chmod(0o644)
+        code = ("from fsdpmon.webconfig import load_web_config\n"
+                "from fsdpmon.errors import ConfigError\n"
+                f"try:\n    load_web_config({str(web)!r})\n"
+                "except ConfigError as exc:\n    print(exc)\n")
+        done = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                               sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60, cwd=str(REPO), env={"PYTHONPATH": str(REPO)})
+        assert done.stdout.strip().startswith(
+            "tls_server_config.key_file: cannot read"), (done.stdout, done.stderr[-500:])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
