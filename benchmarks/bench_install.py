@@ -76,13 +76,26 @@ def check_base(python: Path, work: Path) -> list[str]:
     return bad
 
 
-def measure(name: str, work: Path, empty_bytes: int) -> dict:
+def source_copy(work: Path) -> Path:
+    """The repository's tracked files only: building from the checkout itself would make
+    setuptools walk .venv (tens of thousands of files) and time that instead of the install."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    dest = work / "src"
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def measure(name: str, work: Path, empty_bytes: int, src: Path) -> dict:
     path = work / f"venv-{name}"
     python = venv(path)
     start = time.monotonic()
     if name == "train":
         pip(python, TORCH)
-    pip(python, f"{ROOT}{INSTALLS[name]}")
+    pip(python, f"{src}{INSTALLS[name]}")
     seconds = time.monotonic() - start
     result = {"install": f"fsdpmon{INSTALLS[name]}", "seconds": round(seconds, 1),
               "added_mb": round((du(path) - empty_bytes) / 1e6, 1),
@@ -108,8 +121,9 @@ def main() -> int:
         print(f"python {sys.version.split()[0]}, empty venv {empty / 1e6:.1f} MB, pip config: "
               f"{os.environ.get('PIP_CONFIG_FILE') or 'default'}")
         print(f"{'install':<18} {'time':>8} {'added':>10} {'packages':>9} {'nvidia-*':>9}")
+        src = source_copy(work)
         for name in args.only.split(","):
-            r = measure(name.strip(), work, empty)
+            r = measure(name.strip(), work, empty, src)
             print(f"{r['install']:<18} {r['seconds']:>7.1f}s {r['added_mb']:>8.1f}MB "
                   f"{r['packages']:>9} {r['nvidia_packages']:>9}", flush=True)
             for problem in r.get("base_commands_problems", []):
