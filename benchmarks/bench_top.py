@@ -2,10 +2,16 @@
 256 exporters) served by local HTTP servers on loopback.
 
 Measures, in one run, and prints:
-  - one full refresh (fetch all targets, parse, aggregate, render a 200x50 frame): p50/p90
+  - one full refresh (fetch all targets, parse, aggregate, render a 200x50 frame) of each
+    table view: p50/p90
+  - bytes fetched per refresh (asking with name[]) against the whole expositions
+  - fetch-only time of the hand-written selector loop against urllib3's connection pool
   - resident memory of the `top` process after the refreshes
   - exposition parsing: fsdpmon's parser vs prometheus_client's text_string_to_metric_families
     on the same payloads, side by side (median of several runs), as a ratio
+  - the Prometheus source's refresh against a real Prometheus holding the same job
+    (benchmarks/top_prometheus.py) and its queries per refresh
+  - last line: the slowest view's refresh over prometheus_client's parse of the full payloads
 
 The pods are served by a few server processes (each a threaded HTTP server answering many paths,
 like a node full of pods) so the client process measures only what `top` itself does. Not a
@@ -18,23 +24,28 @@ import argparse
 import io
 import multiprocessing as mp
 import resource
+import shutil
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
+import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from fsdpmon.top.aggregate import WANTED, new_parser
 from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.top.sources.httpget import get_all
+from fsdpmon.top.sources.targets import TargetsSource, with_names
 from fsdpmon.top.ui_state import ViewState
 from fsdpmon.top.views import frame
 
 # The synthetic job generator is test code (tests/synthetic_job.py), not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import top_prometheus
 from synthetic_job import PayloadServer, job_expositions
 
 
@@ -55,14 +66,18 @@ def start_servers(n: int, nodes: int, gpus: int) -> tuple[list[int], mp.Event, l
     return [ports.get(timeout=120) for _ in procs], stop, procs
 
 
-def timed_refresh(source: TargetsSource, console: Console) -> tuple[float, float, float, float]:
+VIEWS = (("ranks", "step_time"), ("gpus", "util"), ("processes", "cpu"))
+
+
+def timed_refresh(source: TargetsSource, console: Console,
+                  view: str = "ranks", sort_key: str = "step_time") -> tuple[float, ...]:
     """(total, fetch+parse+aggregate, render, CPU time of this process) seconds, one refresh."""
     cpu = time.process_time()
     start = time.perf_counter()
     snap = source.fetch()
     fetched = time.perf_counter()
     console.file = io.StringIO()
-    console.print(frame(snap, ViewState(view="ranks", sort_key="step_time", descending=True),
+    console.print(frame(snap, ViewState(view=view, sort_key=sort_key, descending=True),
                         console.size.height))
     done = time.perf_counter()
     if len(snap.ranks) == 0 or snap.targets_up != len(snap.targets):
@@ -70,38 +85,76 @@ def timed_refresh(source: TargetsSource, console: Console) -> tuple[float, float
     return done - start, fetched - start, done - fetched, time.process_time() - cpu
 
 
-def bench_refresh(args: argparse.Namespace) -> None:
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[int(q * (len(ordered) - 1))]
+
+
+def http_compare(urls: list[str], workers: int, rounds: int) -> tuple[float, float]:
+    """Fetch-only wall time of every URL (p50 over ``rounds``): (httpget.get_all's selector
+    loop, urllib3's pooled connections on ``workers`` threads), the kept library's way."""
+    pool = urllib3.PoolManager(maxsize=workers, retries=False,
+                               timeout=urllib3.Timeout(total=10.0))
+    ours, lib = [], []
+    with ThreadPoolExecutor(workers) as threads:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            get_all(urls, 10.0, workers, lambda *a: None)
+            ours.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            list(threads.map(lambda u: pool.request("GET", u).data, urls))
+            lib.append(time.perf_counter() - start)
+    pool.clear()
+    return statistics.median(ours), statistics.median(lib)
+
+
+def bench_refresh(args: argparse.Namespace) -> float:
+    """Prints the refresh figures; returns the slowest view's p50 (seconds)."""
     ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
-    paths = sorted(job_expositions("x", args.nodes, 1))  # same paths, cheap to build
+    payloads = job_expositions("llama2-7b", args.nodes, args.gpus)
+    full_bytes = sum(len(b) for b in payloads.values())
+    paths = sorted(payloads)
     urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
     source = TargetsSource(urls, timeout_s=10.0, max_workers=args.workers)
     console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
+    runs: dict[str, list[tuple[float, ...]]] = {}
     try:
         for _ in range(2):
             timed_refresh(source, console)  # warm-up: connections, caches
-        runs = [timed_refresh(source, console) for _ in range(args.refreshes)]
+        for view, key in VIEWS:
+            runs[view] = [timed_refresh(source, console, view, key)
+                          for _ in range(args.refreshes)]
+        fetched = source.bytes_received
         snap = source.fetch()
+        ours, lib = http_compare([with_names(u, WANTED) for u in urls], args.workers, 5)
     finally:
         source.close()
         stop.set()
         for p in procs:
             p.join(timeout=10)
-    totals = sorted(r[0] for r in runs)
     rss = psutil.Process().memory_info().rss
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(f"job: {args.nodes} nodes x {args.gpus} GPUs = {len(snap.ranks)} ranks, "
           f"{len(snap.gpus)} GPUs, {len(snap.processes)} processes, {len(snap.targets)} targets "
           f"({args.servers} server processes, {args.workers} scrape workers)")
-    print(f"full refresh (fetch+parse+aggregate+render 200x50), {args.refreshes} runs: "
-          f"p50 {statistics.median(totals) * 1e3:.0f} ms, "
-          f"p90 {totals[int(0.9 * (len(totals) - 1))] * 1e3:.0f} ms, "
-          f"min {totals[0] * 1e3:.0f} ms")
-    print(f"  of which fetch+parse+aggregate p50 {statistics.median(r[1] for r in runs) * 1e3:.0f}"
-          f" ms, render p50 {statistics.median(r[2] for r in runs) * 1e3:.0f} ms")
-    print(f"  CPU time of the top process per refresh p50 "
-          f"{statistics.median(r[3] for r in runs) * 1e3:.0f} ms (all threads; wall time above "
-          "also waits for the server processes and other load on the machine)")
+    print(f"full refresh (fetch+parse+aggregate+render 200x50), {args.refreshes} runs per view:")
+    for view, rs in runs.items():
+        totals = [r[0] for r in rs]
+        print(f"  {view:9s} p50 {statistics.median(totals) * 1e3:5.0f} ms, "
+              f"p90 {_p(totals, 0.9) * 1e3:5.0f} ms; fetch+parse+aggregate p50 "
+              f"{statistics.median(r[1] for r in rs) * 1e3:.0f} ms, render p50 "
+              f"{statistics.median(r[2] for r in rs) * 1e3:.0f} ms, CPU of top p50 "
+              f"{statistics.median(r[3] for r in rs) * 1e3:.0f} ms")
+    print(f"bytes per refresh: {fetched / 2**20:.1f} MiB asking with name[] for the "
+          f"{len(WANTED)} names top reads; {full_bytes / 2**20:.1f} MiB without (the whole "
+          f"expositions): {full_bytes / fetched:.1f}x less")
+    slowest = max(statistics.median(r[0] for r in rs) for rs in runs.values())
+    print(f"HTTP, fetch only, all {len(urls)} targets with name[] (p50 of 5): selector loop "
+          f"(httpget.get_all) {ours * 1e3:.0f} ms, urllib3 pool on {args.workers} threads "
+          f"{lib * 1e3:.0f} ms; the difference is {(lib - ours) / slowest * 100:+.0f}% of the "
+          "slowest view's refresh")
     print(f"resident memory of top: {rss / 2**20:.0f} MiB now, peak {peak / 2**20:.0f} MiB")
+    return slowest
 
 
 def _timed(fn, texts: list[str]) -> tuple[float, float, int]:
@@ -110,7 +163,8 @@ def _timed(fn, texts: list[str]) -> tuple[float, float, int]:
     return time.perf_counter() - wall, time.process_time() - cpu, count
 
 
-def bench_parser(args: argparse.Namespace) -> None:
+def bench_parser(args: argparse.Namespace) -> float:
+    """Prints the parser figures; returns prometheus_client's wall time on the payloads."""
     # Each parser gets what it takes: prometheus_client text (decoded beforehand, untimed),
     # fsdpmon the bytes as they come off the socket.
     payloads = list(job_expositions("llama2-7b", args.nodes, args.gpus).values())
@@ -147,6 +201,7 @@ def bench_parser(args: argparse.Namespace) -> None:
     print(f"  fsdpmon expfmt, the {len(WANTED)} names top reads ({top_n} samples): "
           f"{med(2, 0) * 1e3:4.0f} / {med(2, 1) * 1e3:4.0f}  -> {ratio(2, 0):.1f}x faster "
           f"(CPU {ratio(2, 1):.1f}x)")
+    return med(0, 0)
 
 
 def main() -> None:
@@ -159,8 +214,15 @@ def main() -> None:
     parser.add_argument("--parse-repeat", type=int, default=5)
     args = parser.parse_args()
     print(f"machine: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB")
-    bench_refresh(args)
-    bench_parser(args)
+    slowest = bench_refresh(args)
+    reference = bench_parser(args)
+    if shutil.which("promtool") and shutil.which("prometheus"):
+        print(top_prometheus.report(args.nodes, args.gpus))
+    else:
+        print("Prometheus source: not measured (no prometheus/promtool; scripts/setup.sh --test)")
+    print(f"full refresh (slowest view, p50) / prometheus_client's parse of the full payloads "
+          f"(same run): {slowest * 1e3:.0f} / {reference * 1e3:.0f} ms = "
+          f"1/{reference / slowest:.0f} (goal: at most 1/50)")
 
 
 if __name__ == "__main__":
