@@ -137,9 +137,11 @@ def test_https_targets_go_through_blocking_gets_beside_the_loop(server):
 
 
 def _rows(snap) -> list[list[str]]:
-    """Every row's figures, without where and when it was scraped."""
+    """Every row's figures, without where and when it was scraped (nor the history, which
+    grows by one each refresh)."""
     where = ("seen_at", "gone_at", "target", "url")
-    return [sorted(repr({k: v for k, v in asdict(row).items() if k not in where})
+    return [sorted(repr({k: v for k, v in asdict(row).items()
+                         if k not in where and not k.endswith("_history")})
                    for row in rows) for rows in (snap.ranks, snap.gpus, snap.processes)]
 
 
@@ -163,3 +165,24 @@ def test_asks_only_for_the_names_top_reads_and_a_target_ignoring_that_still_work
     finally:
         honouring.close()
         ignoring.close()
+
+
+def test_process_and_info_families_come_every_few_refreshes_and_rows_carry_over():
+    srv = PayloadServer(job_expositions("llama", 2, 2))
+    source = TargetsSource(_urls(srv), timeout_s=5.0)
+    try:
+        first = source.fetch()
+        full = source.bytes_received
+        between = [(source.fetch(), source.bytes_received)
+                   for _ in range(source.cadence.every - 1)]
+        for snap, got in between:
+            assert got < full, f"{got} bytes between full refreshes of {full}"
+            assert _rows(snap) == _rows(first), "carried process/info rows changed"
+        source.fetch()
+        assert source.bytes_received == full, "every SLOW_EVERY-th refresh asks for everything"
+        source.showing("processes")
+        source.fetch()
+        assert source.bytes_received == full, "the Processes view gets its families each time"
+    finally:
+        source.close()
+        srv.close()

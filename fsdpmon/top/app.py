@@ -135,6 +135,14 @@ def _render(console: Console, latest: _Latest, state: ViewState, what: str) -> R
     return frame(latest.snapshot, state, console.size.height, latest.notice, latest.verdict)
 
 
+def _show(source: Source, state: ViewState) -> None:
+    """Sources that fetch some families less often (cadence) fetch a view's every refresh
+    while it is open."""
+    showing = getattr(source, "showing", None)
+    if showing is not None:
+        showing(state.view)
+
+
 def _follow_logs(source: Source, state: ViewState, snap: JobSnapshot | None) -> None:
     """Sources that can tail logs (Kubernetes, the demo's files) do so only while the logs view
     or a rank's screen is open; a rank's screen follows its own pod."""
@@ -176,6 +184,7 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
                 state = _press(state, keys, latest, console.size.height)
                 if keys:
                     _follow_logs(source, state, latest.snapshot)
+                    _show(source, state)
                 if (latest.version, state) != shown or resized.is_set():
                     resized.clear()
                     live.update(_render(console, latest, state, source.description),

@@ -17,9 +17,10 @@ from contextlib import contextmanager
 from urllib.parse import urlencode, urlsplit
 
 from fsdpmon.errors import ConfigError
-from fsdpmon.top.aggregate import WANTED, JobAggregator, ScrapeResult, Target, new_parser
+from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target, new_parser
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.cadence import Cadence
 from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
 
 
@@ -167,10 +168,15 @@ class TargetsSource:
         self._pool = ThreadPoolExecutor(max_workers=self._limit) if tls else None
         self._previous: JobSnapshot | None = None
         self.bytes_received = 0  # by the last refresh
+        self.cadence = Cadence()
 
     @property
     def description(self) -> str:
         return f"{len(self.targets)} target(s)"
+
+    def showing(self, view: str) -> None:
+        """The view on screen: the Processes view gets its families on every refresh."""
+        self.cadence.processes_open = view == "processes"
 
     def fetch(self) -> JobSnapshot:
         with collector_paused():
@@ -181,8 +187,11 @@ class TargetsSource:
         # The samples die when this returns, before the collector resumes: its first pass
         # then sees only the new snapshot, not the ~60k samples it was built from.
         aggregator = JobAggregator()
-        self.bytes_received = scrape_urls(self.targets, self._parser, self.timeout_s,
-                                          self._limit, self._pool, aggregator.add, WANTED)
+        cadence = self.cadence
+        names = cadence.names()
+        self.bytes_received = scrape_urls(
+            self.targets, self._parser, self.timeout_s, self._limit, self._pool,
+            lambda i, result: aggregator.add(i, cadence.complete(result)), names)
         return aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
                                    job_name=self.job_name)
 

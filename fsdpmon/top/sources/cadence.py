@@ -1,0 +1,58 @@
+"""How often a refresh asks for each family: what changes every step on every refresh, the
+rest (process tables, static ``*_info`` series) every few refreshes, carried in between.
+
+Process families feed only the Processes view and the GPU-rank ties (which change when a
+process starts or ends); ``*_info`` series are static facts. Asking for them every
+``SLOW_EVERY`` refreshes, and on every refresh while the Processes view is open, trims the
+bytes each target sends; a target's last answer for them is carried into the refreshes between,
+so the views see the same rows. A target that ignores ``name[]`` sends them anyway: its fresh
+ones are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fsdpmon.top.aggregate import (
+    EXPORTER_INFO,
+    GPU_PROCESS_MEMORY,
+    PROCESS_INFO,
+    PROCESS_METRICS,
+    PROCESS_STATE,
+    TRAIN_INFO,
+    WANTED,
+    ScrapeResult,
+)
+from fsdpmon.top.expfmt import Sample
+
+SLOW_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY,
+                        TRAIN_INFO, EXPORTER_INFO])
+SLOW_EVERY = 5  # refreshes: 10 s at top's default 2 s interval
+
+
+class Cadence:
+    """Per refresh: ``names()`` to ask for, then ``complete()`` on each target's result."""
+
+    def __init__(self, every: int = SLOW_EVERY) -> None:
+        self.every = max(1, every)
+        self.processes_open = False
+        self._refreshes = 0
+        self._full = True
+        self._kept: dict[str, list[Sample]] = {}  # target URL → its last slow samples
+
+    def names(self) -> frozenset[str]:
+        """The names this refresh asks for (call once per refresh)."""
+        self._full = self.processes_open or self._refreshes % self.every == 0
+        self._refreshes += 1
+        return WANTED if self._full else WANTED - SLOW_NAMES
+
+    def complete(self, result: ScrapeResult) -> ScrapeResult:
+        """``result`` with its target's carried slow samples, or keeps its fresh ones."""
+        if result.samples is None:
+            return result
+        slow = [s for s in result.samples if s.name in SLOW_NAMES]
+        if self._full or slow:
+            self._kept[result.target.url] = slow
+            return result
+        kept = self._kept.get(result.target.url)
+        return replace(result, samples=[*result.samples, *kept]) if kept else result
