@@ -38,6 +38,7 @@ class ExporterConfig:
     listen_address: str = "0.0.0.0"
     interval_s: float = 5.0
     simulate_gpus: int = 0
+    simulate_for: int = 0  # with simulate_gpus: only this process's descendants hold them
     node_name: str = ""
     web_config_file: str = ""
     proc_root: str = "/proc"
@@ -50,6 +51,7 @@ class ExporterConfig:
         validate.port("--port", self.port)
         validate.between("--interval", self.interval_s, 0.1, 3600.0)
         validate.non_negative("--simulate-gpus", self.simulate_gpus)
+        validate.non_negative("--simulated-gpus-for", self.simulate_for)
         validate.between("--pod-refresh", self.pod_refresh_s, 1.0, 3600.0)
         validate.positive("--max-processes", self.max_processes)
         if not self.node_name:
@@ -73,6 +75,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds between background samples (default 5)")
     parser.add_argument("--simulate-gpus", type=int, default=0, metavar="N",
                         help="serve N simulated GPUs (model SIMULATED) instead of reading NVML")
+    parser.add_argument("--simulated-gpus-for", type=int, default=0, metavar="PID",
+                        help="with --simulate-gpus: only training processes descended from PID "
+                             "hold the simulated GPUs (fsdpmon demo passes its own PID, so "
+                             "other jobs on the machine get none)")
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname(),
                         help="node label value (default $NODE_NAME or the hostname)")
     parser.add_argument("--web-config-file", default="",
@@ -94,7 +100,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> ExporterConfig:
     cfg = ExporterConfig(
         port=args.port, listen_address=args.listen_address, interval_s=args.interval,
-        simulate_gpus=args.simulate_gpus, node_name=args.node_name,
+        simulate_gpus=args.simulate_gpus, simulate_for=args.simulated_gpus_for,
+        node_name=args.node_name,
         web_config_file=args.web_config_file, proc_root=args.proc_root,
         kubeconfig=args.kubeconfig, pod_refresh_s=args.pod_refresh,
         max_processes=args.max_processes, fault=args.fault,
@@ -146,6 +153,7 @@ def start(cfg: ExporterConfig) -> Exporter:
     pods = PodIndex(api, cfg.node_name, cfg.pod_refresh_s) if api is not None else None
     gpus, xid = _gpu_source(cfg)
     procs = ProcessScanner(cfg.proc_root, pods.lookup if pods else None, cfg.max_processes)
+    procs.holders_under = cfg.simulate_for or None
     sampler = Sampler(cfg.node_name, cfg.interval_s, gpus, HostReader(cfg.proc_root), procs)
     metrics = CachedExposition(sampler, __version__, simulated=bool(cfg.simulate_gpus))
     server = serve(metrics, cfg.listen_address, cfg.port, web, sampler.health)

@@ -43,6 +43,7 @@ class ProcStat:
 
     comm: str
     state: str
+    ppid: int
     utime: int
     stime: int
     threads: int
@@ -57,6 +58,7 @@ def parse_stat(text: str) -> ProcStat:
     return ProcStat(
         comm=text[open_paren + 1 : close_paren],
         state=rest[0],
+        ppid=int(rest[1]),
         utime=int(rest[11]),
         stime=int(rest[12]),
         threads=int(rest[17]),
@@ -116,6 +118,7 @@ class _Known:
     rank: int | None = None
     local_rank: int | None = None
     settled: bool = True  # False: too young to trust its command and environment yet
+    ppid: int = 0
 
 
 PodLookup = Callable[[str, str], "PodRef | None"]
@@ -141,6 +144,7 @@ class ProcessScanner:
         self._known: dict[int, _Known] = {}
         self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (clock, cpu seconds)
         self._users: dict[int, str] = {}
+        self.holders_under: int | None = None  # see training_local_ranks
         self._own_pid = os.getpid()
         self._warned_cap = False
 
@@ -192,7 +196,7 @@ class ProcessScanner:
         age = time.time() - (self._boot_time + stat.start_ticks / self._ticks)
         return _Known(stat.start_ticks, command, self._user(uid), cgroup, training, now,
                       environ_int(environ, b"RANK"), environ_int(environ, b"LOCAL_RANK"),
-                      settled=age >= SETTLE_S)
+                      settled=age >= SETTLE_S, ppid=stat.ppid)
 
     def _refresh_known(self, pids: Iterable[int], now: float) -> None:
         live = set(pids)
@@ -218,8 +222,29 @@ class ProcessScanner:
         return [pid for pid, known in self._known.items() if self._covered(known)]
 
     def training_local_ranks(self) -> dict[int, int | None]:
-        """Training PIDs with their LOCAL_RANK (None for a launcher or a plain process)."""
-        return {pid: self._known[pid].local_rank for pid in self.training_pids()}
+        """Training PIDs with their LOCAL_RANK (None for a launcher or a plain process); with
+        ``holders_under`` set, only the descendants of that process (the demo's own training,
+        not another job of the same user on the machine)."""
+        pids = self.training_pids()
+        under = self.holders_under
+        if under is not None:
+            pids = [pid for pid in pids if self._descends_from(pid, under)]
+        return {pid: self._known[pid].local_rank for pid in pids}
+
+    def _descends_from(self, pid: int, ancestor: int, depth: int = 32) -> bool:
+        for _ in range(depth):
+            known = self._known.get(pid)
+            try:
+                parent = known.ppid if known is not None else parse_stat(
+                    self._read(pid, "stat").decode("utf-8", "replace")).ppid
+            except (OSError, ValueError, IndexError):
+                return False
+            if parent == ancestor:
+                return True
+            if parent <= 1:
+                return False
+            pid = parent
+        return False
 
     def _covered(self, known: _Known) -> bool:
         if self.pod_lookup is not None:

@@ -42,7 +42,7 @@ def _set_stat(root: Path, pid: int, **changes: int) -> None:
     path = root / str(pid) / "stat"
     text = path.read_text()
     head, rest = text[: text.rindex(")") + 2], text[text.rindex(")") + 2 :].split()
-    index = {"utime": 11, "start": 19}
+    index = {"ppid": 1, "utime": 11, "start": 19}
     for key, value in changes.items():
         rest[index[key]] = str(value)
     path.write_text(head + " ".join(rest) + "\n")
@@ -191,3 +191,17 @@ def test_a_young_process_is_read_again_until_it_has_settled(tmp_path, monkeypatc
     (young / "environ").write_bytes(b"LOCAL_RANK=1\0RANK=1\0")  # the exec'd worker
     scanner.scan()
     assert scanner.training_local_ranks()[3001] == 1
+
+
+def test_simulated_gpus_go_only_to_the_descendants_of_the_given_process(proc: Path) -> None:
+    """`fsdpmon demo` hands its exporter its own PID: another job's workers of the same user
+    on the machine (3001 here) must not share the demo's simulated GPUs."""
+    _set_stat(proc, 1001, ppid=3000)  # a worker of the demo's torchrun ...
+    _set_stat(proc, 3000, ppid=2000)  # ... which the demo (2000 here) started
+    scanner = ProcessScanner(str(proc))
+    scanner.scan()
+    assert scanner.training_local_ranks() == {1001: 0, 3000: None, 3001: 1}
+    scanner.holders_under = 2000
+    assert scanner.training_local_ranks() == {1001: 0, 3000: None}
+    scanner.holders_under = 4242  # no such ancestor: nobody holds them
+    assert scanner.training_local_ranks() == {}

@@ -137,7 +137,9 @@ def make_plan(cfg: DemoConfig, gpus: int) -> Plan:
     exporter = [
         sys.executable, "-m", "fsdpmon.cli", "exporter", "--port", str(exporter_port),
         "--listen-address", LOOPBACK, "--interval", "1",
-        *(["--simulate-gpus", str(simulated)] if simulated else []),
+        # the simulated GPUs go to this demo's workers only, not to other jobs on the machine
+        *(["--simulate-gpus", str(simulated), "--simulated-gpus-for", str(os.getpid())]
+          if simulated else []),
         *(["--fault", gpu_faults] if gpu_faults else []),
     ]
     spelled = tuple(faultspec.describe(f) for f in cfg.faults())
