@@ -29,10 +29,12 @@ from dashboards.panels import (
 from dashboards.promql import JOB_KEYS, RANK_KEYS, bucket, m
 from fsdpmon import catalog
 from fsdpmon.catalog import Metric, Recorded
+from fsdpmon.conventions import GPU_THROTTLE_REASONS
 
 JOB = 'namespace=~"$namespace", job_name=~"$job"'
 RANK = f'{JOB}, rank=~"$rank"'
 NODE = 'node=~"$node"'
+NODE_ALL = 'node=~".+"'  # dashboards without a node variable
 RATE = "$__rate_interval"
 RANGE = "$__range"
 
@@ -138,6 +140,29 @@ def _job_speed() -> list[Panel | Row]:
     ]
 
 
+def _throttled_gpus() -> Target:
+    """Each GPU's slowdown clock events, with the training rank whose process holds it (the
+    exporter reads the worker's RANK; `fsdpmon diagnose` ties them the same way)."""
+    reasons = "|".join(GPU_THROTTLE_REASONS)
+    events = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'{NODE_ALL}, reason=~"{reasons}"')
+    workers = m(catalog.PROCESS_INFO, 'namespace=~"$namespace", rank!=""')
+    held = (f"{m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)} * 0 + on (node, pid) group_left (rank)"
+            f" {workers}")
+    return Target(f"max by (node, gpu, reason) ({events})\n* on (node, gpu) group_left (rank)\n"
+                  f"max by (node, gpu, rank) ({held})")
+
+
+def _job_diagnosis() -> list[Panel | Row]:
+    return [
+        Row("Diagnosis"),
+        table("Throttled GPUs and the ranks they serve", _throttled_gpus(), width=24,
+              thresholds=((None, "green"), (1, "red")),
+              description="Slowdown clock events (thermal, power brake, hardware) per GPU, 1 "
+                          "while active, with the rank whose process runs on the GPU: a "
+                          "throttled GPU explains its rank's straggling (cause gpu_throttled)."),
+    ]
+
+
 def _job_quality_and_health() -> list[Panel | Row]:
     return [
         Row("Training quality"),
@@ -156,7 +181,7 @@ def _job_quality_and_health() -> list[Panel | Row]:
 
 
 def job_overview() -> Json:
-    items = [*_job_now(), *_job_speed(), *_job_quality_and_health()]
+    items = [*_job_now(), *_job_speed(), *_job_diagnosis(), *_job_quality_and_health()]
     return dashboard("fsdpmon-job", "fsdpmon / Job overview",
                      "Throughput, speed, progress, quality and health of FSDP training jobs.",
                      items, _vars("namespace", "job"), _links("namespace", "job"))
