@@ -4,8 +4,9 @@ A tiny Llama trains in this process with the Monitor serving its endpoint (as ra
 does). A second process runs ``--clients`` threads that scrape ``/metrics`` back to back, switched
 on and off in alternating blocks (quiet, loaded, quiet, ...), so machine load drifts hit both
 alike. Prints the median step time of each, their ratio, and what the scrapers got. Goal (issue
-18): loaded / quiet <= 1.05 with the default pace. ``--max-scrapes-per-second 1000`` shows what
-an unpaced endpoint would cost. Asserts nothing.
+18): loaded / quiet <= 1.05 with the default pace. The endpoint threads' own CPU is printed too:
+it is what the scrapers take from the process, whatever else runs on the machine.
+``--max-scrapes-per-second 1000`` shows what an unpaced endpoint would cost. Asserts nothing.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_endpoint_load.py [--seconds 40]``
 """
@@ -95,6 +96,7 @@ def main() -> None:
         proc.stdin.flush()
         return [int(v) for v in proc.stdout.readline().split()] if cmd in "cq" else []
     times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}  # the training thread's own CPU
     start = time.monotonic()
     loaded = False
     pace = cfg.max_scrapes_per_second
@@ -113,7 +115,7 @@ def main() -> None:
                 settle_end = time.monotonic() + args.clients / pace + 0.2
                 block_end = settle_end + args.block
             x = torch.randint(0, FLAVOURS["tiny"].vocab_size, (batch, seq + 1))
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             with mon.step():
                 logits = model(x[:, :-1])
                 loss = F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten())
@@ -123,6 +125,7 @@ def main() -> None:
                 mon.record(loss=loss.detach(), lr=1e-3)
             if time.monotonic() >= settle_end:
                 times[loaded].append(time.perf_counter() - t0)
+                cpu[loaded].append(time.thread_time() - c0)
     finally:
         if loaded:
             loaded_wall += time.monotonic() - switched_on
@@ -136,6 +139,10 @@ def main() -> None:
     print(f"step time median: quiet {quiet * 1e3:.2f} ms ({len(times[False])} steps), "
           f"loaded {busy * 1e3:.2f} ms ({len(times[True])} steps), "
           f"loaded/quiet {busy / quiet:.3f} (goal <= 1.05)")
+    cq, cb = statistics.median(cpu[False]), statistics.median(cpu[True])
+    print(f"training thread CPU per step median: quiet {cq * 1e3:.2f} ms, loaded "
+          f"{cb * 1e3:.2f} ms, loaded/quiet {cb / cq:.3f} (insensitive to other processes' load;"
+          f" wall time is not, on a busy machine compare several runs)")
     print(f"scrapes answered {answered} in {loaded_wall:.0f}s of load "
           f"({answered / max(loaded_wall, 1e-9):.1f}/s), failed {failed}; the endpoint's "
           f"threads used {served_cpu:.2f} s of CPU ({served_cpu / max(loaded_wall, 1e-9):.1%} "

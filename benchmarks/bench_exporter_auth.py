@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import argparse
 import base64
-import collections
+import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +28,36 @@ from pathlib import Path
 import bcrypt
 
 TICKS = os.sysconf("SC_CLK_TCK")
+
+# The guessers run in their own process, so their threads do not slow the measuring client
+# (the GIL of one process); "q" on stdin stops them and prints {status: count} as JSON.
+GUESSERS = r"""
+import base64, collections, json, secrets, sys, threading, urllib.error, urllib.request
+url, n = sys.argv[1], int(sys.argv[2])
+stop, got, lock = threading.Event(), collections.Counter(), threading.Lock()
+def guess():
+    while not stop.is_set():
+        token = base64.b64encode(f"prometheus:{secrets.token_hex(8)}".encode()).decode()
+        request = urllib.request.Request(url, headers={"Authorization": "Basic " + token})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as resp:
+                resp.read()
+                code = resp.status
+        except urllib.error.HTTPError as exc:
+            code = exc.code
+        except OSError:
+            code = -1
+        with lock:
+            got[code] += 1
+threads = [threading.Thread(target=guess) for _ in range(n)]
+for t in threads:
+    t.start()
+sys.stdin.readline()
+stop.set()
+for t in threads:
+    t.join(35)
+print(json.dumps(got))
+"""
 
 
 def header(user: str, password: str) -> str:
@@ -95,26 +123,13 @@ def main() -> None:
             except OSError:
                 time.sleep(0.2)
         quiet = valid_scrapes(url, good, args.seconds)
-        stop = threading.Event()
-        got: collections.Counter[int] = collections.Counter()
-
-        def guess() -> None:
-            while not stop.is_set():
-                try:
-                    got[get(url, header("prometheus", secrets.token_hex(8)))] += 1
-                except OSError:
-                    got[-1] += 1
-
-        guessers = [threading.Thread(target=guess, daemon=True) for _ in range(args.guessers)]
-        for t in guessers:
-            t.start()
+        guessers = subprocess.Popen([sys.executable, "-c", GUESSERS, url, str(args.guessers)],
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         time.sleep(1.0)  # let the guessers fill the queue
         cpu0, t0 = cpu_seconds(exporter.pid), time.monotonic()
         loaded = valid_scrapes(url, good, args.seconds)
         cores = (cpu_seconds(exporter.pid) - cpu0) / (time.monotonic() - t0)
-        stop.set()
-        for t in guessers:
-            t.join(35)
+        got = {int(k): v for k, v in json.loads(guessers.communicate("q\n", timeout=60)[0]).items()}
     finally:
         exporter.terminate()
         exporter.wait(10)

@@ -6,7 +6,8 @@ exporter-toolkit does:
   for one; the rest are answered "busy" (429) after ``BUSY_DELAY_SECONDS`` (a sleep: no CPU, and
   a guesser cannot spin on it), so guessers can never occupy every worker of the server; after a
   failed check the slot stays taken for ``FAILED_PAUSE`` x its duration, so guessing takes at
-  most 1 / (1 + FAILED_PAUSE) of one core;
+  most 1 / (1 + FAILED_PAUSE) of one core, and the checks run in one thread at the lowest CPU
+  priority (nice 19), so they only get the CPU that scrapes leave over;
 - recent outcomes are cached (keyed by a SHA-256 of user, password and hash, never the password
   itself), so a scraper with good credentials pays bcrypt once, not per scrape;
 - an unknown user or a password bcrypt cannot take (over 72 bytes) costs the same bcrypt time as
@@ -17,11 +18,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import enum
 import hashlib
+import os
 import threading
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 
 import bcrypt
 
@@ -46,7 +50,10 @@ class BasicAuth:
         self._decoy = next(iter(users.values()))
         self._cache: OrderedDict[bytes, bool] = OrderedDict()
         self._lock = threading.Lock()
-        self._running = threading.BoundedSemaphore(BCRYPT_AT_ONCE)
+        # One thread runs every check, at the lowest CPU priority (Linux nice is per thread):
+        # guessing then only gets CPU the scrapes and the sampler leave over.
+        self._checker = ThreadPoolExecutor(BCRYPT_AT_ONCE, thread_name_prefix="fsdpmon-bcrypt",
+                                           initializer=_lowest_priority)
         self._admitted = threading.BoundedSemaphore(BCRYPT_AT_ONCE + BCRYPT_WAITING)
         self.bcrypt_checks = 0  # how many ran (tests and benchmarks read it)
         self.busy_delay = BUSY_DELAY_SECONDS
@@ -69,11 +76,7 @@ class BasicAuth:
             time.sleep(self.busy_delay)
             return Verdict.BUSY
         try:
-            with self._running:
-                started = time.monotonic()
-                ok = self._bcrypt(password, hashed)
-                if not ok:
-                    time.sleep(FAILED_PAUSE * (time.monotonic() - started))
+            ok = self._checker.submit(self._paced_bcrypt, password, hashed).result()
         finally:
             self._admitted.release()
         with self._lock:
@@ -81,6 +84,13 @@ class BasicAuth:
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
         return Verdict.OK if ok else Verdict.DENIED
+
+    def _paced_bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
+        started = time.monotonic()
+        ok = self._bcrypt(password, hashed)
+        if not ok:
+            time.sleep(FAILED_PAUSE * (time.monotonic() - started))
+        return ok
 
     def _bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
         self.bcrypt_checks += 1
@@ -91,6 +101,11 @@ class BasicAuth:
         except ValueError:  # a hash bcrypt cannot read: validated at start, so not expected
             return False
         return usable and matched
+
+
+def _lowest_priority() -> None:
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed: as is
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def _decode(header: str | None) -> tuple[str, bytes] | None:
