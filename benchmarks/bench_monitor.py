@@ -124,8 +124,11 @@ def host_cost(workdir: Path, steps: int, repeats: int) -> None:
                 m.record(loss=loss, lr=1e-4)
         return (time.perf_counter() - start) / steps
 
-    # A log interval beyond the loop: every step measured here is a non-log step.
-    mon = make_monitor(workdir, 10**9, flops_per_token=1e6, tokens_per_step=1024)
+    # A log interval beyond the loop (the largest the config accepts): every step measured here
+    # is a non-log step.
+    interval = 1_000_000
+    assert steps * repeats < interval, f"{steps} x {repeats} steps would reach a log step"
+    mon = make_monitor(workdir, interval, flops_per_token=1e6, tokens_per_step=1024)
     null = NullSpans()
     costs = []
     for _ in range(repeats):
