@@ -221,3 +221,11 @@ def test_a_rank_that_never_reported_is_missing():
              for s in snaps]
     f = only(diagnose(short), "rank_missing")
     assert f.rank == gone, f
+
+
+def test_slow_checkpoints_job_wide_need_the_whole_window():
+    heavy = {f"r{r}": {"checkpoint_s": 0.3} for r in range(4)}  # 60% of a 0.5 s step
+    f = only(diagnose(history(lambda i: {"specs": heavy})), "checkpoint_slow")
+    assert f.rank is None
+    once = history(lambda i: {"specs": heavy} if i == N - 1 else {})
+    assert diagnose(once) == []

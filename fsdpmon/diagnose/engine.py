@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from fsdpmon.conventions import (
-    CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
     DIAGNOSIS_EVIDENCE_SECONDS,
     GPU_XID_CRITICAL,
@@ -306,7 +305,7 @@ def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
     live = [r for r in obs.now.ranks if not r.down]
     ckpt = _median([r.checkpoint_s for r in live if r.checkpoint_s is not None])
     step = _median([r.step_time_s for r in live if r.step_time_s is not None])
-    if not obs.seconds or not step or ckpt < CHECKPOINT_SHARE_LIMIT * step:
+    if not obs.checkpoint_heavy or not step:  # held over the window, not one sample
         return []
     return [Finding("checkpoint_slow", WARNING, f"checkpointing takes {ckpt / step:.0%} of the "
                     "step time", evidence=(f"median checkpoint time {ckpt:.3g}s per step of "

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsdpmon.conventions import (
+    CHECKPOINT_SHARE_LIMIT,
     GPU_POWER_CAP_REASON,
     GPU_THROTTLE_REASONS,
     HOST_CPU_BUSY_RATIO,
@@ -83,6 +84,17 @@ def _busy_nodes(snap: JobSnapshot) -> list[str]:
             and n.cpu_utilization_ratio >= HOST_CPU_BUSY_RATIO]
 
 
+def _checkpoint_heavy(snap: JobSnapshot) -> list[str]:
+    """["job"] while the median rank spends CHECKPOINT_SHARE_LIMIT of its step checkpointing."""
+    live = _live(snap)
+    ckpt = [r.checkpoint_s for r in live if r.checkpoint_s is not None]
+    step = [r.step_time_s for r in live if r.step_time_s is not None]
+    if not ckpt or not step:
+        return []
+    heavy = statistics.median(ckpt) >= CHECKPOINT_SHARE_LIMIT * statistics.median(step) > 0
+    return ["job"] if heavy else []
+
+
 def _targets_down(snap: JobSnapshot) -> list[str]:
     return [t.url for t in snap.targets if not t.up]
 
@@ -123,6 +135,7 @@ class Observations:
     ecc: dict[GpuKey, tuple[float, float]] = field(default_factory=dict)
     restarts: tuple[float, float] | None = None
     loss_spike: tuple[float, float] | None = None
+    checkpoint_heavy: bool = False
 
 
 def observe(window: Window) -> Observations:
@@ -147,6 +160,7 @@ def observe(window: Window) -> Observations:
     obs.ecc = window.rise(_ecc)
     obs.restarts = window.rise(_restarts).get("job")
     obs.loss_spike = _loss_spike(window)
+    obs.checkpoint_heavy = bool(window.lasting(_checkpoint_heavy))
     return obs
 
 
