@@ -12,6 +12,7 @@ import dataclasses
 import io
 import json
 import math
+import time
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -197,3 +198,23 @@ def test_report_reads_logs_with_any_figure_or_names_the_bad_field(tmp_path_facto
     stats = with_scaling([run_stats(runs[0])])
     markdown_report(stats, warmup="default", chart_name=None)
     json.dumps([dataclasses.asdict(s) for s in stats], allow_nan=False)
+
+
+def test_a_pod_claiming_an_absurd_world_size_costs_nothing() -> None:
+    """world_size is what a pod says: 1e18 ranks must not make top or diagnosis build
+    range(world_size) (it hung the property test above before it was bounded)."""
+    claims = [dataclasses.replace(r, samples=[
+        Sample(s.name, s.labels, 1e18) if s.name == "fsdpmon_job_world_size" else s
+        for s in r.samples or ()]) for r in HEALTHY]
+
+    def timed(results: list[ScrapeResult]) -> tuple[JobSnapshot, float]:
+        started = time.perf_counter()
+        snap = aggregate(results, now=T0, source="targets")
+        read_everything(snap, 0)
+        return snap, time.perf_counter() - started
+
+    _, healthy = timed(HEALTHY)
+    snap, absurd = timed(claims)
+    assert len(snap.unseen_ranks()) == 64  # the first few named, the rest counted
+    # side by side: the same work as a healthy job's (range(1e18) would never finish)
+    assert absurd < 10 * healthy, f"{absurd:.2f}s vs {healthy:.2f}s for a healthy job"

@@ -39,8 +39,7 @@ def _unresponsive(snap: JobSnapshot) -> list[int]:
 
 def _missing(snap: JobSnapshot) -> list[int]:
     """Ranks that went away, and ranks of the world size that never reported at all."""
-    seen = {r.rank for r in snap.ranks}
-    never = set(range(snap.world_size)) - seen if snap.world_size else set()
+    never = set(snap.unseen_ranks())
     return sorted({r.rank for r in snap.ranks if r.down} | never)
 
 

@@ -70,16 +70,15 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
 def never_seen(snap: JobSnapshot) -> list[int]:
     """Ranks below the job's world size that no target serves (not even as gone): e.g. ranks
     whose endpoint another job took, or whose pod never came up."""
-    if not snap.world_size:
-        return []
-    return sorted(set(range(snap.world_size)) - {r.rank for r in snap.ranks})
+    return list(snap.unseen_ranks())
 
 
 def _never_seen(snap: JobSnapshot) -> list[Alert]:
     absent = never_seen(snap)
     if not absent:
         return []
-    reporting = snap.world_size - len(absent) if snap.world_size else 0
+    seen = {r.rank for r in snap.ranks}
+    reporting = sum(1 for r in seen if 0 <= r < (snap.world_size or 0))
     return [Alert("rank_missing", Severity.CRITICAL,
                   f"only {reporting} of {snap.world_size} ranks report; rank "
                   f"{_fmt_ranks(absent)} never seen")]

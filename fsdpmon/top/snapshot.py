@@ -199,6 +199,22 @@ class JobSnapshot:
     def targets_up(self) -> int:
         return sum(1 for t in self.targets if t.up)
 
+    def unseen_ranks(self, limit: int = 64) -> tuple[int, ...]:
+        """Ranks below the world size that no row names, the first ``limit`` of them.
+
+        The world size is what the pods say (untrusted: a pod may claim 10^18 ranks), so this
+        walks at most len(ranks) + ``limit`` numbers instead of building range(world_size)."""
+        if not self.world_size or self.world_size <= 0:
+            return ()
+        seen = {r.rank for r in self.ranks}
+        out: list[int] = []
+        for rank in range(self.world_size):
+            if rank not in seen:
+                out.append(rank)
+                if len(out) >= limit:
+                    break
+        return tuple(out)
+
     @property
     def stalled_ranks(self) -> tuple[int, ...]:
         return tuple(r.rank for r in self.ranks if r.stalled)
