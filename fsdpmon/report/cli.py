@@ -36,8 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "PATH.rank<k>.jsonl are read), one per-rank file, or a directory of runs' logs",
     )
     parser.add_argument("--out", default="fsdpmon-report", metavar="DIR",
-                        help="directory for report.md, report.json and scaling.png "
-                        "(default: %(default)s)")
+                        help="directory for report.md, report.json and scaling.png (the chart "
+                        "needs matplotlib: pip install 'fsdpmon[report]') (default: %(default)s)")
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
                         help="leave steps <= N out of the figures (default: each rank's first "
                         "log window, which holds start-up)")
