@@ -67,6 +67,17 @@ def measure(job: str, nodes: int, gpus: int, refreshes: int = 5) -> dict[str, fl
         backfill_s = time.perf_counter() - started
         with run_prometheus(work, {"scrape_configs": []}, tsdb=work / "tsdb") as prom:
             source = PrometheusSource(prom.url, job_name=job, timeout_s=60)
+            per_query: dict[str, list[float]] = {}
+            plain_query = source.query
+
+            def timed_query(promql: str) -> list:
+                start = time.perf_counter()
+                try:
+                    return plain_query(promql)
+                finally:
+                    per_query.setdefault(promql[:40], []).append(time.perf_counter() - start)
+
+            source.query = timed_query  # type: ignore[method-assign]
             snap = source.fetch()  # warm-up: Prometheus loads the blocks' index pages
             times, queries = [], []
             for _ in range(refreshes):
@@ -77,7 +88,9 @@ def measure(job: str, nodes: int, gpus: int, refreshes: int = 5) -> dict[str, fl
     return {"series": series, "backfill_s": backfill_s, "ranks": len(snap.ranks),
             "gpus": len(snap.gpus), "targets": len(snap.targets),
             "p50_s": statistics.median(times), "max_s": max(times),
-            "queries": statistics.median(queries)}
+            "queries": statistics.median(queries),
+            "slowest_query": max(per_query, key=lambda q: statistics.median(per_query[q])),
+            "slowest_query_s": max(statistics.median(v) for v in per_query.values())}
 
 
 def report(nodes: int, gpus: int) -> str:
@@ -85,7 +98,8 @@ def report(nodes: int, gpus: int) -> str:
     return (f"Prometheus source (--prometheus), {nodes} x {gpus} = {r['ranks']} ranks, "
             f"{r['gpus']} GPUs, {r['targets']} targets, {r['series']} series backfilled "
             f"(promtool {r['backfill_s']:.0f} s): refresh p50 {r['p50_s'] * 1e3:.0f} ms, "
-            f"max {r['max_s'] * 1e3:.0f} ms, {r['queries']:.0f} queries per refresh")
+            f"max {r['max_s'] * 1e3:.0f} ms, {r['queries']:.0f} queries per refresh; slowest "
+            f"query p50 {r['slowest_query_s'] * 1e3:.0f} ms: {r['slowest_query']}...")
 
 
 if __name__ == "__main__":
