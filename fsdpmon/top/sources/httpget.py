@@ -1,12 +1,14 @@
 """HTTP GETs for scrapes: one blocking ``http_get``, and ``get_all`` for many at once.
 
+Kept instead of a library: urllib3's pool on threads takes several times as long to fetch a
+large job's targets, more than 10% of a whole refresh (benchmarks/bench_top.py prints both).
+
 ``get_all`` drives every plain-HTTP exchange of a refresh from one thread: non-blocking
 sockets, one selector, an HTTP/1.0 request, the answer read until the server closes. A scrape
-needs no more of HTTP than that, and the generic layers cost more than the work: for the 512
-pods of a 256-node job, asyncio's transports, tasks and futures plus http.client's header
-parser spent ~95 ms of CPU per refresh on this 2-core machine; this loop spends ~35 ms (the
-system calls included). Whatever is not a plain ``200`` is handed to http.client's own
-parser, so the failure reasons read exactly as ``http_get``'s.
+needs no more of HTTP than that, and the generic layers (asyncio's transports, tasks and
+futures plus http.client's header parser; urllib3's pool and threads) cost more than the work.
+Whatever is not a plain ``200`` is handed to http.client's own parser, so the failure reasons
+read exactly as ``http_get``'s.
 """
 
 from __future__ import annotations
