@@ -24,6 +24,8 @@ from proc_tree import kill_tree, resume_tree
 from prometheus_client.parser import text_string_to_metric_families
 from support import free_port
 
+from fsdpmon.monitor.server import RENDER_SECONDS
+
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,6 +142,7 @@ def main_run(tmp_path_factory) -> Iterator[Job]:
         job.release(1)  # rank 1 exits abruptly, leaving its state files behind
         rank1 = job.pid(1)
         wait_until(lambda: not _alive(rank1), 30, "rank 1 to exit")
+        time.sleep(RENDER_SECONDS)  # the endpoint serves a rendering at most this old
         job.seen["after"] = scrape(job.port)
         finish(job)
         yield job

@@ -18,6 +18,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 
@@ -26,6 +27,10 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _cleanups: list[Callable[[], None]] = []
 _installed = False
+_dying = threading.Lock()
+# How long the watcher thread leaves the main thread to end the process itself (with the
+# signal's own exit status) before it ends it with 128 + SIGTERM.
+MAIN_THREAD_GRACE_SECONDS = 2.0
 
 
 def register(fn: Callable[[], None]) -> None:
@@ -54,14 +59,16 @@ def run_all() -> None:
             log.debug("fsdpmon: clean-up failed", exc_info=True)
 
 
-def _die_of_sigterm() -> None:
-    run_all()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+def _cleanup_once() -> None:
+    with _dying:  # the thread and the handler may both get here: the second waits
+        run_all()
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
-    _die_of_sigterm()
+    """Main thread: clean up, then die of SIGTERM as if we had never handled it."""
+    _cleanup_once()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _install_sigterm() -> None:
@@ -94,5 +101,8 @@ def _watch(read_fd: int) -> None:
         if not data:
             return
         if signal.SIGTERM in data:
-            _die_of_sigterm()
-            return
+            # Only the main thread may reset a handler; if it is stuck in C (a collective),
+            # it never will, so this thread ends the process after its grace period.
+            _cleanup_once()
+            time.sleep(MAIN_THREAD_GRACE_SECONDS)
+            os._exit(128 + signal.SIGTERM)
