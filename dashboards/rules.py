@@ -61,6 +61,10 @@ class RuleBounds:
     low_util_for: str = "20m"
     error_window: str = "15m"  # XID / ECC counters
     throttle_for: str = "10m"
+    # ... or held down this share of the time by NVML's accumulated clock-event time, over
+    # throttle_window (a flag sampled per scrape misses throttling that comes and goes)
+    throttle_share: float = 0.25
+    throttle_window: str = "5m"
     nonfinite_for: str = "1m"
     divergence_factor: float = 1.5  # loss above factor x its minimum over divergence_window
     divergence_window: str = "1h"
@@ -345,6 +349,8 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
     # because something is wrong with cooling or power delivery.
     hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
     throttled = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'reason=~"{hot}"')
+    held = m(catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL, f'reason=~"{hot}"')
+    share = f"{b.throttle_share:.0%}"
     return [
         _alert(
             "FsdpmonGPULowUtilization",
@@ -359,11 +365,13 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
         ),
         _alert(
             "FsdpmonGPUThrottling",
-            f"{throttled} == 1",
+            f"{throttled} == 1\nor\n"
+            f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}",
             b.throttle_for, "warning",
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
-            "Clock-event reason {{ $labels.reason }} has been active for " + b.throttle_for
-            + "; a throttled GPU makes its rank a straggler.",
+            "Clock-event reason {{ $labels.reason }} has held the clocks down for "
+            + b.throttle_for + f" (active, or over {share} of the time); a throttled GPU makes "
+            "its rank a straggler.",
             "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
             "and power supply; hw_slowdown with normal temperature can mean a failing board.",
         ),
