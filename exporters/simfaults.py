@@ -110,8 +110,11 @@ def exporter_faults(flag: str | None, gpu_count: int) -> GpuFaults:
                                      "exporter injects gpu-throttle, xid, gpu-lost and "
                                      "ecc-uncorrected")
     from_env = faultspec.parse(os.environ.get(faultspec.ENV_VAR), faultspec.ENV_VAR)
-    gpu = [f for f in (*from_env, *from_flag) if isinstance(f, faultspec.GPU_KINDS)]
-    if gpu and gpu_count <= 0:
-        raise ConfigError("--fault", "GPU faults are injected into simulated GPUs only: add "
-                                     "--simulate-gpus N")
-    return GpuFaults(gpu, gpu_count)
+    faults = []
+    for source, given in ((faultspec.ENV_VAR, from_env), ("--fault", from_flag)):
+        gpu = [f for f in given if isinstance(f, faultspec.GPU_KINDS)]
+        if gpu and gpu_count <= 0:
+            raise ConfigError(source, "GPU faults are injected into simulated GPUs only: add "
+                                      "--simulate-gpus N")
+        faults += GpuFaults(gpu, gpu_count, source).faults  # each checked, named by its source
+    return GpuFaults(faults, gpu_count)

@@ -185,3 +185,10 @@ def test_gpu_faults_need_simulated_gpus_and_trainer_kinds_in_the_env_are_ignored
     assert [f.code for f in exporter_faults(None, 1).faults] == [13]
     with pytest.raises(ConfigError, match="--simulate-gpus"):
         exporter_faults(None, 0)
+
+
+def test_a_bad_gpu_fault_in_the_environment_is_named_as_such(monkeypatch) -> None:
+    monkeypatch.setenv("FSDPMON_FAULT", "gpu-lost:gpu=5")
+    with pytest.raises(ConfigError) as err:
+        exporter_faults("xid:gpu=0", 2)
+    assert err.value.field == "FSDPMON_FAULT" and "GPU 5" in str(err.value), str(err.value)
