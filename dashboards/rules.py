@@ -25,6 +25,7 @@ from fsdpmon.conventions import (
     DEFAULT_STALL_FACTOR,
     DEFAULT_STALL_FLOOR_SECONDS,
     MEMORY_PRESSURE_RATIO,
+    STRAGGLER_SCORE_THRESHOLD,
 )
 
 Rule = dict[str, Any]
@@ -49,10 +50,8 @@ class RuleBounds:
     missing_for: str = "2m"
     target_down_for: str = "3m"
     exporter_down_for: str = "5m"
-    # Straggler: step time above factor x job median, or data wait above the job median by
-    # more than this share of the median step time.
-    straggler_factor: float = 1.25
-    straggler_data_share: float = 0.10
+    # Straggler: the rank's score (median busy time of the other ranks / its own) below this.
+    straggler_score: float = STRAGGLER_SCORE_THRESHOLD
     straggler_for: str = "15m"
     memory_ratio: float = MEMORY_PRESSURE_RATIO  # a rank's peak active memory / capacity
     memory_for: str = "5m"
@@ -225,20 +224,16 @@ def _rank_missing(b: RuleBounds) -> Rule:
 
 
 def _straggler(b: RuleBounds) -> Rule:
-    med_step = f"quantile by ({JOB_KEYS}) (0.5, {STEP_TIME})"
-    data = m(catalog.TRAIN_PHASE_DURATION_SECONDS, 'phase="data"')
-    slow_step = (f"{STEP_TIME}\n  > on ({JOB_KEYS}) group_left ()"
-                 f" ({b.straggler_factor:g} * {med_step})")
-    slow_data = (f"max without (phase) (\n    {data}\n"
-                 f"    - on ({JOB_KEYS}) group_left () quantile by ({JOB_KEYS}) (0.5, {data})\n  )"
-                 f"\n  > on ({JOB_KEYS}) group_left () ({b.straggler_data_share:g} * {med_step})")
+    # Step time cannot name a straggler (in synchronous training every rank's step is as long
+    # as the slowest one's); the score does: the straggler is the rank that waits least at the
+    # collectives, i.e. is busy longest. It covers slow compute and slow data loading alike.
+    score = m(catalog.TRAIN_STRAGGLER_SCORE)
     return _alert(
-        "FsdpmonRankStraggling", f"({slow_step})\nor\n({slow_data})", b.straggler_for, "warning",
+        "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g}", b.straggler_for, "warning",
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
-        "Rank {{ $labels.rank }} is slower than the job's median rank (step time above "
-        f"{b.straggler_factor:g} x the median, or data loading longer than the median by more "
-        f"than {b.straggler_data_share:g} of a step); every other rank waits for it at each "
-        "collective.",
+        "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
+        f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "
+        "at the collectives, and every other rank waits for it at each one.",
         "Compare the rank's phases on the Ranks dashboard: a long data phase points at its "
         "data loader or storage; slow forward/backward at a throttled or faulty GPU (see the "
         "Nodes dashboard for its clocks, temperature and XIDs) or a noisy neighbour on the node.",

@@ -117,13 +117,14 @@ TRAIN_DATA_WAIT_RATIO = Metric(
     "Share of step time spent blocked waiting for data over the last log window.", T)
 TRAIN_BUSY_SECONDS = Metric(
     "fsdpmon_train_busy_seconds", Gg, "seconds",
-    "Mean time per step not spent waiting in collectives, over the last log window.", T)
+    "Time per step not spent waiting in collectives (median over the recent steps).", T)
 TRAIN_COLLECTIVE_WAIT_RATIO = Metric(
     "fsdpmon_train_collective_wait_ratio", Gg, "ratio",
     "Share of step time spent waiting in collectives over the last log window.", T)
 TRAIN_STRAGGLER_SCORE = Metric(
     "fsdpmon_train_straggler_score", Gg, "",
-    "Median busy time over ranks / this rank's busy time (below the threshold: a straggler).",
+    "Median busy time of the other ranks / this rank's busy time (below the threshold: a "
+    "straggler).",
     T)
 TRAIN_MFU_RATIO = Metric(
     "fsdpmon_train_mfu_ratio", Gg, "ratio",
@@ -197,7 +198,8 @@ JOB_STEP_TIME_MAX_SECONDS = Metric(
     "Slowest rank's mean step time over the last log window.", J)
 JOB_SLOWEST_RANK = Metric(
     "fsdpmon_job_slowest_rank", Gg, "",
-    "Rank whose busy time (step time minus collective wait) was highest.", J)
+    "Rank with the lowest straggler score (busy time: step time minus collective wait, "
+    "highest).", J)
 JOB_SLOWEST_RANK_STEP_TIME_SECONDS = Metric(
     "fsdpmon_job_slowest_rank_step_time_seconds", Gg, "seconds",
     "Mean step time of the slowest rank over the last log window.", J)

@@ -196,7 +196,7 @@ def training_exposition(
 
 def _job_values(ranks: Sequence[RankSpec]) -> dict[str, float]:
     times = sorted(r.step_time_s for r in ranks)
-    slowest = max(ranks, key=lambda r: r.step_time_s)
+    slowest = min(ranks, key=lambda r: (r.straggler_score, -r.step_time_s))  # as the monitor
     heaviest = max(ranks, key=lambda r: r.peak_memory_bytes)
     values = {m.name: 1.0 for m in catalog.TRAINING if m.labels == ("job_name",)}
     values.update({

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.top.health import (
     MEMORY_PRESSURE_RATIO,
-    STRAGGLER_RATIO,
     alerts,
     gone_early,
     job_state,
@@ -42,14 +42,13 @@ def test_precedence():
     assert state(snap(targets=(DOWN,), ranks=finished)) is JobState.FAILED  # no plan: not done
 
 
-def test_straggler_threshold_is_relative_to_the_median():
-    just_under = snap(slowest_rank=1, step_time_median_s=1.0,
-                      step_time_max_s=STRAGGLER_RATIO * 0.99)
-    over = replace(just_under, step_time_max_s=STRAGGLER_RATIO * 1.01)
-    assert not [a for a in alerts(just_under) if a.kind == "straggler"]
-    assert [a.message for a in alerts(over) if a.kind == "straggler"] == [
-        "rank 1 straggles: step 1.21s vs median 1s"]
-
+def test_straggler_alert_follows_the_flagged_score():
+    rows = (RankRow(rank=0, step=5, straggler_score=1.2),
+            RankRow(rank=1, step=5, straggler_score=0.6, slowest=True))
+    assert [a.message for a in alerts(snap(ranks=rows)) if a.kind == "straggler"] == [
+        f"rank 1 straggles: score 0.60 < {STRAGGLER_SCORE_THRESHOLD:g} (the others wait for it)"]
+    unflagged = (rows[0], replace(rows[1], slowest=False))
+    assert not [a for a in alerts(snap(ranks=unflagged)) if a.kind == "straggler"]
 
 def test_memory_pressure_and_lost_gpu():
     full = GpuRow(node="n", gpu="0", memory_used_bytes=MEMORY_PRESSURE_RATIO * 80,

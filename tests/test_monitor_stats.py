@@ -6,37 +6,52 @@ import math
 
 import pytest
 
-from fsdpmon.monitor.stats import job_figures, window_stats
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.monitor.stats import BUSY_MIN_STEPS, job_figures, straggler_scores, window_stats
 from fsdpmon.monitor.timing import WindowTimes
 
 
 def test_window_stats():
     times = WindowTimes(step_seconds=[0.1, 0.3], phase_seconds={"data": 0.08, "forward": 0.2})
     stats = window_stats(times, tokens=800, wall_seconds=0.5, flops_per_token=1e6,
-                         peak_flops=4e9)
+                         peak_flops=4e9, collective_waits=[0.02, 0.08])
     assert stats.tokens_per_second == pytest.approx(1600)
     assert stats.step_time_s == pytest.approx(0.2)
     assert stats.data_wait_ratio == pytest.approx(0.2)
-    assert stats.local_seconds_per_step == pytest.approx(0.04)
+    assert stats.busy_s == pytest.approx(((0.1 - 0.02) + (0.3 - 0.08)) / 2)  # median of 2
+    assert stats.busy_steps == pytest.approx((0.08, 0.22))
+    assert stats.collective_wait_ratio == pytest.approx(0.1 / 0.4)
     assert stats.phase_means == pytest.approx({"data": 0.04, "forward": 0.1})
     assert stats.mfu == pytest.approx(1600 * 1e6 / 4e9)
+
+
+def test_busy_time_is_a_median_that_one_descheduled_step_cannot_move():
+    steady = [0.1] * (BUSY_MIN_STEPS - 3)
+    times = WindowTimes(step_seconds=[0.1, 0.1, 0.9])  # the last step lost 0.8 s off-CPU
+    stats = window_stats(times, 1, 1.0, 1.0, None, [0.0, 0.0, 0.0], busy_history=steady)
+    assert stats.busy_s == pytest.approx(0.1)
+    # ... while a rank slow in every step moves it at once when the window is long enough
+    slow = WindowTimes(step_seconds=[0.2] * BUSY_MIN_STEPS)
+    assert window_stats(slow, 1, 1.0, 1.0, None, busy_history=steady).busy_s == 0.2
 
 
 def test_window_without_data_phase_or_peak():
     stats = window_stats(WindowTimes([0.1]), tokens=10, wall_seconds=0.1, flops_per_token=1.0,
                          peak_flops=None)
-    assert stats.data_wait_ratio == 0.0
+    assert stats.data_wait_ratio == 0.0 and stats.collective_wait_ratio == 0.0
+    assert stats.busy_s == pytest.approx(0.1)
     assert stats.mfu is None
     empty = window_stats(WindowTimes(), tokens=0, wall_seconds=0.0, flops_per_token=1.0,
                          peak_flops=None)
     assert empty.data_wait_ratio is None and empty.tokens_per_second == 0.0
 
 
-def test_straggler_is_the_rank_with_most_time_before_the_collectives():
-    # Synchronous FSDP: step times nearly equal; rank 2 spends its time loading data.
-    rows = [[0.50, 0.01, 1e9, 2.0], [0.51, 0.02, 3e9, 2.2], [0.50, 0.30, 2e9, 1.8]]
+def test_straggler_is_the_rank_that_waits_least_at_the_collectives():
+    # Synchronous FSDP: step times nearly equal; rank 2 is busy 0.45 s, the others wait.
+    rows = [[0.50, 0.30, 1e9, 2.0], [0.51, 0.31, 3e9, 2.2], [0.50, 0.45, 2e9, 1.8]]
     job = job_figures(rows)
     assert job.slowest_rank == 2
+    assert job.slowest_rank_score == pytest.approx(0.305 / 0.45)
     assert job.slowest_rank_step_time_s == 0.50
     assert (job.step_time_min_s, job.step_time_median_s, job.step_time_max_s) == (
         0.50, 0.50, 0.51)
@@ -47,8 +62,21 @@ def test_straggler_is_the_rank_with_most_time_before_the_collectives():
     assert job.as_metrics()["fsdpmon_job_slowest_rank"] == 2
 
 
-def test_without_marked_phases_the_longest_step_names_the_straggler():
-    assert job_figures([[0.5, 0.0, 1, 1], [0.7, 0.0, 1, 1]]).slowest_rank == 1
+def test_without_busy_figures_the_longest_step_names_the_straggler():
+    nan = math.nan
+    assert job_figures([[0.5, nan, 1, 1], [0.7, nan, 1, 1]]).slowest_rank == 1
+
+
+def test_straggler_score_is_the_other_ranks_median_over_own_busy():
+    # Two ranks, one 1.5x busier: 1/1.5 (with itself in the median it would be 1.25/1.5).
+    assert straggler_scores([0.2, 0.3]) == pytest.approx([1.5, 0.2 / 0.3])
+    scores = straggler_scores([1.0, 1.0, 2.0, 1.0])
+    assert scores == pytest.approx([1.0, 1.0, 0.5, 1.0])
+    assert min(s for s in scores if s) < STRAGGLER_SCORE_THRESHOLD <= sorted(scores)[1]
+    # Missing figures give no score rather than a made-up one; one rank has no peers.
+    assert straggler_scores([math.nan, 1.0, 1.0]) == [None, 1.0, 1.0]
+    assert straggler_scores([0.0, 1.0]) == [None, None]
+    assert straggler_scores([1.0]) == [None]
 
 
 def test_a_nonfinite_loss_on_any_rank_shows_in_the_job_figures():

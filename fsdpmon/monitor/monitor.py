@@ -11,6 +11,7 @@ once and counts it in ``fsdpmon_monitor_internal_errors_total``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -28,15 +29,25 @@ except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) h
 from torch import nn
 
 from fsdpmon import catalog
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
+from fsdpmon.monitor import collectives
+from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
-from fsdpmon.monitor.gather import gather_rows, topology
+from fsdpmon.monitor.gather import gather_rows, is_distributed, topology
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.publish import Publication
-from fsdpmon.monitor.stats import JobFigures, WindowStats, job_figures, window_stats
+from fsdpmon.monitor.stats import (
+    BUSY_MIN_STEPS,
+    JobFigures,
+    WindowStats,
+    job_figures,
+    straggler_scores,
+    window_stats,
+)
 from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer, WindowTimes
 
 log = logging.getLogger("fsdpmon.monitor")
@@ -91,6 +102,8 @@ class Monitor:
         # Safe defaults, so that a failure in any part of set-up leaves the rest working.
         self.topo = DistEnv()  # rank 0 of 1
         self._timer = StepTimer(HostClock())
+        self._collectives: CollectiveTimer | None = None
+        self._busy_history: collections.deque[float] = collections.deque(maxlen=BUSY_MIN_STEPS)
         self.device, self.peak_flops = "cpu", None
         self.flops_per_token = float(flops_per_token or 0.0)
         self._memory: MemoryReader | None = None
@@ -123,6 +136,9 @@ class Monitor:
         self.flops_per_token = float(flops or 0.0)
         self.run_record = self._run_record(model, run_info)
         self._memory = MemoryReader(cuda)
+        if is_distributed(self.topo):  # one rank alone waits for nobody
+            self._collectives = CollectiveTimer(cuda)
+            collectives.activate(self._collectives)
 
     def _open_jsonl(self) -> None:
         if self.config.jsonl_path:
@@ -196,11 +212,16 @@ class Monitor:
                 if self.pub is not None:
                     self.pub.arm()
             self._timer.begin_step()
+            if self._collectives is not None:
+                self._collectives.armed = True
         except Exception as exc:
             self._fail("begin_step", exc)
 
     def abort_step(self) -> None:
         """Forget the step in progress (it raised): nothing is counted or timed."""
+        if self._collectives is not None:
+            self._collectives.armed = False
+            self._collectives.step_done(completed=False)
         self._guarded("abort_step", self._timer.abort_step)
         self._pending.pop("tokens", None)
 
@@ -208,6 +229,9 @@ class Monitor:
         try:
             if not self._timer.in_step:
                 return
+            if self._collectives is not None:
+                self._collectives.armed = False
+                self._collectives.step_done()
             host_seconds = self._timer.end_step()
             tokens = self._pending.pop("tokens", None)
             tokens = self.tokens_per_step if tokens is None else int(tokens)
@@ -273,13 +297,15 @@ class Monitor:
         peak_memory = memory.peak_bytes if memory else math.nan
         loss = quality.get("loss")
         local = [stats.step_time_s if stats else math.nan,
-                 stats.local_seconds_per_step if stats else math.nan,
+                 stats.busy_s if stats else math.nan,
                  peak_memory, math.nan if loss is None else loss]
         rows = self._gather(local)  # every rank, every log step, whatever failed above
         job = self._guarded("job figures", lambda: job_figures(rows)
                             if rows is not None and self.topo.rank == 0 else None)
+        score = self._guarded("straggler score", lambda: straggler_scores(
+            [r[1] for r in rows])[self.topo.rank] if rows is not None else None)
         record = self._guarded("record", lambda: self._step_record(stats, quality, peak_memory,
-                                                                   job))
+                                                                   job, score))
         if record is None:
             return
         pub, times = self.pub, self._timer_window
@@ -289,13 +315,18 @@ class Monitor:
         self._emit(record)
 
     def _measure_window(self) -> WindowStats:
-        times = self._timer.drain()
+        times = self._timer.drain()  # on CUDA: the window's one sync, so the collective
+        wait = self._collectives.drain() if self._collectives is not None else []  # events
+        # recorded before the timer's last event are complete here
         now = time.perf_counter()
         start = self._window_start if self._window_start is not None else now
         self._window_start = now
         tokens, self._window_tokens = self._window_tokens, 0
         self._timer_window = times
-        return window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops)
+        stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops,
+                             wait, self._busy_history)
+        self._busy_history.extend(stats.busy_steps)
+        return stats
 
     def _read_values(self) -> dict[str, float | None]:
         pending, self._pending = self._pending, {}
@@ -312,7 +343,8 @@ class Monitor:
             return None
 
     def _step_record(self, stats: WindowStats | None, quality: dict[str, float | None],
-                     peak_memory: float, job: JobFigures | None) -> dict[str, Any]:
+                     peak_memory: float, job: JobFigures | None,
+                     score: float | None = None) -> dict[str, Any]:
         loss = quality.get("loss")
         record: dict[str, Any] = {
             "kind": "step", "time": time.time(), "rank": self.topo.rank,
@@ -322,6 +354,10 @@ class Monitor:
             "tokens_per_second": stats.tokens_per_second if stats else None,
             "step_time_s": stats.step_time_s if stats else None,
             "data_wait_ratio": stats.data_wait_ratio if stats else None,
+            "busy_s": stats.busy_s if stats else None,
+            "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
+            "straggler_score": score,
+            "straggling": score is not None and score < STRAGGLER_SCORE_THRESHOLD,
             "mfu": stats.mfu if stats else None,
             "peak_memory_bytes": peak_memory,
             "tokens_total": self.tokens_done,
@@ -368,6 +404,8 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
+        if self._collectives is not None and collectives.active() is self._collectives:
+            collectives.activate(None)
         for part in (self.pub, self.jsonl):
             if part is None:
                 continue

@@ -11,10 +11,9 @@ from fsdpmon import catalog
 from fsdpmon.monitor.flops import mfu
 from fsdpmon.monitor.timing import WindowTimes
 
-# Phases that run before a step's first collective: time there is a rank's own, so the rank
-# with the most of it is the one the others wait for (with synchronous FSDP every rank's step
-# time is about equal, so step time alone cannot name the straggler).
-LOCAL_PHASES = ("data",)
+# Fewest steps the busy-time median spans (odd: a true middle). A few descheduled steps out of
+# 11 cannot move it; measured on a loaded 2-core host, 2- and 3-step medians could.
+BUSY_MIN_STEPS = 11
 
 
 @dataclass(frozen=True)
@@ -25,20 +24,35 @@ class WindowStats:
     tokens_per_second: float
     step_time_s: float  # mean
     data_wait_ratio: float | None
-    local_seconds_per_step: float
+    busy_s: float  # median over recent steps: step time less the time waiting in collectives
+    busy_steps: tuple[float, ...]  # this window's per-step busy times (for the next windows)
+    collective_wait_ratio: float | None
     phase_means: dict[str, float]
     mfu: float | None
 
 
 def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
-                 flops_per_token: float, peak_flops: float | None) -> WindowStats:
+                 flops_per_token: float, peak_flops: float | None,
+                 collective_waits: Sequence[float] = (),
+                 busy_history: Sequence[float] = ()) -> WindowStats:
+    """``collective_waits``: each step's time inside collectives (empty: none measured);
+    ``busy_history``: earlier steps' busy times, oldest first.
+
+    Busy time is the MEDIAN over the last max(window, BUSY_MIN_STEPS) steps: a straggler is
+    slow in every step, while a rank that the OS happened to deschedule (a busy neighbour)
+    loses a step here and there; the median keeps the first and drops the second, where a mean
+    would blur them. The cost: a new straggler is named about BUSY_MIN_STEPS / 2 steps late.
+    """
     steps = len(times.step_seconds)
     mean_step = statistics.fmean(times.step_seconds) if steps else 0.0
     tps = tokens / wall_seconds if wall_seconds > 0 else 0.0
     step_total = sum(times.step_seconds)
     data = times.phase_seconds.get("data")
     per_step = {k: v / steps for k, v in times.phase_seconds.items()} if steps else {}
-    local = sum(times.phase_seconds.get(p, 0.0) for p in LOCAL_PHASES)
+    waits = list(collective_waits) if len(collective_waits) == steps else [0.0] * steps
+    busy = [max(0.0, t - w) for t, w in zip(times.step_seconds, waits, strict=True)]
+    wait = min(step_total, math.fsum(waits))
+    recent = [*busy_history, *busy][-max(steps, BUSY_MIN_STEPS):]
     return WindowStats(
         steps=steps,
         tokens=tokens,
@@ -46,14 +60,35 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
         tokens_per_second=tps,
         step_time_s=mean_step,
         data_wait_ratio=min(1.0, (data or 0.0) / step_total) if step_total > 0 else None,
-        local_seconds_per_step=local / steps if steps else 0.0,
+        busy_s=statistics.median(recent) if recent else 0.0,
+        busy_steps=tuple(busy),
+        collective_wait_ratio=wait / step_total if step_total > 0 else None,
         phase_means=per_step,
         mfu=mfu(tps, flops_per_token, peak_flops),
     )
 
 
 # The per-rank vector each rank contributes to the one gather per log interval.
-GATHER_FIELDS = ("step_time_s", "local_seconds_per_step", "peak_memory_bytes", "loss")
+GATHER_FIELDS = ("step_time_s", "busy_s", "peak_memory_bytes", "loss")
+
+
+def straggler_scores(busy: Sequence[float]) -> list[float | None]:
+    """Per rank: median busy time of the OTHER ranks / own busy time (NVIDIA resiliency
+    extension's score; below STRAGGLER_SCORE_THRESHOLD a rank straggles).
+
+    The median leaves the rank itself out: over all ranks, with 2 ranks the median is the mean
+    of the straggler and its peer, which halves the straggler's excess (a rank 2x slower would
+    score only 0.75); with many ranks the two medians agree. None where a rank's own or its
+    peers' figures are missing (NaN or 0, or no peers), rather than a made-up score.
+    """
+    scores: list[float | None] = []
+    for i, own in enumerate(busy):
+        others = [b for j, b in enumerate(busy) if j != i and math.isfinite(b) and b > 0]
+        if not others or not math.isfinite(own) or own <= 0:
+            scores.append(None)
+        else:
+            scores.append(statistics.median(others) / own)
+    return scores
 
 
 @dataclass(frozen=True)
@@ -63,6 +98,7 @@ class JobFigures:
     step_time_max_s: float
     slowest_rank: int
     slowest_rank_step_time_s: float
+    slowest_rank_score: float | None
     peak_memory_max_bytes: float
     peak_memory_max_rank: int
     loss_mean: float
@@ -90,12 +126,15 @@ class JobFigures:
 def job_figures(rows: Sequence[Sequence[float]]) -> JobFigures:
     """Aggregate the gathered rows (one per rank, GATHER_FIELDS order)."""
     step = [r[0] for r in rows]
-    local = [r[1] for r in rows]
+    busy = [r[1] for r in rows]
     memory = [r[2] for r in rows]
     loss = [r[3] for r in rows]
-    # The straggler: most time of its own before the collectives; when nobody marks such
-    # phases, fall back to the longest step.
-    slowest = _argmax(local) if max(local) > 0 else _argmax(step)
+    # The straggler waits least at the collectives: the lowest score (= the most busy time).
+    # Step time cannot name it: in synchronous training every rank's step is as long as the
+    # slowest rank's.
+    scores = straggler_scores(busy)
+    known = [i for i, s in enumerate(scores) if s is not None]
+    slowest = min(known, key=lambda i: (scores[i], i)) if known else _argmax(step)
     peak_rank = _argmax(memory)
     return JobFigures(
         step_time_min_s=min(step),
@@ -103,6 +142,7 @@ def job_figures(rows: Sequence[Sequence[float]]) -> JobFigures:
         step_time_max_s=max(step),
         slowest_rank=slowest,
         slowest_rank_step_time_s=step[slowest],
+        slowest_rank_score=scores[slowest],
         peak_memory_max_bytes=memory[peak_rank],
         peak_memory_max_rank=peak_rank,
         # fsum refuses -inf + inf: with a non-finite loss the mean is what IEEE says it is

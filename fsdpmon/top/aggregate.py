@@ -434,15 +434,20 @@ def _max(values: Iterable[float | None]) -> float | None:
 
 
 def _mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
-    """The job's slowest rank; its row is flagged SLOWEST only when it is a straggler by the
-    shared line (score below STRAGGLER_SCORE_THRESHOLD), so ranks equal to the millisecond
-    are never flagged and the flag does not hop between them from one refresh to the next."""
+    """The job's slowest rank: its own verdict (the lowest straggler score), else the lowest
+    published score, else the longest step. Its row is flagged SLOWEST only when it is a
+    straggler by the shared line (score below STRAGGLER_SCORE_THRESHOLD), so ranks equal to the
+    millisecond are never flagged and the flag does not hop between them from one refresh to
+    the next. Step time alone cannot name a compute straggler (every rank's step lasts as long
+    as the slowest one's), so it only stands in where no score is published."""
     live = [r for r in ranks if not r.down and r.step_time_s is not None]
     if len(live) < 2:
         return None
+    scored = [r for r in live if r.straggler_score is not None]
     slowest = _opt_int(job.get("slowest_rank"))
     if slowest is None or all(r.rank != slowest for r in live):
-        slowest = max(live, key=lambda r: r.step_time_s or 0.0).rank
+        slowest = (min(scored, key=lambda r: (r.straggler_score, r.rank)).rank if scored
+                   else max(live, key=lambda r: r.step_time_s or 0.0).rank)
     median = statistics.median(r.step_time_s or 0.0 for r in live)
     for i, r in enumerate(ranks):
         # without a published score: the same shape from step times, median ÷ own

@@ -1,8 +1,9 @@
 """Judging a job's health from its snapshot: alerts (stall, straggler, target down, memory
 pressure, lost GPU, non-finite loss) and the one-word state the header and `--once` report.
 
-Pure functions of the snapshot; the thresholds are the ones the alert rules use in spirit
-(a straggler is 20% slower than the median; memory pressure is 95% of the device).
+Pure functions of the snapshot; the thresholds are the ones the alert rules use, from
+fsdpmon.conventions (a straggler scores below STRAGGLER_SCORE_THRESHOLD; memory pressure is
+MEMORY_PRESSURE_RATIO of the device).
 """
 
 from __future__ import annotations
@@ -12,10 +13,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from fsdpmon.conventions import MEMORY_PRESSURE_RATIO
+from fsdpmon.conventions import MEMORY_PRESSURE_RATIO, STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.top.snapshot import Alert, JobSnapshot, JobState, RankRow, Severity
-
-STRAGGLER_RATIO = 1.2  # slowest rank's step time over the median that makes it a straggler
 
 
 def _fmt_ranks(ranks: Sequence[int], limit: int = 8) -> str:
@@ -49,12 +48,12 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
     if finished:
         out.append(Alert("rank_down", Severity.WARNING,
                          f"rank {_fmt_ranks(finished)} finished and gone"))
-    median, worst = snap.step_time_median_s, snap.step_time_max_s
-    if (snap.slowest_rank is not None and median and worst
-            and worst > STRAGGLER_RATIO * median):
+    flagged = [r for r in live if r.slowest and r.straggler_score is not None]
+    if flagged:
+        r = flagged[0]
         out.append(Alert("straggler", Severity.WARNING,
-                            f"rank {snap.slowest_rank} straggles: step {worst:.3g}s vs median "
-                            f"{median:.3g}s"))
+                            f"rank {r.rank} straggles: score {r.straggler_score:.2f} < "
+                            f"{STRAGGLER_SCORE_THRESHOLD:g} (the others wait for it)"))
     out += _memory_alerts(snap)
     lost = [f"{g.node}/{g.gpu}" for g in snap.gpus if not g.up]
     if lost:

@@ -1,0 +1,154 @@
+"""Time each rank spends waiting in collectives, so that busy time (step minus wait) names the
+straggler: in synchronous training every rank's step lasts as long as the slowest rank's, and
+the fast ranks spend the difference waiting at the collectives. The rank that waits least is
+the one the others wait for.
+
+How it is measured, and why this way:
+- The c10d Python entry points (``torch.distributed.all_gather_single``, ``all_reduce``, ...,
+  which FSDP2, DTensor and user code call through the module attribute) and the functional
+  collectives' ``wait_tensor`` (where DTensor's ``full_tensor()`` blocks) are wrapped once per
+  process. A wrapper costs two clock reads per collective (~1 us; a tiny FSDP step makes a few
+  dozen), nothing is allocated, and it works for any loop that uses torch.distributed, with no
+  model hooks. The alternatives cost more or see less: FSDP2's module hooks do not bracket the
+  waits; ``ProcessGroup._register_on_completion_hook`` exists only for NCCL; the flight
+  recorder on gloo records no completion time; a profiler step is far over budget.
+- CPU (gloo): host wall time inside the outermost blocking call is the wait (gloo blocks the
+  calling thread until every peer has joined and the data has moved). Calls made with
+  ``async_op=True`` return a ``Work`` that is waited on elsewhere and are not counted; FSDP2
+  on CPU issues its all-gathers and reduce-scatters synchronously.
+- CUDA: host time around an NCCL call is only the launch, so each call is bracketed by two
+  CUDA events on the stream current at the call (FSDP2 issues its collectives on their own
+  streams): their elapsed time is the device time of the collective, waiting for peers
+  included. Events are pooled and read only at the log step, after the one synchronisation
+  the step timer already makes there: no per-step device sync. Busy = the step's device time
+  less its collectives' device time; where communication overlaps compute this undercounts
+  every rank's busy time by about the same amount, so the ranking of ranks (all that the
+  score uses) survives.
+Only calls made while a step is open are counted (the monitor sets ``armed``), so the monitor's own
+log-step gather and checkpoint collectives between steps are left out.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any
+
+# The blocking c10d entry points (each also under torch.distributed.distributed_c10d).
+C10D_NAMES = (
+    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all",
+    "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
+    "broadcast", "reduce", "barrier", "gather", "scatter", "all_gather_object",
+    "broadcast_object_list",
+)
+_WRAPPED = "_fsdpmon_collective_timer"
+
+
+class CollectiveTimer:
+    """Accumulates the wait of the calls made while armed, per step; ``drain`` at the log step."""
+
+    def __init__(self, cuda: bool = False) -> None:
+        self.cuda = cuda
+        self.armed = False
+        self.calls = 0
+        self._seconds = 0.0  # host: this step's wait so far
+        self._depth = 0
+        self._pairs: list[tuple[Any, Any]] = []  # cuda: this step's event pairs
+        self._steps: list[Any] = []  # per completed step: seconds (host) or its pairs (cuda)
+        self._free: list[Any] = []
+
+    def enter(self) -> Any:
+        if self.cuda:
+            return self._event()
+        return time.perf_counter()
+
+    def leave(self, start: Any) -> None:
+        self.calls += 1
+        if self.cuda:
+            self._pairs.append((start, self._event()))
+        else:
+            self._seconds += time.perf_counter() - start
+
+    def step_done(self, completed: bool = True) -> None:
+        """Close the step's account: kept when the step completed, dropped when it was aborted."""
+        if completed:
+            self._steps.append(self._pairs if self.cuda else self._seconds)
+        else:
+            self._free += (e for pair in self._pairs for e in pair)
+        self._seconds, self._pairs = 0.0, []
+
+    def drain(self) -> list[float]:
+        """Seconds waited in collectives by each step completed since the last drain (called
+        at the log step; on CUDA after the step timer's one synchronisation)."""
+        steps, self._steps = self._steps, []
+        if not self.cuda:
+            return steps
+        if steps and steps[-1]:
+            steps[-1][-1][1].synchronize()  # done already: the step's stream waited for it
+        out = []
+        for pairs in steps:
+            out.append(sum(float(a.elapsed_time(b)) for a, b in pairs) / 1000.0)
+            self._free += (e for pair in pairs for e in pair)
+        return out
+
+    def _event(self) -> Any:
+        if self._free:
+            event = self._free.pop()
+        else:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+
+_active: CollectiveTimer | None = None
+
+
+def activate(timer: CollectiveTimer | None) -> None:
+    """Make ``timer`` the one the wrappers feed (None: nothing is timed); wraps on first use."""
+    global _active
+    if timer is not None:
+        install()
+    _active = timer
+
+
+def active() -> CollectiveTimer | None:
+    return _active
+
+
+def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        timer = _active
+        if timer is None or not timer.armed or timer._depth or kwargs.get("async_op"):
+            return fn(*args, **kwargs)
+        timer._depth += 1  # only the outermost call: all_gather_object calls all_gather
+        start = timer.enter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            timer._depth -= 1
+            timer.leave(start)
+
+    setattr(wrapper, _WRAPPED, True)
+    return wrapper
+
+
+def install() -> None:
+    """Wrap the collectives once per process (idempotent; wrappers pass through when idle)."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    from torch.distributed import _functional_collectives as funcol
+    from torch.distributed import distributed_c10d as c10d
+
+    for module in (dist, c10d):
+        for name in C10D_NAMES:
+            fn = getattr(module, name, None)
+            if fn is not None and not getattr(fn, _WRAPPED, False):
+                setattr(module, name, _timed(fn))
+    if not getattr(funcol.wait_tensor, _WRAPPED, False):
+        funcol.wait_tensor = _timed(funcol.wait_tensor)

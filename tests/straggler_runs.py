@@ -1,0 +1,106 @@
+"""Run the real trainer under torchrun with a fault spec (or none), optionally with a CPU-bound
+process beside it, and read back what each log window named: the slowest rank, every rank's
+straggler score, and the ranks flagged (score below the threshold).
+
+Shared by tests/test_e2e_straggler.py (a compact subset) and benchmarks/bench_faults.py (the
+full matrix and the long healthy runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from proc_tree import kill_tree
+from trainer_launch import REPO, run, torchrun_args
+
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.faultspec import ENV_VAR as FAULT_ENV
+
+# A busy loop: one core's worth of CPU taken from the job, as a noisy neighbour would.
+BUSY_LOOP = "import time\nwhile True:\n    time.perf_counter()\n"
+
+
+@dataclass(frozen=True)
+class Window:
+    step: int
+    slowest_rank: int
+    scores: dict[int, float | None]
+
+    @property
+    def flagged(self) -> list[int]:
+        return [r for r, s in self.scores.items()
+                if s is not None and s < STRAGGLER_SCORE_THRESHOLD]
+
+
+@dataclass(frozen=True)
+class JobRun:
+    windows: list[Window]
+    seconds: float
+    step_time_s: float  # median over windows of rank 0's mean step time
+
+    def after(self, step: int) -> list[Window]:
+        """Windows that only hold steps after ``step``."""
+        return [w for w in self.windows if w.step - self.log_every >= step]
+
+    log_every: int = 10
+
+
+@contextlib.contextmanager
+def neighbour(active: bool) -> Iterator[None]:
+    """A CPU-bound process beside the job while the block runs (or nothing)."""
+    if not active:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True)
+    try:
+        yield
+    finally:
+        kill_tree(proc)
+
+
+def run_job(workdir: Path, nproc: int, fault: str | None, steps: int, log_every: int,
+            busy_neighbour: bool = False, seq_len: int = 64, timeout: float = 600) -> JobRun:
+    """Train ``steps`` tiny steps on ``nproc`` CPU ranks; the windows the monitor logged."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "log.jsonl"
+    args = torchrun_args(nproc, ["-m", "trainer.train", "--model", "tiny",
+                                 "--max-steps", str(steps), "--log-every", str(log_every),
+                                 "--seq-len", str(seq_len), "--metrics-port", "0",
+                                 "--log-jsonl", str(log)])
+    env = {FAULT_ENV: fault} if fault else {}
+    started = time.monotonic()
+    with neighbour(busy_neighbour):
+        code, out = run(args, workdir / "out.txt", timeout=timeout, **env)
+    seconds = time.monotonic() - started
+    assert code == 0, out[-3000:]
+    return read_windows(workdir, nproc, log_every, seconds)
+
+
+def read_windows(workdir: Path, nproc: int, log_every: int, seconds: float) -> JobRun:
+    records = {r: [json.loads(line) for line in
+                   (workdir / f"log.rank{r}.jsonl").read_text().splitlines()]
+               for r in range(nproc)}
+    steps = {r: {x["step"]: x for x in recs if x["kind"] == "step"} for r, recs in records.items()}
+    windows = []
+    for step, rec0 in sorted(steps[0].items()):
+        scores = {r: steps[r].get(step, {}).get("straggler_score") for r in range(nproc)}
+        windows.append(Window(step, rec0["job"]["slowest_rank"], scores))
+    times = sorted(x["step_time_s"] for x in steps[0].values())
+    return JobRun(windows, seconds, times[len(times) // 2] if times else math.nan, log_every)
+
+
+def coin_flip_chance(n: int, k: int, ranks: int) -> float:
+    """Chance that naming a rank at random names the right one in at least k of n windows."""
+    p = 1.0 / ranks
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+__all__ = ["REPO", "JobRun", "Window", "coin_flip_chance", "neighbour", "run_job"]

@@ -1,0 +1,75 @@
+"""The straggler is named for real: the trainer under torchrun (CPU, gloo), a fault injected on
+one rank part-way through, the monitor's windows read back from each rank's JSONL.
+
+Each run is healthy first (no rank may be flagged: score below STRAGGLER_SCORE_THRESHOLD), then
+one rank is slowed from a step on; once the monitor's busy-time median (over the last
+BUSY_MIN_STEPS steps) is past the fault, that rank must be named slowest, with the lowest score,
+in every window. Windows overlap in the steps their median spans, so they are not independent
+trials: the proof against luck (independent repeated runs of every case, both ranks, 15% and
+50%, data and compute, with and without a CPU-bound neighbour) and the 5-minute healthy runs
+are in benchmarks/bench_faults.py. This is the compact subset the suite can afford.
+"""
+
+from __future__ import annotations
+
+import pytest
+from straggler_runs import JobRun, run_job
+
+from fsdpmon.monitor.stats import BUSY_MIN_STEPS
+
+pytestmark = pytest.mark.slow
+
+LOG_EVERY = 3
+HEALTHY_STEPS = 12  # healthy windows end at 3, 6, 9, 12
+SETTLE = BUSY_MIN_STEPS // 2 + 1  # steps after the fault before the median is past it
+CHECKED_WINDOWS = 2
+
+
+def windows(run: JobRun) -> tuple[list, list]:
+    healthy = [w for w in run.windows if w.step <= HEALTHY_STEPS]
+    faulty = [w for w in run.windows if w.step >= HEALTHY_STEPS + SETTLE]
+    return healthy, faulty
+
+
+STEPS = HEALTHY_STEPS + SETTLE + LOG_EVERY * CHECKED_WINDOWS
+
+
+@pytest.fixture(scope="module")
+def two_ranks_compute_slow_with_neighbour(tmp_path_factory) -> JobRun:
+    # Rank 1's forward and backward 1.5x as long, a CPU-bound process running beside the job.
+    fault = f"compute-slow:rank=1,factor=1.5,from_step={HEALTHY_STEPS + 1}"
+    return run_job(tmp_path_factory.mktemp("cs2"), 2, fault, STEPS, LOG_EVERY,
+                   busy_neighbour=True)
+
+
+@pytest.fixture(scope="module")
+def four_ranks_data_slow(tmp_path_factory) -> JobRun:
+    fault = f"data-slow:rank=2,seconds=0.25,from_step={HEALTHY_STEPS + 1}"
+    return run_job(tmp_path_factory.mktemp("ds4"), 4, fault, STEPS, LOG_EVERY)
+
+
+@pytest.mark.parametrize("job, ranks, slowed", [
+    ("two_ranks_compute_slow_with_neighbour", 2, 1),
+    ("four_ranks_data_slow", 4, 2),
+])
+def test_slowed_rank_is_named_in_every_window_after_the_fault(job, ranks, slowed, request):
+    del ranks  # (the parameter id says how many)
+    run: JobRun = request.getfixturevalue(job)
+    _, faulty = windows(run)
+    named = [w.slowest_rank for w in faulty]
+    assert len(named) >= CHECKED_WINDOWS, f"{len(named)} windows after the fault settled"
+    assert named == [slowed] * len(named), (
+        f"named {named}, expected rank {slowed} in all {len(named)} windows; scores "
+        f"{[w.scores for w in faulty]}")
+    for w in faulty:  # the slowed rank also has the lowest score of all
+        assert min(w.scores, key=lambda r: w.scores[r]) == slowed, w.scores
+
+
+@pytest.mark.parametrize("job", ["two_ranks_compute_slow_with_neighbour",
+                                 "four_ranks_data_slow"])
+def test_healthy_windows_flag_nobody(job, request):
+    run: JobRun = request.getfixturevalue(job)
+    healthy, _ = windows(run)
+    assert len(healthy) == HEALTHY_STEPS // LOG_EVERY, f"{len(healthy)} healthy windows"
+    flagged = {w.step: (w.flagged, w.scores) for w in healthy if w.flagged}
+    assert not flagged, f"healthy windows flagged a straggler: {flagged}"
