@@ -5,6 +5,10 @@
 2. The monitor's host-side cost per non-log step: an empty loop with ``step()``, four phases
    and ``record()``, against the same loop with no-op context managers, in microseconds.
 3. The cost of a log step (timers, loss read, memory, JSONL, state file), in milliseconds.
+4. What straggler attribution adds per step (it is active only in a distributed job): the
+   collective wrapper's cost per call x the collectives a real 2-rank tiny step makes (counted
+   by the monitor in a torchrun run) + the per-step bookkeeping, as a share of the tiny step
+   from 1., printed beside the monitor's own per-step host cost from 2.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_monitor.py [--steps N]``
 """
@@ -13,9 +17,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -24,7 +31,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from fsdpmon.monitor import Monitor, MonitorConfig
+from fsdpmon.monitor import Monitor, MonitorConfig, collectives
 from trainer.model import FLAVOURS, Transformer
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -105,6 +112,7 @@ def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None
           f"{statistics.fmean(with_) / statistics.fmean(without):8.4f}")
     paired = statistics.median(w / wo for w, wo in zip(with_, without, strict=True))
     print(f"  median of paired ratios:     {paired:8.4f}   (each step vs its neighbour)")
+    FIGURES["step_s"] = med_without
     plain = [t for i, t in enumerate(with_) if i not in set(log_steps)]
     print(f"  non-log steps with monitor:  {statistics.median(plain) / med_without:8.4f}   "
           f"log steps: {statistics.median([with_[i] for i in log_steps]) / med_without:.4f} "
@@ -135,6 +143,7 @@ def host_cost(workdir: Path, steps: int, repeats: int) -> None:
         base = loop(null)
         costs.append(loop(mon) - base)
     mon.close()
+    FIGURES["host_us"] = statistics.median(costs) * 1e6
     print(f"host cost of the monitor per non-log step (step + 4 phases + record, "
           f"{steps} steps x {repeats} runs):")
     print(f"  median: {statistics.median(costs) * 1e6:6.2f} us   "
@@ -153,6 +162,61 @@ def log_step_cost(workdir: Path, steps: int) -> None:
     mon.close()
     print(f"cost of a log step (timers, loss, memory, gather, JSONL, state file; {steps} runs):")
     print(f"  median: {statistics.median(timings) * 1e3:6.3f} ms")
+
+
+FIGURES: dict[str, float] = {}
+
+
+def collectives_per_step(workdir: Path) -> float:
+    """Collectives per step of the tiny model on 2 ranks, as the monitor counts them."""
+    log = workdir / "attrib.jsonl"
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                    "--nproc_per_node", "2", "-m", "trainer.train", "--model", "tiny",
+                    "--max-steps", "10", "--log-every", "10", "--metrics-port", "0",
+                    "--log-jsonl", str(log)], check=True, capture_output=True,
+                   cwd=Path(__file__).resolve().parents[1],
+                   env={**os.environ, "OMP_NUM_THREADS": "1"})
+    steps = [json.loads(x) for x in (workdir / "attrib.rank0.jsonl").read_text().splitlines()]
+    return float(next(r["collective_calls"] for r in steps if r["kind"] == "step"))
+
+
+def attribution_cost(workdir: Path, calls: int, repeats: int) -> None:
+    def raw(*args: object, **kwargs: object) -> None:
+        return None
+
+    wrapped = collectives._timed(raw)
+    timer = collectives.CollectiveTimer()
+    collectives.activate(timer)
+    per_call, per_step = [], []
+    for _ in range(repeats):
+        timer.armed = True
+        start = time.perf_counter()
+        for _ in range(calls):
+            raw(1, group=None)
+        mid = time.perf_counter()
+        for _ in range(calls):
+            wrapped(1, group=None)
+        end = time.perf_counter()
+        per_call.append(((end - mid) - (mid - start)) / calls)
+        start = time.perf_counter()
+        for _ in range(calls):
+            timer.armed = True
+            timer.armed = False
+            timer.step_done()
+        per_step.append((time.perf_counter() - start) / calls)
+        timer.drain()
+    collectives.activate(None)
+    n = collectives_per_step(workdir)
+    call_s, step_s = statistics.median(per_call), statistics.median(per_step)
+    added = call_s * n + step_s
+    tiny = FIGURES.get("step_s", float("nan"))
+    print("straggler attribution (collective timing), added per step of a 2-rank job:")
+    print(f"  wrapper: {call_s * 1e6:.2f} us per collective x {n:.0f} collectives per tiny "
+          f"2-rank step + {step_s * 1e6:.2f} us bookkeeping = {added * 1e6:.1f} us")
+    print(f"  = {added / tiny:.4%} of the tiny step ({tiny * 1e3:.1f} ms without monitor; "
+          f"budget 0.5%); the monitor's own host cost per non-log step: "
+          f"{FIGURES.get('host_us', float('nan')):.1f} us "
+          f"= {FIGURES.get('host_us', float('nan')) * 1e-6 / tiny:.4%}")
 
 
 def timed(label: str, fn: Callable[[], None]) -> None:
@@ -177,6 +241,8 @@ def main() -> None:
             workdir, args.steps, args.batch, args.seq_len))
         timed("host cost", lambda: host_cost(workdir, args.host_steps, args.repeats))
         timed("log step cost", lambda: log_step_cost(workdir, 200))
+        timed("attribution cost", lambda: attribution_cost(workdir, args.host_steps,
+                                                           args.repeats))
 
 
 if __name__ == "__main__":

@@ -1,13 +1,14 @@
 """The straggler is named for real: the trainer under torchrun (CPU, gloo), a fault injected on
 one rank part-way through, the monitor's windows read back from each rank's JSONL.
 
-Each run is healthy first (no rank may be flagged: score below STRAGGLER_SCORE_THRESHOLD), then
-one rank is slowed from a step on; once the monitor's busy-time median (over the last
-BUSY_MIN_STEPS steps) is past the fault, that rank must be named slowest, with the lowest score,
-in every window. Windows overlap in the steps their median spans, so they are not independent
-trials: the proof against luck (independent repeated runs of every case, both ranks, 15% and
-50%, data and compute, with and without a CPU-bound neighbour) and the 5-minute healthy runs
-are in benchmarks/bench_faults.py. This is the compact subset the suite can afford.
+Each run is healthy first: with nothing beside the job no rank may be flagged (score below
+STRAGGLER_SCORE_THRESHOLD), and before the busy median spans BUSY_MIN_STEPS steps there is no
+score at all. Then one rank is slowed from a step on; once the busy-time median is past the
+fault, that rank must be named slowest, with the lowest score, in every window. Windows overlap
+in the steps their median spans, so they are not independent trials: the proof against luck
+(independent repeated runs of every case, both ranks, 15% and 50%, data and compute, with and
+without a CPU-bound neighbour) and the 5-minute healthy runs are in benchmarks/bench_faults.py.
+This is the compact subset the suite can afford.
 """
 
 from __future__ import annotations
@@ -19,14 +20,14 @@ from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
 pytestmark = pytest.mark.slow
 
-LOG_EVERY = 3
-HEALTHY_STEPS = 12  # healthy windows end at 3, 6, 9, 12
+LOG_EVERY = 2
+HEALTHY_STEPS = BUSY_MIN_STEPS + 5  # scored (full median) healthy windows: 12, 14, 16
 SETTLE = BUSY_MIN_STEPS // 2 + 1  # steps after the fault before the median is past it
 CHECKED_WINDOWS = 2
 
 
 def windows(run: JobRun) -> tuple[list, list]:
-    healthy = [w for w in run.windows if w.step <= HEALTHY_STEPS]
+    healthy = [w for w in run.windows if BUSY_MIN_STEPS <= w.step <= HEALTHY_STEPS]
     faulty = [w for w in run.windows if w.step >= HEALTHY_STEPS + SETTLE]
     return healthy, faulty
 
@@ -65,11 +66,14 @@ def test_slowed_rank_is_named_in_every_window_after_the_fault(job, ranks, slowed
         assert min(w.scores, key=lambda r: w.scores[r]) == slowed, w.scores
 
 
-@pytest.mark.parametrize("job", ["two_ranks_compute_slow_with_neighbour",
-                                 "four_ranks_data_slow"])
-def test_healthy_windows_flag_nobody(job, request):
-    run: JobRun = request.getfixturevalue(job)
+def test_healthy_windows_flag_nobody(four_ranks_data_slow):
+    # (Not the run with a CPU-bound neighbour: a process taking a core from a rank for a while
+    # makes that rank a real straggler, which is then rightly flagged.)
+    run = four_ranks_data_slow
     healthy, _ = windows(run)
-    assert len(healthy) == HEALTHY_STEPS // LOG_EVERY, f"{len(healthy)} healthy windows"
+    assert len(healthy) >= 3, f"{len(healthy)} healthy windows"
+    # before the busy median spans BUSY_MIN_STEPS steps there is no score at all
+    early = [w.scores for w in run.windows if w.step < BUSY_MIN_STEPS]
+    assert early and all(s is None for w in early for s in w.values()), early
     flagged = {w.step: (w.flagged, w.scores) for w in healthy if w.flagged}
     assert not flagged, f"healthy windows flagged a straggler: {flagged}"

@@ -104,6 +104,8 @@ class Monitor:
         self._timer = StepTimer(HostClock())
         self._collectives: CollectiveTimer | None = None
         self._busy_history: collections.deque[float] = collections.deque(maxlen=BUSY_MIN_STEPS)
+        self._window_calls = 0
+        self._busy_known = False
         self.device, self.peak_flops = "cpu", None
         self.flops_per_token = float(flops_per_token or 0.0)
         self._memory: MemoryReader | None = None
@@ -297,7 +299,7 @@ class Monitor:
         peak_memory = memory.peak_bytes if memory else math.nan
         loss = quality.get("loss")
         local = [stats.step_time_s if stats else math.nan,
-                 stats.busy_s if stats else math.nan,
+                 stats.busy_s if stats and self._busy_known else math.nan,
                  peak_memory, math.nan if loss is None else loss]
         rows = self._gather(local)  # every rank, every log step, whatever failed above
         job = self._guarded("job figures", lambda: job_figures(rows)
@@ -317,6 +319,7 @@ class Monitor:
     def _measure_window(self) -> WindowStats:
         times = self._timer.drain()  # on CUDA: the window's one sync, so the collective
         wait = self._collectives.drain() if self._collectives is not None else []  # events
+        self._window_calls = self._collectives_calls_now()
         # recorded before the timer's last event are complete here
         now = time.perf_counter()
         start = self._window_start if self._window_start is not None else now
@@ -326,7 +329,18 @@ class Monitor:
         stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops,
                              wait, self._busy_history)
         self._busy_history.extend(stats.busy_steps)
+        # Until the median spans BUSY_MIN_STEPS steps it is too noisy to score a rank by: no
+        # score (and no straggler flag) rather than a noisy one.
+        self._busy_known = len(self._busy_history) >= BUSY_MIN_STEPS or stats.steps >= (
+            BUSY_MIN_STEPS)
         return stats
+
+    def _collectives_calls_now(self) -> int:
+        timer = self._collectives
+        if timer is None:
+            return 0
+        calls, timer.calls = timer.calls, 0
+        return calls
 
     def _read_values(self) -> dict[str, float | None]:
         pending, self._pending = self._pending, {}
@@ -354,10 +368,11 @@ class Monitor:
             "tokens_per_second": stats.tokens_per_second if stats else None,
             "step_time_s": stats.step_time_s if stats else None,
             "data_wait_ratio": stats.data_wait_ratio if stats else None,
-            "busy_s": stats.busy_s if stats else None,
+            "busy_s": stats.busy_s if stats and self._busy_known else None,
             "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
             "straggler_score": score,
             "straggling": score is not None and score < STRAGGLER_SCORE_THRESHOLD,
+            "collective_calls": self._window_calls / stats.steps if stats and stats.steps else 0,
             "mfu": stats.mfu if stats else None,
             "peak_memory_bytes": peak_memory,
             "tokens_total": self.tokens_done,

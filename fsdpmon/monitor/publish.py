@@ -170,7 +170,7 @@ class Publication:
             catalog.TRAIN_TOKENS_PER_SECOND.name: stats.tokens_per_second,
             catalog.TRAIN_STEP_TIME_SECONDS.name: stats.step_time_s,
             catalog.TRAIN_DATA_WAIT_RATIO.name: stats.data_wait_ratio,
-            catalog.TRAIN_BUSY_SECONDS.name: stats.busy_s if stats.steps else None,
+            catalog.TRAIN_BUSY_SECONDS.name: record.get("busy_s"),
             catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: stats.collective_wait_ratio,
             catalog.TRAIN_STRAGGLER_SCORE.name: record.get("straggler_score"),
             catalog.TRAIN_MFU_RATIO.name: stats.mfu,
