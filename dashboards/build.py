@@ -313,6 +313,12 @@ def _gpu_physics() -> list[Panel | Row]:
                    Target(f"sum by (node, reason) "
                           f"({m(catalog.GPU_CLOCK_EVENT_ACTIVE, NODE)})", "{{node}} {{reason}}"),
                    description="GPUs with each clock-event (throttle) reason active."),
+        timeseries("Share of time throttled", Target(
+            f"rate({m(catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL, NODE)}[{RATE}])",
+            "{{node}} GPU {{gpu}} {{reason}}"), unit="percentunit", min=0, max=1,
+            description="Share of time each reason held the clocks down, from NVML's "
+                        "accumulated clock-event time: throttling that comes and goes between "
+                        "scrapes shows here, not in the active flags."),
     ]
 
 
