@@ -62,6 +62,8 @@ def _fault_started(job, name: str, gpu_spec: str, after: float):
         return lambda snap: time.monotonic() >= job.exporter_started + after
     if name == "checkpoint-slow":  # the first checkpoint save after the job settled
         return lambda snap: any((r.step or 0) >= 20 for r in snap.ranks)
+    if name == "crash":  # the ranks may die between two refreshes, before step S shows
+        return lambda snap: any((r.step or 0) >= S or r.down for r in snap.ranks)
     return lambda snap: any((r.step or 0) >= S for r in snap.ranks)
 
 
