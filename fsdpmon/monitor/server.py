@@ -36,24 +36,28 @@ WORKERS = 2
 
 
 class CachedExposition:
-    """The registry's exposition, rendered at most once per ``max_age`` seconds per format."""
+    """The registry's exposition, rendered at most once per ``max_age`` seconds per format, and
+    again whenever ``version()`` changes (the state directory's mtime: a rank joined, left or
+    published its log step), so what ranks publish shows at once while heartbeats and a dead
+    rank's disappearance may be up to ``max_age`` old."""
 
     def __init__(self, registry: CollectorRegistry, max_age: float = RENDER_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.registry, self.max_age, self.clock = registry, max_age, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 version: Callable[[], object] = lambda: None) -> None:
+        self.registry, self.max_age, self.clock, self.version = registry, max_age, clock, version
         self.renders = 0
-        self._cache: dict[str, tuple[float, bytes]] = {}
+        self._cache: dict[str, tuple[float, object, bytes]] = {}
         self._lock = threading.Lock()
 
     def body(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         with self._lock:  # concurrent scrapes wait for one render instead of each rendering
-            rendered_at, data = self._cache.get(content_type, (None, b""))
-            now = self.clock()
-            if rendered_at is None or now - rendered_at >= self.max_age:
+            rendered_at, seen, data = self._cache.get(content_type, (None, None, b""))
+            now, version = self.clock(), self.version()
+            if rendered_at is None or now - rendered_at >= self.max_age or version != seen:
                 data = encoder(self.registry)
                 self.renders += 1
-                self._cache[content_type] = (now, data)
+                self._cache[content_type] = (now, version, data)
         return data, content_type
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
@@ -79,7 +83,7 @@ class PortKeeper:
         self.max_per_second = max_per_second
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(JobStateCollector(directory))
-        self.exposition = CachedExposition(self.registry)
+        self.exposition = CachedExposition(self.registry, version=lambda: _mtime(directory))
         auth = BasicAuth(dict(self.web.users)) if self.web.users else None
         self.app = build_app({"/metrics": self.exposition, **(routes or {})}, self.exposition,
                              lambda: (True, "ok"), auth)
@@ -133,6 +137,13 @@ class PortKeeper:
         if self._server is not None:  # a bind that finished while we were closing
             _shutdown(self._server)
             self._server = None
+
+
+def _mtime(directory: Path) -> int | None:
+    try:
+        return directory.stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 def _shutdown(server: Server) -> None:
