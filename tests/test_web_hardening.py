@@ -290,3 +290,25 @@ def test_a_file_the_user_cannot_read_fails_at_start_naming_the_field(tls_files):
             "tls_server_config.key_file: cannot read"), (done.stdout, done.stderr[-500:])
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_cached_rendering_is_renewed_after_max_age_or_when_the_state_changes():
+    from prometheus_client import CollectorRegistry
+
+    from fsdpmon.monitor.server import CachedExposition
+
+    now, version = [0.0], [1]
+    cache = CachedExposition(CollectorRegistry(), max_age=1.0, clock=lambda: now[0],
+                             version=lambda: version[0])
+    for _ in range(5):
+        cache.body("")
+    assert cache.renders == 1
+    version[0] = 2  # a rank published: served at once
+    cache.body("")
+    assert cache.renders == 2
+    now[0] = 0.99
+    cache.body("")
+    assert cache.renders == 2
+    now[0] = 1.0  # a heartbeat may be this old, no older
+    cache.body("")
+    assert cache.renders == 3
