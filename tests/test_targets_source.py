@@ -186,3 +186,29 @@ def test_process_and_info_families_come_every_few_refreshes_and_rows_carry_over(
     finally:
         source.close()
         srv.close()
+
+
+def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refresh():
+    """A job whose ranks had not published ``*_info`` at the full refresh (still starting), or
+    a target that was down then, gets the slow families on the very next refresh instead of
+    showing rows without node or pod for SLOW_EVERY refreshes."""
+    from fsdpmon import catalog
+    from fsdpmon.top.aggregate import TRAIN_INFO, WANTED, ScrapeResult, Target
+    from fsdpmon.top.expfmt import Sample
+    from fsdpmon.top.sources.cadence import Cadence
+
+    cadence = Cadence(every=5)
+    target = Target("http://127.0.0.1:1/metrics")
+    step = Sample(catalog.TRAIN_STEP.name, {"rank": "0"}, 3.0)
+    info = Sample(TRAIN_INFO, {"rank": "0", "node": "n0"}, 1.0)
+    assert cadence.names() == WANTED  # the first refresh asks for everything
+    cadence.complete(ScrapeResult(target, [step]))  # ranks not started: no info yet
+    assert cadence.names() == WANTED, "the refresh after an info-less answer asks again"
+    done = cadence.complete(ScrapeResult(target, [step, info]))
+    assert info in done.samples
+    assert cadence.names() != WANTED, "once the facts are in, the next refresh is light"
+    carried = cadence.complete(ScrapeResult(target, [step]))
+    assert info in carried.samples, "the kept facts are carried into the light refresh"
+    assert cadence.names() != WANTED
+    cadence.complete(ScrapeResult(target, None))  # down
+    assert cadence.names() == WANTED, "after a target was down, the next refresh asks for all"

@@ -38,21 +38,31 @@ class Cadence:
         self.processes_open = False
         self._refreshes = 0
         self._full = True
+        self._lacking = False  # a target has none of its slow samples yet: ask again at once
         self._kept: dict[str, list[Sample]] = {}  # target URL → its last slow samples
 
     def names(self) -> frozenset[str]:
         """The names this refresh asks for (call once per refresh)."""
-        self._full = self.processes_open or self._refreshes % self.every == 0
+        self._full = (self.processes_open or self._lacking
+                      or self._refreshes % self.every == 0)
+        self._lacking = False
         self._refreshes += 1
         return WANTED if self._full else WANTED - SLOW_NAMES
 
     def complete(self, result: ScrapeResult) -> ScrapeResult:
         """``result`` with its target's carried slow samples, or keeps its fresh ones."""
         if result.samples is None:
+            self._lacking = True  # down now: when it answers, the next refresh has it all
             return result
         slow = [s for s in result.samples if s.name in SLOW_NAMES]
         if self._full or slow:
             self._kept[result.target.url] = slow
+            # A job that had not published its static facts yet (ranks still starting) would
+            # otherwise show rows without a node or pod for SLOW_EVERY refreshes.
+            self._lacking = self._lacking or not slow
             return result
         kept = self._kept.get(result.target.url)
-        return replace(result, samples=[*result.samples, *kept]) if kept else result
+        if not kept:
+            self._lacking = True
+            return result
+        return replace(result, samples=[*result.samples, *kept])
