@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-STEPS, LOG_EVERY, BATCH, SEQ = 40, 10, 4, 64
+STEPS, LOG_EVERY, BATCH, SEQ = 50, 10, 4, 64
 # Rank 1's extra data time per step: well above the few hundredths of a second by which busy
 # time (step time less collective wait) wanders between ranks on a loaded 2-core machine.
 SLOW_SECONDS = 0.1
@@ -203,9 +203,12 @@ def test_tokens_per_second_agrees_with_the_jobs_wall_clock(main_run: Job):
 
 def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job):
     rank0, rank1 = main_run.records(0)[1:], main_run.records(1)[1:]
-    # the first window's busy median spans fewer than BUSY_MIN_STEPS steps: no score yet
-    assert LOG_EVERY < BUSY_MIN_STEPS and rank0[0]["straggler_score"] is None
-    rank0, rank1 = rank0[1:], rank1[1:]
+    # windows whose busy median spans fewer than BUSY_MIN_STEPS steps: no score yet
+    early = [r["straggler_score"] for r in rank0 if r["step"] < BUSY_MIN_STEPS]
+    assert early and all(score is None for score in early), early
+    rank0 = [r for r in rank0 if r["step"] >= BUSY_MIN_STEPS]
+    rank1 = [r for r in rank1 if r["step"] >= BUSY_MIN_STEPS]
+    assert len(rank0) >= 2, f"only {len(rank0)} scored windows in {STEPS} steps"
     for mine, theirs in zip(rank0, rank1, strict=True):
         assert mine["job"]["slowest_rank"] == 1, (mine, theirs)
         assert mine["job"]["slowest_rank_step_time_s"] == pytest.approx(theirs["step_time_s"])

@@ -11,9 +11,11 @@ from fsdpmon import catalog
 from fsdpmon.monitor.flops import mfu
 from fsdpmon.monitor.timing import WindowTimes
 
-# Fewest steps the busy-time median spans (odd: a true middle). A few descheduled steps out of
-# 11 cannot move it; measured on a loaded 2-core host, 2- and 3-step medians could.
-BUSY_MIN_STEPS = 11
+# Fewest steps the busy-time median spans (odd: a true middle). A few descheduled steps cannot
+# move it; on a loaded 2-core host 2- and 3-step medians could, and an 11-step median still
+# flagged healthy ranks (4 ranks time-sliced on 2 cores, a burst of CPU theft across ~1 s):
+# 31 steps outlast such bursts, at the cost of naming a new straggler ~15 steps later.
+BUSY_MIN_STEPS = 31
 
 
 @dataclass(frozen=True)
