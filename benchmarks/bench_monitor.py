@@ -8,7 +8,8 @@
 4. What straggler attribution adds per step (it is active only in a distributed job): the
    collective wrapper's cost per call x the collectives a real 2-rank tiny step makes (counted
    by the monitor in a torchrun run) + the per-step bookkeeping, as a share of the tiny step
-   from 1., printed beside the monitor's own per-step host cost from 2.
+   from 1., printed beside the monitor's own per-step host cost from 2., and beside the two
+   wrappers it replaced (benchmarks/premerge_collectives.py), measured in the same run.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_monitor.py [--steps N]``
 """
@@ -33,6 +34,9 @@ import torch.nn.functional as F
 
 from fsdpmon.monitor import Monitor, MonitorConfig, collectives
 from trainer.model import FLAVOURS, Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pre-merge reference
+import premerge_collectives as premerge
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -184,20 +188,25 @@ def attribution_cost(workdir: Path, calls: int, repeats: int) -> None:
     def raw(*args: object, **kwargs: object) -> None:
         return None
 
-    wrapped = collectives._timed(raw)
-    timer = collectives.CollectiveTimer()
-    collectives.activate(timer)
-    per_call, per_step = [], []
+    merged = collectives.wrap("all_reduce", raw)
+    stacked = premerge.stacked("all_reduce", raw)  # the two wrappers before the merge
+    timer, old_timer = collectives.CollectiveTimer(), collectives.CollectiveTimer()
+    collectives._calls.timer = timer  # activate() would also patch torch.distributed
+    premerge.activate(old_timer)
+    per_call: dict[str, list[float]] = {"merged": [], "before": []}
+    per_step = []
     for _ in range(repeats):
-        timer.armed = True
-        start = time.perf_counter()
-        for _ in range(calls):
-            raw(1, group=None)
-        mid = time.perf_counter()
-        for _ in range(calls):
-            wrapped(1, group=None)
-        end = time.perf_counter()
-        per_call.append(((end - mid) - (mid - start)) / calls)
+        timer.armed = old_timer.armed = True
+        for name, fn in (("merged", merged), ("before", stacked)):
+            start = time.perf_counter()
+            for _ in range(calls):
+                raw(1, group=None)
+            mid = time.perf_counter()
+            for _ in range(calls):
+                fn(1, group=None)
+            end = time.perf_counter()
+            per_call[name].append(((end - mid) - (mid - start)) / calls)
+        timer.armed = old_timer.armed = False
         start = time.perf_counter()
         for _ in range(calls):
             timer.armed = True
@@ -205,14 +214,20 @@ def attribution_cost(workdir: Path, calls: int, repeats: int) -> None:
             timer.step_done()
         per_step.append((time.perf_counter() - start) / calls)
         timer.drain()
-    collectives.activate(None)
+        old_timer.step_done()
+        old_timer.drain()
+    collectives._calls.timer = None
+    premerge.activate(None)
     n = collectives_per_step(workdir)
-    call_s, step_s = statistics.median(per_call), statistics.median(per_step)
+    call_s, step_s = statistics.median(per_call["merged"]), statistics.median(per_step)
+    before_s = statistics.median(per_call["before"])
     added = call_s * n + step_s
     tiny = FIGURES.get("step_s", float("nan"))
-    print("straggler attribution (collective timing), added per step of a 2-rank job:")
-    print(f"  wrapper: {call_s * 1e6:.2f} us per collective x {n:.0f} collectives per tiny "
-          f"2-rank step + {step_s * 1e6:.2f} us bookkeeping = {added * 1e6:.1f} us")
+    print("straggler attribution + collective numbering, added per step of a 2-rank job:")
+    print(f"  wrapper: {call_s * 1e6:.2f} us per collective (the two wrappers before the "
+          f"merge: {before_s * 1e6:.2f} us) x {n:.0f} collectives per tiny 2-rank step + "
+          f"{step_s * 1e6:.2f} us bookkeeping = {added * 1e6:.1f} us "
+          f"(before: {(before_s * n + step_s) * 1e6:.1f} us)")
     print(f"  = {added / tiny:.4%} of the tiny step ({tiny * 1e3:.1f} ms without monitor; "
           f"budget 0.5%); the monitor's own host cost per non-log step: "
           f"{FIGURES.get('host_us', float('nan')):.1f} us "

@@ -11,7 +11,6 @@ import urllib.request
 
 from support import free_port
 
-from fsdpmon.monitor import collective_seq
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import (
     MAX_FILE_BYTES,
@@ -140,25 +139,6 @@ def test_stacks_are_served_beside_metrics_on_the_same_listener(tmp_path):
         release.set()
         keeper.close()
         writer.close()
-
-
-def test_collectives_are_counted_once_each_in_order(tmp_path):
-    import torch
-    import torch.distributed as dist
-
-    assert collective_seq.install() and collective_seq.install()  # idempotent
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
-                            world_size=1)
-    try:
-        before = collective_seq.last_entered()
-        first = before[1] if before else 0
-        dist.all_reduce(torch.ones(2))
-        assert collective_seq.last_entered() == ("all_reduce", first + 1)
-        dist.all_gather_object([None], {"x": 1})  # calls all_gather inside: counted once
-        dist.barrier()
-        assert collective_seq.last_entered() == ("barrier", first + 3)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_stacks_take_the_same_basic_auth_as_metrics(tmp_path):

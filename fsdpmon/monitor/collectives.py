@@ -1,20 +1,31 @@
-"""Time each rank spends waiting in collectives, so that busy time (step minus wait) names the
-straggler: in synchronous training every rank's step lasts as long as the slowest rank's, and
-the fast ranks spend the difference waiting at the collectives. The rank that waits least is
-the one the others wait for.
+"""The one wrapper around every collective: it numbers each call (the last collective a rank
+entered, for the stack evidence of a hang) and times the wait in it (for straggler attribution).
+
+Sequence: PyTorch's flight recorder keys a hang by (process group, collective sequence number):
+the ranks that stopped at a lower number are the ones the others wait for. Each call stores its
+name and bumps a per-process counter (two stores, nothing allocated, nothing written anywhere);
+the stack evidence reads it only while the rank is stalled. A call made inside another
+(``all_gather_object`` calls ``all_gather``) counts once, as the outer one. Counted always,
+between steps too, so the number is the same on every rank that made the same calls.
+
+Wait: busy time (step minus wait) names the straggler: in synchronous training every rank's
+step lasts as long as the slowest rank's, and the fast ranks spend the difference waiting at
+the collectives. The rank that waits least is the one the others wait for.
 
 How it is measured, and why this way:
 - The c10d Python entry points (``torch.distributed.all_gather_single``, ``all_reduce``, ...,
   which FSDP2, DTensor and user code call through the module attribute) and the functional
-  collectives' ``wait_tensor`` (where DTensor's ``full_tensor()`` blocks) are wrapped once per
-  process. A wrapper costs two clock reads per collective (~1 us; a tiny FSDP step makes a few
-  dozen), nothing is allocated, and it works for any loop that uses torch.distributed, with no
-  model hooks. The alternatives cost more or see less: FSDP2's module hooks do not bracket the
-  waits; ``ProcessGroup._register_on_completion_hook`` exists only for NCCL; the flight
-  recorder on gloo records no completion time; a profiler step is far over budget.
+  collectives' ``wait_tensor`` (where DTensor's ``full_tensor()`` blocks; it waits for a
+  collective already entered, so it is timed but not numbered) are wrapped once per process,
+  by one wrapper that does both jobs (one Python frame per call, not two). Timing costs two
+  clock reads per collective (~1 us; a tiny FSDP step makes a few dozen), nothing is
+  allocated, and it works for any loop that uses torch.distributed, with no model hooks. The
+  alternatives cost more or see less: FSDP2's module hooks do not bracket the waits;
+  ``ProcessGroup._register_on_completion_hook`` exists only for NCCL; the flight recorder on
+  gloo records no completion time; a profiler step is far over budget.
 - CPU (gloo): host wall time inside the outermost blocking call is the wait (gloo blocks the
   calling thread until every peer has joined and the data has moved). Calls made with
-  ``async_op=True`` return a ``Work`` that is waited on elsewhere and are not counted; FSDP2
+  ``async_op=True`` return a ``Work`` that is waited on elsewhere and are not timed; FSDP2
   on CPU issues its all-gathers and reduce-scatters synchronously.
 - CUDA: host time around an NCCL call is only the launch, so each call is bracketed by two
   CUDA events on the stream current at the call (FSDP2 issues its collectives on their own
@@ -24,8 +35,8 @@ How it is measured, and why this way:
   less its collectives' device time; where communication overlaps compute this undercounts
   every rank's busy time by about the same amount, so the ranking of ranks (all that the
   score uses) survives.
-Only calls made while a step is open are counted (the monitor sets ``armed``), so the monitor's own
-log-step gather and checkpoint collectives between steps are left out.
+Only calls made while a step is open are timed (the monitor sets ``armed``), so the monitor's
+own log-step gather and checkpoint collectives between steps are left out of the wait.
 """
 
 from __future__ import annotations
@@ -35,14 +46,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-# The blocking c10d entry points (each also under torch.distributed.distributed_c10d).
+# The blocking c10d entry points (each also under torch.distributed.distributed_c10d), numbered
+# and timed. send/recv too: a rank blocked in a point-to-point call waits for its peer.
 C10D_NAMES = (
     "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all",
     "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
     "broadcast", "reduce", "barrier", "gather", "scatter", "all_gather_object",
-    "broadcast_object_list",
+    "broadcast_object_list", "send", "recv",
 )
-_WRAPPED = "_fsdpmon_collective_timer"
+_WRAPPED = "_fsdpmon_collective_wrapper"
 
 
 class CollectiveTimer:
@@ -53,7 +65,6 @@ class CollectiveTimer:
         self.armed = False
         self.calls = 0
         self._seconds = 0.0  # host: this step's wait so far
-        self._depth = 0
         self._pairs: list[tuple[Any, Any]] = []  # cuda: this step's event pairs
         self._steps: list[Any] = []  # per completed step: seconds (host) or its pairs (cuda)
         self._free: list[Any] = []
@@ -103,45 +114,75 @@ class CollectiveTimer:
         return event
 
 
-_active: CollectiveTimer | None = None
+class _Calls:
+    """This process's collectives: the last one entered and its number, how deep the wrapper
+    is nested now, and the timer it feeds (None: nothing is timed)."""
+
+    __slots__ = ("depth", "op", "seq", "timer")
+
+    def __init__(self) -> None:
+        self.op: str | None = None
+        self.seq = 0
+        self.depth = 0
+        self.timer: CollectiveTimer | None = None
+
+
+_calls = _Calls()
 
 
 def activate(timer: CollectiveTimer | None) -> None:
-    """Make ``timer`` the one the wrappers feed (None: nothing is timed); wraps on first use."""
-    global _active
+    """Make ``timer`` the one the wrapper feeds (None: nothing is timed); wraps on first use."""
     if timer is not None:
         install()
-    _active = timer
+    _calls.timer = timer
 
 
 def active() -> CollectiveTimer | None:
-    return _active
+    return _calls.timer
 
 
-def _timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+def last_entered() -> tuple[str, int] | None:
+    """(op, seq) of the last collective this process entered; None before the first."""
+    op, seq = _calls.op, _calls.seq
+    return None if op is None else (op, seq)
+
+
+def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` numbered as collective ``name`` (None: not numbered) and timed while armed."""
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        timer = _active
-        if timer is None or not timer.armed or timer._depth or kwargs.get("async_op"):
+        calls = _calls
+        if calls.depth:  # only the outermost call: all_gather_object calls all_gather
             return fn(*args, **kwargs)
-        timer._depth += 1  # only the outermost call: all_gather_object calls all_gather
-        start = timer.enter()
+        if name is not None:
+            calls.op, calls.seq = name, calls.seq + 1
+        timer = calls.timer
+        calls.depth = 1
         try:
-            return fn(*args, **kwargs)
+            if timer is None or not timer.armed or kwargs.get("async_op"):
+                return fn(*args, **kwargs)
+            start = timer.enter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                timer.leave(start)
         finally:
-            timer._depth -= 1
-            timer.leave(start)
+            calls.depth = 0
 
     setattr(wrapper, _WRAPPED, True)
     return wrapper
 
 
-def install() -> None:
-    """Wrap the collectives once per process (idempotent; wrappers pass through when idle)."""
-    import torch.distributed as dist
-
+def install() -> bool:
+    """Wrap the collectives once per process (idempotent; the wrapper only numbers calls while
+    no timer is armed); False without torch.distributed."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return False
     if not dist.is_available():
-        return
+        return False
     from torch.distributed import _functional_collectives as funcol
     from torch.distributed import distributed_c10d as c10d
 
@@ -149,6 +190,7 @@ def install() -> None:
         for name in C10D_NAMES:
             fn = getattr(module, name, None)
             if fn is not None and not getattr(fn, _WRAPPED, False):
-                setattr(module, name, _timed(fn))
+                setattr(module, name, wrap(name, fn))
     if not getattr(funcol.wait_tensor, _WRAPPED, False):
-        funcol.wait_tensor = _timed(funcol.wait_tensor)
+        funcol.wait_tensor = wrap(None, funcol.wait_tensor)
+    return True

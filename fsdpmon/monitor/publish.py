@@ -16,7 +16,7 @@ from typing import Any
 from fsdpmon import catalog
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.monitor import collective_seq, exit_cleanup, statedir
+from fsdpmon.monitor import collectives, exit_cleanup, statedir
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import StackPublisher, stacks_app
@@ -84,7 +84,7 @@ class Publication:
         exit_cleanup.register(self.writer.close)  # SIGTERM too, not only a normal exit
         self.stacks = StackPublisher(directory, topo.rank, topo.local_rank,
                                      self._training_thread, self._stack_context)
-        collective_seq.install()
+        collectives.install()
         try:
             self._beat()
         except Exception as exc:
@@ -147,7 +147,7 @@ class Publication:
             self._fail("stack evidence", exc)
 
     def _stack_context(self) -> tuple[float, str, tuple[str, int] | None]:
-        return self._progress[1], self.phase, collective_seq.last_entered()
+        return self._progress[1], self.phase, collectives.last_entered()
 
     # ---- per log step -------------------------------------------------------------------
 
