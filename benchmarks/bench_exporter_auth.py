@@ -1,11 +1,13 @@
 """Can password guessing be turned against the exporter? Valid scrapes with and without guessers.
 
 Starts the real exporter (``fsdpmon exporter --simulate-gpus 8``) with basic auth (a cost-10
-bcrypt hash, as ``htpasswd -nBC 10`` makes). Then, in one run: valid scrapes one after another
-with nobody else (unloaded), then the same while ``--guessers`` clients send wrong passwords
-(a fresh one per request) as fast as they are answered. Prints the valid scrapes' p50/p99 of
-each phase, their ratio, the exporter's CPU (cores) and what the guessers got. Goal (issue 18):
-p99 loaded <= 2 x unloaded, exporter <= 1 core. Asserts nothing.
+bcrypt hash, as ``htpasswd -nBC 10`` makes). Then, in one run: valid scrapes one after another,
+in alternating blocks without guessers (unloaded) and while ``--guessers`` clients send wrong
+passwords (a fresh one per request) as fast as they are answered (loaded); the guessers' process
+is stopped and continued between blocks, so other load on the machine falls on both alike.
+Prints the valid scrapes' p50/p99 of each phase, their ratio, the exporter's CPU (cores) and
+what the guessers got. Goal (issue 18): p99 loaded <= 2 x unloaded, exporter <= 1 core.
+Asserts nothing.
 
 Run: ``.venv/bin/python benchmarks/bench_exporter_auth.py [--seconds 20]``
 """
@@ -16,6 +18,7 @@ import argparse
 import base64
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +31,7 @@ from pathlib import Path
 import bcrypt
 
 TICKS = os.sysconf("SC_CLK_TCK")
+SETTLE = 1.5  # seconds after a switch: longer than a busy answer's delay plus a bcrypt check
 
 # The guessers run in their own process, so their threads do not slow the measuring client
 # (the GIL of one process); "q" on stdin stops them and prints {status: count} as JSON.
@@ -86,9 +90,34 @@ def valid_scrapes(url: str, auth: str, seconds: float) -> list[float]:
         t0 = time.perf_counter()
         status = get(url, auth)
         latencies.append(time.perf_counter() - t0)
-        assert status == 200, status
+        if status != 200:
+            raise SystemExit(f"a valid scrape was answered {status}: guessing locked it out")
         time.sleep(0.05)  # a scraper's cadence, compressed
     return latencies
+
+
+def alternate(url: str, auth: str, guessers: subprocess.Popen, exporter_pid: int,
+              seconds: float, block: float) -> tuple[list[float], list[float], float]:
+    """Valid scrapes in alternating blocks, guessers stopped (SIGSTOP) then running (SIGCONT),
+    so that load from elsewhere on the machine drifts into both phases alike. Scrapes in the
+    SETTLE seconds after a switch are not counted: requests in flight (a bcrypt check, a busy
+    answer's 1 s delay) belong to neither phase. Returns (unloaded, loaded, exporter cores while
+    loaded)."""
+    phases: dict[bool, list[float]] = {False: [], True: []}
+    cpu_loaded = wall_loaded = 0.0
+    loaded = True
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        loaded = not loaded
+        os.kill(guessers.pid, signal.SIGCONT if loaded else signal.SIGSTOP)
+        valid_scrapes(url, auth, SETTLE)
+        cpu0, t0 = cpu_seconds(exporter_pid), time.monotonic()
+        phases[loaded] += valid_scrapes(url, auth, block)
+        if loaded:
+            cpu_loaded += cpu_seconds(exporter_pid) - cpu0
+            wall_loaded += time.monotonic() - t0
+    os.kill(guessers.pid, signal.SIGCONT)
+    return phases[False], phases[True], cpu_loaded / max(wall_loaded, 1e-9)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -98,7 +127,8 @@ def pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--seconds", type=float, default=20.0, help="per phase")
+    p.add_argument("--seconds", type=float, default=20.0, help="per phase, over all its blocks")
+    p.add_argument("--block", type=float, default=2.0, help="seconds per unloaded/loaded block")
     p.add_argument("--guessers", type=int, default=8)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-auth."))
@@ -122,13 +152,10 @@ def main() -> None:
                     break
             except OSError:
                 time.sleep(0.2)
-        quiet = valid_scrapes(url, good, args.seconds)
         guessers = subprocess.Popen([sys.executable, "-c", GUESSERS, url, str(args.guessers)],
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        time.sleep(1.0)  # let the guessers fill the queue
-        cpu0, t0 = cpu_seconds(exporter.pid), time.monotonic()
-        loaded = valid_scrapes(url, good, args.seconds)
-        cores = (cpu_seconds(exporter.pid) - cpu0) / (time.monotonic() - t0)
+        quiet, loaded, cores = alternate(url, good, guessers, exporter.pid, 2 * args.seconds,
+                                         args.block)
         got = {int(k): v for k, v in json.loads(guessers.communicate("q\n", timeout=60)[0]).items()}
     finally:
         exporter.terminate()

@@ -8,8 +8,10 @@ exporter-toolkit does:
   failed check the slot stays taken for ``FAILED_PAUSE`` x its duration, so guessing takes at
   most 1 / (1 + FAILED_PAUSE) of one core, and the checks run in one thread at the lowest CPU
   priority (nice 19), so they only get the CPU that scrapes leave over;
-- recent outcomes are cached (keyed by a SHA-256 of user, password and hash, never the password
-  itself), so a scraper with good credentials pays bcrypt once, not per scrape;
+- recent successes are cached (keyed by a SHA-256 of user, password and hash, never the password
+  itself), so a scraper with good credentials pays bcrypt once, not per scrape; failures are not
+  cached: a guesser sending a fresh password per request would otherwise evict the scraper's
+  entry, send it back to the bcrypt queue that the guessers keep full, and get it answered 429;
 - an unknown user or a password bcrypt cannot take (over 72 bytes) costs the same bcrypt time as
   a wrong password and is answered 401, so timing reveals neither.
 """
@@ -48,7 +50,7 @@ class BasicAuth:
         self.users = users
         # Unknown users are checked against a real hash of the same cost: same time.
         self._decoy = next(iter(users.values()))
-        self._cache: OrderedDict[bytes, bool] = OrderedDict()
+        self._cache: OrderedDict[bytes, bool] = OrderedDict()  # successes, least recent first
         self._lock = threading.Lock()
         # One thread runs every check, at the lowest CPU priority (Linux nice is per thread):
         # guessing then only gets CPU the scrapes and the sampler leave over.
@@ -69,9 +71,9 @@ class BasicAuth:
         hashed = self.users.get(user)
         key = hashlib.sha256(b"\0".join((user.encode(), password, hashed or b""))).digest()
         with self._lock:
-            cached = self._cache.get(key)
-        if cached is not None:
-            return Verdict.OK if cached else Verdict.DENIED
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return Verdict.OK
         if not self._admitted.acquire(blocking=False):
             time.sleep(self.busy_delay)
             return Verdict.BUSY
@@ -79,11 +81,13 @@ class BasicAuth:
             ok = self._checker.submit(self._paced_bcrypt, password, hashed).result()
         finally:
             self._admitted.release()
+        if not ok:
+            return Verdict.DENIED
         with self._lock:
-            self._cache[key] = ok
+            self._cache[key] = True
             while len(self._cache) > CACHE_ENTRIES:
                 self._cache.popitem(last=False)
-        return Verdict.OK if ok else Verdict.DENIED
+        return Verdict.OK
 
     def _paced_bcrypt(self, password: bytes, hashed: bytes | None) -> bool:
         started = time.monotonic()

@@ -78,6 +78,23 @@ def test_password_checks_run_one_at_a_time_and_extra_guessers_are_told_busy(monk
     assert auth.bcrypt_checks == checks + 1, auth.bcrypt_checks - checks
 
 
+def test_a_flood_of_fresh_wrong_passwords_cannot_evict_the_scrapers_cached_success():
+    auth = BasicAuth({"prometheus": HASH4})
+    good = _header("prometheus", b"right")
+    assert auth.check(good) is Verdict.OK
+    guesses = 2 * basicauth.CACHE_ENTRIES  # more than the cache holds, each one new
+    for i in range(guesses):
+        assert auth.check(_header("prometheus", f"guess-{i}".encode())) is Verdict.DENIED
+    checks = auth.bcrypt_checks
+    assert auth.check(good) is Verdict.OK
+    assert auth.bcrypt_checks == checks, (
+        f"the scraper paid bcrypt {auth.bcrypt_checks - checks} time(s) again after {guesses} "
+        "guesses: its cached success was evicted, so under guessing it would queue behind them")
+    wrong = _header("prometheus", b"guess-0")
+    assert auth.check(wrong) is Verdict.DENIED  # a failure is never served from the cache
+    assert auth.bcrypt_checks == checks + 1, auth.bcrypt_checks - checks
+
+
 def test_over_long_passwords_and_unknown_users_are_denied_with_the_same_bcrypt_work():
     long_hash = bcrypt.hashpw(b"a" * 72, bcrypt.gensalt(rounds=4))
     auth = BasicAuth({"prometheus": long_hash})
