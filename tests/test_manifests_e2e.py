@@ -31,7 +31,9 @@ pytestmark = pytest.mark.slow
 
 def pod_env(container: dict, pod_name: str) -> dict[str, str]:
     """What the kubelet would put in the environment (Secrets absent: optional refs drop)."""
-    downward = {"metadata.name": pod_name, "spec.nodeName": "node-a"}
+    # The pod's IP is this machine's loopback here: the endpoint must serve on it alone.
+    downward = {"metadata.name": pod_name, "spec.nodeName": "node-a",
+                "status.podIP": "127.0.0.1"}
     env = {}
     for var in container["env"]:
         if "value" in var:

@@ -7,6 +7,7 @@ the checks bite.
 
 import copy
 import json
+import re
 import subprocess
 
 import jsonschema
@@ -142,6 +143,9 @@ def test_training_pod_essentials():
         env = {e["name"]: e for e in container["env"]}
         assert env["FSDPMON_JOB_NAME"]["value"] == "llama2-7b"
         assert env["FSDPMON_PORT"]["value"] == str(conv.TRAINING_PORT)
+        # The endpoint listens on the pod's IP only, not on every interface.
+        assert env["FSDPMON_LISTEN_ADDRESS"]["valueFrom"] == {
+            "fieldRef": {"fieldPath": "status.podIP"}}, env.get("FSDPMON_LISTEN_ADDRESS")
         assert env["HF_TOKEN"] == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
             "name": "hf-token", "key": "token", "optional": True}}}
 
@@ -173,9 +177,17 @@ def test_exporter_args_are_the_exporters_own():
     assert container["command"] == ["fsdpmon"] and container["args"][0] == "exporter"
     parser = argparse.ArgumentParser()
     configure(parser)
-    args = [a.replace("$(NODE_NAME)", "ip-10-0-0-1") for a in container["args"][1:]]
+    # kubelet expands $(VAR) only for variables the container defines; others stay literal.
+    defined = {e["name"] for e in container["env"]}
+    refs = set(re.findall(r"\$\((\w+)\)", " ".join(container["args"])))
+    assert refs <= defined, f"args refer to undefined variables {sorted(refs - defined)}"
+    args = [a.replace("$(NODE_NAME)", "ip-10-0-0-1").replace("$(POD_IP)", "10.0.0.7")
+            for a in container["args"][1:]]
     ns = parser.parse_args(args)
     assert ns.port == conv.EXPORTER_PORT and ns.node_name == "ip-10-0-0-1"
+    assert ns.listen_address == "10.0.0.7", ns.listen_address  # the pod's IP, from status.podIP
+    assert {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in (
+        container["env"])
     assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in (
         container["env"])
     assert pod["hostPID"] is True

@@ -48,12 +48,13 @@ def exporter_container(cfg: ManifestConfig) -> Obj:
         "args": [
             "exporter",
             "--port", str(conv.EXPORTER_PORT),
-            "--listen-address", "0.0.0.0",
+            "--listen-address", "$(POD_IP)",  # the pod's own IP only, not every interface
             "--interval", str(SCRAPE_INTERVAL_S),
             "--node-name", "$(NODE_NAME)",
         ],
         "env": [
             {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             # The NVIDIA container runtime exposes every GPU for monitoring without allocating
             # any, so the exporter never takes a GPU away from training.
             {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},

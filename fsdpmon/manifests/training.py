@@ -82,6 +82,10 @@ def container_env(cfg: ManifestConfig) -> list[Obj]:
         {"name": "FSDPMON_JOB_NAME", "value": cfg.job_name},
         {"name": "FSDPMON_PORT", "value": str(conv.TRAINING_PORT)},
         {"name": "FSDPMON_LOG_INTERVAL", "value": str(cfg.log_every)},
+        # The endpoint listens on the pod's own IP only (kubelet probes and Prometheus reach
+        # it there), not on every interface of the pod.
+        {"name": "FSDPMON_LISTEN_ADDRESS", "valueFrom": {"fieldRef": {
+            "fieldPath": "status.podIP"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         # Only a reference: the token's value never appears in the job spec.
