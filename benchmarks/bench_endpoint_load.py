@@ -6,7 +6,9 @@ on and off in alternating blocks (quiet, loaded, quiet, ...), so machine load dr
 alike. Prints the median step time of each, their ratio, and what the scrapers got. Goal (issue
 18): loaded / quiet <= 1.05 with the default pace. The endpoint threads' own CPU is printed too:
 it is what the scrapers take from the process, whatever else runs on the machine.
-``--max-scrapes-per-second 1000`` shows what an unpaced endpoint would cost. Asserts nothing.
+``--max-scrapes-per-second 1000`` shows what an unpaced endpoint would cost; ``--clients 1 --gap 1``
+is a scraper at 15x Prometheus's usual cadence. The ratio of quiet blocks to each other is printed
+as the noise floor. Asserts nothing.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_endpoint_load.py [--seconds 40]``
 """
@@ -35,7 +37,7 @@ from trainer.model import FLAVOURS, Transformer
 # on stdin: "1" on, "0" off, "q" quit and print "answered failed".
 SCRAPERS = r"""
 import sys, threading, urllib.request
-url, clients = sys.argv[1], int(sys.argv[2])
+url, clients, gap = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 on, stop, counts, lock = threading.Event(), threading.Event(), [0, 0], threading.Lock()
 def loop():
     while not stop.is_set():
@@ -49,6 +51,8 @@ def loop():
             k = 1
         with lock:
             counts[k] += 1
+        if gap:
+            stop.wait(gap)
 for _ in range(clients):
     threading.Thread(target=loop, daemon=True).start()
 print("ready", flush=True)
@@ -73,6 +77,9 @@ def main() -> None:
     p.add_argument("--block", type=float, default=2.0, help="seconds per quiet/loaded block")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--max-scrapes-per-second", type=float, default=None)
+    p.add_argument("--gap", type=float, default=0.0,
+                   help="seconds each client waits between its scrapes (0: flat out; Prometheus "
+                        "waits its scrape interval, 15-30 s)")
     args = p.parse_args()
     torch.manual_seed(0)
     model = Transformer(FLAVOURS["tiny"])
@@ -87,7 +94,7 @@ def main() -> None:
     mon = Monitor(cfg, model=model, seq_len=seq, tokens_per_step=batch * seq)
     url = f"http://127.0.0.1:{port}/metrics"
     _wait_up(url)
-    proc = subprocess.Popen([sys.executable, "-c", SCRAPERS, url, str(args.clients)],
+    proc = subprocess.Popen([sys.executable, "-c", SCRAPERS, url, str(args.clients), str(args.gap)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
 
@@ -97,6 +104,10 @@ def main() -> None:
         return [int(v) for v in proc.stdout.readline().split()] if cmd in "cq" else []
     times: dict[bool, list[float]] = {False: [], True: []}
     cpu: dict[bool, list[float]] = {False: [], True: []}  # the training thread's own CPU
+    # Quiet steps by the parity of their block: two samples of the same condition, whose ratio
+    # is the noise floor of the quiet/loaded comparison on this machine at this moment.
+    quiet_halves: tuple[list[float], list[float]] = ([], [])
+    quiet_blocks = 0
     start = time.monotonic()
     loaded = False
     pace = cfg.max_scrapes_per_second
@@ -106,6 +117,7 @@ def main() -> None:
         while time.monotonic() - start < args.seconds:
             if time.monotonic() >= block_end:
                 loaded = not loaded
+                quiet_blocks += not loaded
                 command("1" if loaded else "0")
                 now = time.monotonic()
                 if not loaded:
@@ -126,6 +138,8 @@ def main() -> None:
             if time.monotonic() >= settle_end:
                 times[loaded].append(time.perf_counter() - t0)
                 cpu[loaded].append(time.thread_time() - c0)
+                if not loaded:
+                    quiet_halves[quiet_blocks % 2].append(times[False][-1])
     finally:
         if loaded:
             loaded_wall += time.monotonic() - switched_on
@@ -134,11 +148,16 @@ def main() -> None:
         proc.wait(10)
         mon.close()
     quiet, busy = statistics.median(times[False]), statistics.median(times[True])
-    print(f"endpoint pace {pace:g} requests/s, {args.clients} flat-out scrapers, "
+    how = f"waiting {args.gap:g}s between scrapes" if args.gap else "scraping flat out"
+    print(f"endpoint pace {pace:g} requests/s, {args.clients} clients {how}, "
           f"blocks of {args.block:g}s over {args.seconds:g}s")
     print(f"step time median: quiet {quiet * 1e3:.2f} ms ({len(times[False])} steps), "
           f"loaded {busy * 1e3:.2f} ms ({len(times[True])} steps), "
           f"loaded/quiet {busy / quiet:.3f} (goal <= 1.05)")
+    a, b = (statistics.median(h) for h in quiet_halves)
+    print(f"noise floor: quiet blocks of one parity against the other {max(a, b) / min(a, b):.3f}"
+          f" ({len(quiet_halves[0])} and {len(quiet_halves[1])} steps): a loaded/quiet ratio "
+          "within it is not a measurable cost")
     cq, cb = statistics.median(cpu[False]), statistics.median(cpu[True])
     print(f"training thread CPU per step median: quiet {cq * 1e3:.2f} ms, loaded "
           f"{cb * 1e3:.2f} ms, loaded/quiet {cb / cq:.3f} (insensitive to other processes' load;"
