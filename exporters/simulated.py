@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from exporters.nvml import CLOCK_EVENT_REASONS, CLOCK_EVENT_TIME_REASONS
+from exporters.nvml_fields import CLOCK_EVENT_REASONS, CLOCK_EVENT_TIME_REASONS
 from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
 from exporters.simfaults import HEALTHY, GpuFaults, GpuFaultState
 from fsdpmon import catalog
