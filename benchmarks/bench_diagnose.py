@@ -185,9 +185,13 @@ def bench_engine(args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--part", choices=("all", "faults", "engine"), default="all")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2],
+                        help="world sizes the faults run at")
+    parser.add_argument("--healthy-ranks", type=int, nargs="*", default=[2, 4],
+                        help="world sizes of the healthy runs (none: skip them)")
     parser.add_argument("--healthy-seconds", type=float, default=300.0)
-    parser.add_argument("--only", nargs="*", help="fault names to run (default: all)")
+    parser.add_argument("--only", nargs="*", choices=[row[0] for row in MATRIX],
+                        help="fault names to run (default: all)")
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
@@ -201,8 +205,9 @@ def main() -> None:
             print(f"faults on {ranks} CPU ranks (time from the fault starting to the first "
                   f"refresh naming it; bound {BOUND_S:.0f}s):", flush=True)
             for row in MATRIX:
-                if not args.only or row[0] in args.only:
+                if args.only is None or row[0] in args.only:
                     print("  " + run_fault(row, ranks), flush=True)
+        for ranks in args.healthy_ranks:
             print("  " + run_healthy(ranks, args.healthy_seconds), flush=True)
 
 
