@@ -126,6 +126,17 @@ TRAIN_STRAGGLER_SCORE = Metric(
     "Median busy time of the other ranks / this rank's busy time (below the threshold: a "
     "straggler).",
     T)
+TRAIN_CHECKPOINT_SECONDS = Metric(
+    "fsdpmon_train_checkpoint_seconds", Gg, "seconds",
+    "Wall time of this rank's last checkpoint save.", T)
+TRAIN_CHECKPOINT_OWN_SECONDS = Metric(
+    "fsdpmon_train_checkpoint_own_seconds", Gg, "seconds",
+    "Of this rank's last checkpoint save, the time not spent waiting in collectives for the "
+    "other ranks: its own work (the rank the others waited for has the most).", T)
+TRAIN_CHECKPOINT_TIME_RATIO = Metric(
+    "fsdpmon_train_checkpoint_time_ratio", Gg, "ratio",
+    "Share of wall time this rank's last checkpoint save took, from the end of the previous "
+    "save (or the first step) to the end of this one.", T)
 TRAIN_MFU_RATIO = Metric(
     "fsdpmon_train_mfu_ratio", Gg, "ratio",
     "Model FLOPs utilisation over the last log window (absent for unknown devices).", T)
@@ -219,6 +230,7 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_RESTARTS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
     TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE,
+    TRAIN_CHECKPOINT_SECONDS, TRAIN_CHECKPOINT_OWN_SECONDS, TRAIN_CHECKPOINT_TIME_RATIO,
     TRAIN_MFU_RATIO, TRAIN_MODEL_FLOPS_PER_TOKEN, TRAIN_DEVICE_PEAK_FLOPS,
     TRAIN_MEMORY_ALLOCATED_BYTES, TRAIN_MEMORY_RESERVED_BYTES, TRAIN_MEMORY_PEAK_ACTIVE_BYTES,
     TRAIN_MEMORY_PEAK_RESERVED_BYTES, TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,

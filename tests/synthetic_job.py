@@ -45,6 +45,9 @@ class RankSpec:
     unresponsive: bool = False
     loss_nonfinite: bool = False
     checkpoint_s: float = 0.0  # per-step checkpoint phase time
+    checkpoint_seconds: float | None = None  # the last save (None: no save yet, no series)
+    checkpoint_own_seconds: float | None = None
+    checkpoint_time_ratio: float | None = None
     restarts: int = 0
 
 
@@ -112,6 +115,9 @@ _RANK_FIELDS = {
     catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
     catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
     catalog.TRAIN_RESTARTS.name: "restarts",
+    catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
+    catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
+    catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
 }
 _GPU_FIELDS = {
     catalog.GPU_UTILIZATION_RATIO.name: "utilization_ratio",

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TypedDict
 
 from fsdpmon.conventions import (
+    CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
     DIAGNOSIS_EVIDENCE_SECONDS,
     GPU_XID_CRITICAL,
@@ -210,22 +211,19 @@ def _median(values: list[float]) -> float:
 
 
 def _straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
-    """compute, data or checkpoint: which part of the extra busy time is the rank's own."""
+    """compute or data: which part of the extra busy time is the rank's own. (Never
+    checkpointing: saves run between steps, outside the busy time; see _checkpoint.)"""
     busy = [r.busy_s for r in live if r.busy_s is not None]
     excess = (row.busy_s or 0.0) - _median(busy)
     data = [(r.data_wait_ratio or 0.0) * (r.step_time_s or 0.0) for r in live]
     own_data = (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
     extra_data = own_data - _median(data)
-    extra_ckpt = (row.checkpoint_s or 0.0) - _median([r.checkpoint_s or 0.0 for r in live])
-    if excess > 0 and extra_ckpt >= STRAGGLER_CAUSE_SHARE * excess:
-        return "checkpoint_slow", f"{extra_ckpt:.3g}s of its {excess:.3g}s extra is checkpointing"
     if excess > 0 and extra_data >= STRAGGLER_CAUSE_SHARE * excess:
         return "straggler_data", f"{extra_data:.3g}s of its {excess:.3g}s extra is data wait"
     return "straggler_compute", f"busy {row.busy_s or 0:.3g}s vs median {_median(busy):.3g}s"
 
 
 _WHY = {"straggler_compute": "its own compute is slow", "straggler_data": "it waits for data",
-        "checkpoint_slow": "its checkpoint writes are slow",
         "host_cpu_contention": "its node's CPUs are saturated"}
 
 
@@ -302,14 +300,29 @@ def _memory(obs: Observations, places: Places) -> list[Finding]:
 
 
 def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
-    live = [r for r in obs.now.ranks if not r.down]
-    ckpt = _median([r.checkpoint_s for r in live if r.checkpoint_s is not None])
-    step = _median([r.step_time_s for r in live if r.step_time_s is not None])
-    if not obs.checkpoint_heavy or not step:  # held over the window, not one sample
+    """Saves taking CHECKPOINT_SHARE_LIMIT of the time (held over the window); the rank whose
+    own save work held the others up is named, as a straggler is by its busy time."""
+    if not obs.checkpoint_heavy:
         return []
-    return [Finding("checkpoint_slow", WARNING, f"checkpointing takes {ckpt / step:.0%} of the "
-                    "step time", evidence=(f"median checkpoint time {ckpt:.3g}s per step of "
-                                           f"{step:.3g}s",))]
+    live = [r for r in obs.now.ranks if not r.down and r.checkpoint_seconds is not None]
+    share = _median([r.checkpoint_time_ratio for r in live if r.checkpoint_time_ratio is not None])
+    wall = _median([r.checkpoint_seconds or 0.0 for r in live])
+    evidence = [f"the last save took {wall:.3g}s, {share:.0%} of the time since the save "
+                f"before it (limit {CHECKPOINT_SHARE_LIMIT:.0%})"]
+    holdups = sorted(obs.checkpoint_holdups,
+                     key=lambda r: (-(places.ranks[r].checkpoint_own_seconds or 0.0), r))
+    rank = holdups[0] if holdups else None
+    summary = f"checkpointing takes {share:.0%} of the time"
+    if rank is not None:
+        own = places.ranks[rank].checkpoint_own_seconds or 0.0
+        others = _median([r.checkpoint_own_seconds or 0.0 for r in live if r.rank != rank])
+        evidence.append(f"rank {rank}'s own save work took {own:.3g}s of it, the other ranks' "
+                        f"{others:.3g}s: they waited for rank {rank}")
+        if len(holdups) > 1:
+            evidence.append(f"{ranks_text(holdups)} all saved slowly")
+        summary += f": rank {rank}'s save holds up the others"
+    return [Finding("checkpoint_slow", WARNING, summary, evidence=tuple(evidence),
+                    **_where(places, rank))]
 
 
 def _targets(obs: Observations, places: Places) -> list[Finding]:

@@ -17,6 +17,7 @@ from fsdpmon.conventions import (
     HOST_CPU_BUSY_RATIO,
     LOSS_SPIKE_FACTOR,
     MEMORY_PRESSURE_RATIO,
+    STRAGGLER_CAUSE_SHARE,
     STRAGGLER_SCORE_THRESHOLD,
 )
 from fsdpmon.diagnose.window import Window
@@ -84,14 +85,25 @@ def _busy_nodes(snap: JobSnapshot) -> list[str]:
 
 
 def _checkpoint_heavy(snap: JobSnapshot) -> list[str]:
-    """["job"] while the median rank spends CHECKPOINT_SHARE_LIMIT of its step checkpointing."""
-    live = _live(snap)
-    ckpt = [r.checkpoint_s for r in live if r.checkpoint_s is not None]
-    step = [r.step_time_s for r in live if r.step_time_s is not None]
-    if not ckpt or not step:
-        return []
-    heavy = statistics.median(ckpt) >= CHECKPOINT_SHARE_LIMIT * statistics.median(step) > 0
+    """["job"] while the median rank's last save took CHECKPOINT_SHARE_LIMIT of the wall time
+    (since the save before it)."""
+    shares = [r.checkpoint_time_ratio for r in _live(snap) if r.checkpoint_time_ratio is not None]
+    heavy = bool(shares) and statistics.median(shares) >= CHECKPOINT_SHARE_LIMIT
     return ["job"] if heavy else []
+
+
+def _checkpoint_holdups(snap: JobSnapshot) -> list[int]:
+    """Ranks the others waited for in the last save: own save work (not waiting for peers)
+    above the other ranks' median by STRAGGLER_CAUSE_SHARE of the save's wall time or more."""
+    saved = [r for r in _live(snap) if r.checkpoint_own_seconds is not None
+             and r.checkpoint_seconds]
+    out = []
+    for r in saved:
+        others = [o.checkpoint_own_seconds or 0.0 for o in saved if o is not r]
+        if others and (r.checkpoint_own_seconds or 0.0) - statistics.median(others) >= (
+                STRAGGLER_CAUSE_SHARE * (r.checkpoint_seconds or 0.0)):
+            out.append(r.rank)
+    return out
 
 
 def _targets_down(snap: JobSnapshot) -> list[str]:
@@ -135,6 +147,7 @@ class Observations:
     restarts: tuple[float, float] | None = None
     loss_spike: tuple[float, float] | None = None
     checkpoint_heavy: bool = False
+    checkpoint_holdups: set[int] = field(default_factory=set)
 
 
 def observe(window: Window) -> Observations:
@@ -160,6 +173,7 @@ def observe(window: Window) -> Observations:
     obs.restarts = window.rise(_restarts).get("job")
     obs.loss_spike = _loss_spike(window)
     obs.checkpoint_heavy = bool(window.lasting(_checkpoint_heavy))
+    obs.checkpoint_holdups = window.lasting(_checkpoint_holdups)
     return obs
 
 

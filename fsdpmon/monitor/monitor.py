@@ -32,7 +32,7 @@ from fsdpmon import catalog
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.monitor import collectives
+from fsdpmon.monitor import checkpoint_time, collectives
 from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
@@ -103,6 +103,7 @@ class Monitor:
         self.topo = DistEnv()  # rank 0 of 1
         self._timer = StepTimer(HostClock())
         self._collectives: CollectiveTimer | None = None
+        self._saves = checkpoint_time.CheckpointClock(distributed=False)
         self._busy_history: collections.deque[float] = collections.deque(maxlen=BUSY_MIN_STEPS)
         self._window_calls = 0
         self._busy_known = False
@@ -141,6 +142,7 @@ class Monitor:
         if is_distributed(self.topo):  # one rank alone waits for nobody
             self._collectives = CollectiveTimer(cuda)
             collectives.activate(self._collectives)
+            self._saves = checkpoint_time.CheckpointClock(distributed=True)
 
     def _open_jsonl(self) -> None:
         if self.config.jsonl_path:
@@ -211,6 +213,7 @@ class Monitor:
         try:
             if self._window_start is None:
                 self._window_start = time.perf_counter()
+                self._saves.training_started()
                 if self.pub is not None:
                     self.pub.arm()
             self._timer.begin_step()
@@ -275,12 +278,17 @@ class Monitor:
         try:
             if entering:
                 self._timer.begin_phase(name)
+                if name == checkpoint_time.PHASE and not self._timer.in_step:
+                    self._saves.begin()
             else:
                 self._timer.end_phase(name)
+                saved = self._saves.end() if name == checkpoint_time.PHASE else None
                 if self.pub is not None and not self._timer.in_step:
                     # A phase between steps (a checkpoint save, an evaluation) that finished
                     # is progress too: the stall clock restarts from here.
                     self.pub.progress()
+                    if saved is not None:
+                        self.pub.checkpoint_saved(saved)
         except Exception as exc:
             self._fail("phase", exc)
 

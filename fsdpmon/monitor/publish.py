@@ -17,6 +17,7 @@ from fsdpmon import catalog
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import collectives, exit_cleanup, statedir
+from fsdpmon.monitor.checkpoint_time import SaveTimes
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import StackPublisher, stacks_app
@@ -183,6 +184,16 @@ class Publication:
         })
         if job is not None:
             self.snapshot["job"] = job.as_metrics()
+        self._write()
+
+    def checkpoint_saved(self, times: SaveTimes) -> None:
+        """A save finished (training thread, once per checkpoint): its times, served until the
+        next save."""
+        self._set_values({
+            catalog.TRAIN_CHECKPOINT_SECONDS.name: times.seconds,
+            catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: times.own_seconds,
+            catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: times.time_ratio,
+        })
         self._write()
 
     def count_errors(self, errors: int) -> None:

@@ -55,6 +55,9 @@ RANK_METRICS = {
     catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
     catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
     catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
+    catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
+    catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
+    catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
     # served per phase; REQUIRE keeps only the checkpoint phase's series
     catalog.TRAIN_PHASE_DURATION_SECONDS.name: "checkpoint_s",
 }
@@ -314,6 +317,9 @@ def _rank_row(rank: int, d: dict[str, object], now: float) -> RankRow:
         collective_wait_ratio=_opt(d.get("collective_wait_ratio")),
         straggler_score=_opt(d.get("straggler_score")), unresponsive=d.get("unresponsive") == 1.0,
         loss_nonfinite=d.get("loss_nonfinite") == 1.0, checkpoint_s=_opt(d.get("checkpoint_s")),
+        checkpoint_seconds=_opt(d.get("checkpoint_seconds")),
+        checkpoint_own_seconds=_opt(d.get("checkpoint_own_seconds")),
+        checkpoint_time_ratio=_opt(d.get("checkpoint_time_ratio")),
         restarts=_opt_int(d.get("restarts")), seen_at=now,
     )
 

@@ -72,6 +72,9 @@ class RankRow:
     unresponsive: bool = False  # its monitor thread stopped: the rank that hangs
     loss_nonfinite: bool = False
     checkpoint_s: float | None = None  # mean per-step checkpoint time, last log window
+    checkpoint_seconds: float | None = None  # the last save's wall time
+    checkpoint_own_seconds: float | None = None  # of which not waiting for other ranks
+    checkpoint_time_ratio: float | None = None  # the last save's share of wall time
     restarts: int | None = None
     gpus: tuple[str, ...] = ()  # "node/gpu" of the GPUs its process holds (exporter's NVML view)
     down: bool = False  # its series vanished or its target stopped answering; last figures kept
