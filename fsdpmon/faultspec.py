@@ -13,7 +13,7 @@ Kinds and keys (a key left out takes the default shown; ``rank``/``gpu`` default
   data-slow:rank=R,seconds=X,from_step=S        rank R's loader X s slower per batch
   hang:rank=R,at_step=S,where=data|host         rank R blocks forever in Python, no collective
   nonfinite-loss:rank=R,from_step=S,value=nan|inf|-inf
-  checkpoint-slow:rank=R,seconds=X              rank R's save X s longer
+  checkpoint-slow:rank=R,seconds=X,from_step=S  rank R's saves X s longer (from step S)
   crash:rank=R,at_step=S                        SIGKILL at step S, first attempt only
   crash-in-save:rank=R,at_step=S                SIGKILL inside the save of step S (files
                                                 written, not committed), first attempt only
@@ -70,6 +70,7 @@ class NonfiniteLoss:
 class CheckpointSlow:
     rank: int = 0
     seconds: float = 5.0
+    from_step: int = 0  # saves of this step and later
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,27 @@ def test_evidence_must_hold_in_every_sample():
     assert diagnose(snaps) == []
 
 
+def busy_cpus(snaps: list[JobSnapshot], nodes: set[str]) -> list[JobSnapshot]:
+    return [dataclasses.replace(s, nodes=tuple(
+        dataclasses.replace(n, cpu_utilization_ratio=0.99 if n.node in nodes else 0.35)
+        for n in s.nodes)) for s in snaps]
+
+
+def test_a_compute_straggler_on_a_saturated_node_is_host_cpu_contention():
+    snaps = history(lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}})
+    assert {n.node for n in snaps[-1].nodes} == {"node-0", "node-1"}
+    f = only(diagnose(busy_cpus(snaps, {"node-1"})), "host_cpu_contention")
+    assert (f.rank, f.node) == (2, "node-1"), f
+
+
+def test_a_busy_host_that_every_rank_shares_does_not_explain_one_straggler():
+    """Every node saturated (a one-node job on a busy host): the CPUs slow every rank alike,
+    so the one slow rank's own compute is named."""
+    snaps = history(lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}})
+    f = only(diagnose(busy_cpus(snaps, {"node-0", "node-1"})), "straggler_compute")
+    assert f.rank == 2, f
+
+
 def test_straggler_data_when_its_extra_time_is_data_wait():
     f = only(diagnose(history(lambda i: {"specs": {"r1": {
         "straggler_score": SLOW, "busy_s": 0.75, "data_wait_ratio": 0.6}}})), "straggler_data")

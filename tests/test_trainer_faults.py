@@ -41,6 +41,17 @@ def test_compute_slow_sleeps_factor_minus_one_times_the_phase_from_its_step():
     assert 0.1 <= slept < 0.1 + 0.1, f"slept {slept:.3f} s for 0.5 x 0.2 s"
 
 
+def test_checkpoint_slow_lengthens_the_saves_from_its_step():
+    p = plan("checkpoint-slow:rank=1,seconds=0.1,from_step=40")
+    started = time.perf_counter()
+    p.in_save(20)  # a save before from_step: nothing
+    assert time.perf_counter() - started < 0.05
+    started = time.perf_counter()
+    p.in_save(40)
+    slept = time.perf_counter() - started
+    assert 0.1 <= slept < 0.1 + 0.1, f"slept {slept:.3f} s for 0.1 s"
+
+
 def test_data_slow_adds_seconds_per_batch_and_keeps_the_loader_state():
     class Loader:
         position = 0

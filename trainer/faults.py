@@ -18,7 +18,8 @@ What each kind does, and why it is made that way:
 - nonfinite-loss: the loss this rank reports becomes NaN/+Inf/-Inf. Backward still uses the
   real loss, so the fault stays on one rank (a real NaN would reach every rank's weights within
   one step and hide who started it) and the run goes on for the monitor to show.
-- checkpoint-slow: this rank's save takes ``seconds`` longer (inside the checkpoint phase).
+- checkpoint-slow: this rank's saves (of step ``from_step`` and later) take ``seconds`` longer
+  (inside the checkpoint phase, after its files are written, before the barrier).
 - crash / crash-in-save: SIGKILL, like the OOM killer, on the first attempt only
   (TORCHELASTIC_RESTART_COUNT 0), so torchrun's restart runs through.
 - pause: every rank holds still after step S (first attempt) and writes ``dir/pause.rank{r}``
@@ -106,7 +107,8 @@ class FaultPlan:
     def in_save(self, step: int) -> None:
         """Inside the save of ``step``, after this rank's files are written, before the commit."""
         for f in self._of(fs.CheckpointSlow):
-            time.sleep(f.seconds)
+            if step >= f.from_step:
+                time.sleep(f.seconds)
         for f in self._of(fs.CrashInSave):
             if f.at_step == step and _first_attempt():
                 _die()

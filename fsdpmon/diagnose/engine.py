@@ -227,6 +227,14 @@ _WHY = {"straggler_compute": "its own compute is slow", "straggler_data": "it wa
         "host_cpu_contention": "its node's CPUs are saturated"}
 
 
+def _contended(row: RankRow, live: list[RankRow], obs: Observations) -> bool:
+    """The straggler's node is CPU-saturated and some rank it is slower than runs on a node
+    that is not: contention on a node that all its peers share slows them all alike, so it
+    cannot be why this one rank is slower (a one-node job on a busy host)."""
+    peers = [r for r in live if r.rank not in obs.stragglers]
+    return row.node in obs.busy_nodes and any(r.node not in obs.busy_nodes for r in peers)
+
+
 def _stragglers(obs: Observations, places: Places) -> list[Finding]:
     live = [r for r in obs.now.ranks if not r.down]
     out = []
@@ -243,7 +251,7 @@ def _stragglers(obs: Observations, places: Places) -> list[Finding]:
                           f"rank {rank} {score}"), **_where(places, rank, gpu)))
             continue
         cause, detail = _straggler_cause(row, live)
-        if cause == "straggler_compute" and row.node in obs.busy_nodes:
+        if cause == "straggler_compute" and _contended(row, live, obs):
             cause, detail = "host_cpu_contention", f"node {row.node} CPUs saturated; {detail}"
         out.append(Finding(cause, WARNING, f"rank {rank} straggles: {_WHY[cause]}",
                            evidence=(score, detail), **_where(places, rank)))
