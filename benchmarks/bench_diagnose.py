@@ -15,6 +15,7 @@ Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -97,19 +98,27 @@ def run_fault(row, ranks: int) -> str:
             return f"{name:<16} NOT NAMED as {cause}; said: {', '.join(said) or 'nothing'}"
 
 
+HEALTHY_CKPT_EVERY = 50  # healthy runs save too: cheap saves must not be checkpoint_slow
+
+
 def run_healthy(ranks: int, seconds: float) -> str:
-    with tempfile.TemporaryDirectory() as tmp, faulty_job(Path(tmp), ranks) as job:
+    with tempfile.TemporaryDirectory() as tmp, faulty_job(
+            Path(tmp), ranks, "", ("--checkpoint-every", str(HEALTHY_CKPT_EVERY),
+                                   "--checkpoint-dir", str(Path(tmp) / "ckpt"))) as job:
         job.wait("stepping", stepping(ranks), 300)
         job.start_exporter()
         job.wait("GPUs tied", stepping(ranks, gpus=True), 120)
         seen: set[str] = set()
         refreshes, end = 0, time.monotonic() + seconds
+        first = min(r.step or 0 for r in job.refresh()[0].ranks)
         while time.monotonic() < end:
-            _, verdict = job.refresh()
+            snap, verdict = job.refresh()
             refreshes += 1
             seen |= {f"{f.cause}(rank {f.rank}, gpu {f.gpu})" for f in verdict.findings}
             time.sleep(0.5)
-        return (f"healthy {ranks} ranks, {seconds:.0f}s, {refreshes} refreshes: "
+        steps = min(r.step or 0 for r in snap.ranks) - first
+        return (f"healthy {ranks} ranks, {seconds:.0f}s ({steps} steps, a save every "
+                f"{HEALTHY_CKPT_EVERY}), {refreshes} refreshes: "
                 f"{len(seen)} false findings {sorted(seen) or ''}")
 
 
@@ -198,6 +207,7 @@ def main() -> None:
     parser.add_argument("--refreshes", type=int, default=7)
     parser.add_argument("--engine-repeat", type=int, default=7)
     args = parser.parse_args()
+    print("load average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
     if args.part in ("all", "engine"):
         bench_engine(args)
     if args.part in ("all", "faults"):
@@ -209,6 +219,7 @@ def main() -> None:
                     print("  " + run_fault(row, ranks), flush=True)
         for ranks in args.healthy_ranks:
             print("  " + run_healthy(ranks, args.healthy_seconds), flush=True)
+    print("load average at end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
 
 
 if __name__ == "__main__":

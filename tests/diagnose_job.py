@@ -7,6 +7,7 @@ benchmarks/bench_diagnose.py share it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from proc_tree import kill_tree
 from support import free_port
 
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.diagnose import Finding, Verdict
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.targets import TargetsSource
@@ -49,6 +51,9 @@ class Job:
                 self.exporter_args + (["--fault", gpu_fault] if gpu_fault else []), cwd=REPO,
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         self.exporter_started = time.monotonic()
+        # The watch starts over with the whole job up: the exporter's absence until now was
+        # the harness's doing (target_down), not a fault to carry into the history.
+        self.diagnoser = Diagnoser(self.source, 2.0)
 
     def refresh(self) -> tuple[JobSnapshot, Verdict]:
         snap = self.source.fetch()
@@ -105,6 +110,30 @@ def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
         kill_tree(train)
         if job.exporter is not None:
             kill_tree(job.exporter)
+
+
+def diagnose_cli(job: Job, watch: str = "12s") -> subprocess.Popen:
+    """`fsdpmon diagnose --json` on the job's targets, as a person runs it (started, not
+    waited for: read it with ``cli_findings``)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "fsdpmon.cli", "diagnose", "--targets", ",".join(job.urls),
+         "--json", "--for", watch, "--interval", "1"], cwd=REPO, env=job.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def cli_findings(proc: subprocess.Popen, timeout_s: float = 90.0) -> tuple[int, list[dict]]:
+    """Its exit status and the findings its JSON lists (AssertionError with stderr if none, or
+    if the verdict was drawn from less than one evidence window)."""
+    out, err = proc.communicate(timeout=timeout_s)
+    try:
+        doc = json.loads(out)
+        assert doc["evidence_seconds"] >= DIAGNOSIS_EVIDENCE_SECONDS, (
+            f"diagnose answered from {doc['evidence_seconds']}s of evidence (< "
+            f"{DIAGNOSIS_EVIDENCE_SECONDS}s): no verdict\n{err[-2000:]}")
+        return proc.returncode, doc["findings"]
+    except (ValueError, KeyError) as exc:
+        raise AssertionError(f"diagnose exited {proc.returncode} without its JSON ({exc}):\n"
+                             f"{out[-2000:]}\n{err[-2000:]}") from None
 
 
 def named(findings: tuple[Finding, ...], cause: str, rank: int | None = None,

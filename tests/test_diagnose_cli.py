@@ -78,6 +78,8 @@ def test_verdicts_and_exit_status():
            for name, d in docs.items()}
     assert got == {"healthy": [], "straggler": [("straggler_compute", 3, "1")],
                    "throttled": [("gpu_throttled", 1, "1")], "hang": [("hang", 2, "0")]}, got
+    # the healthy verdict is one: drawn from a whole evidence window, not an empty history
+    assert docs["healthy"]["evidence_seconds"] >= DIAGNOSIS_EVIDENCE_SECONDS, docs["healthy"]
     assert {name: rc for name, (_, rc) in out.items()} == {
         "healthy": 0, "straggler": 0, "throttled": 0, "hang": 4}, out
     hang = docs["hang"]["findings"][0]

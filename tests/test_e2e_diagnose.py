@@ -1,8 +1,18 @@
-"""End to end on CPU: a real 2-rank torchrun job and the exporter with simulated GPUs. While
-healthy, nothing is named; then GPU faults start (a thermally throttled GPU 1, an XID 79 on
-GPU 0) and the diagnosis names each with its GPU and the rank it serves, within
-max(3 log windows, 30 s) of the fault starting, and top's Diagnosis view shows the same
-findings in tmux, as a person would see them."""
+"""End to end on CPU: one real 2-rank torchrun job (checkpointing every CKPT_EVERY steps) and the
+exporter with simulated GPUs, diagnosed as a person would: `fsdpmon diagnose --json` and top's
+Diagnosis view in tmux.
+
+1. Healthy (straggler scores served, cheap saves every CKPT_EVERY steps): `fsdpmon diagnose
+   --json` names nothing and exits 0, and neither does the engine on any refresh.
+2. GPU faults start (a thermally throttled GPU 1, an XID 79 on GPU 0) and, at step S, trainer
+   faults (rank 0's compute 3x slower, rank 1's saves 5 s longer). Each is named with its culprit
+   within max(3 log windows, 30 s) of its start: `gpu_throttled` and `gpu_xid` with the GPU and
+   the rank it serves, `straggler_compute` on rank 0, `checkpoint_slow` on rank 1 (the rank the
+   other waited for).
+3. Then `fsdpmon diagnose --json` names the trainer faults with their ranks too, and top's
+   Diagnosis view (tmux, started before the faults) shows the GPU findings.
+One job for all of it keeps the suite's cost to one torchrun start-up.
+"""
 
 from __future__ import annotations
 
@@ -10,61 +20,116 @@ import sys
 import time
 
 import pytest
-from diagnose_job import REPO, faulty_job, named, stepping
+from diagnose_job import REPO, Job, cli_findings, diagnose_cli, faulty_job, named, stepping
 from test_e2e_top import Tmux, _wait
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 
-FAULT_AFTER_S = DIAGNOSIS_EVIDENCE_SECONDS + 2  # a healthy stretch longer than one window
-BOUND_S = 30.0  # max(3 log windows, 30 s): a log window here is 5 steps of well under 1 s
+WATCH = f"{DIAGNOSIS_EVIDENCE_SECONDS + 2:g}s"  # diagnose's --for: one evidence window and more
+# GPU faults start (from the exporter's start) after the healthy watch (WATCH plus the CLI's
+# start-up), begun with the exporter, is over.
+FAULT_AFTER_S = DIAGNOSIS_EVIDENCE_SECONDS + 6
+BOUND_S = 30.0  # max(3 log windows, 30 s): a log window here is 5 steps of well under 2 s
 FAULTS = f"gpu-throttle:gpu=1,after={FAULT_AFTER_S:g},reason=thermal;" \
          f"xid:gpu=0,code=79,after={FAULT_AFTER_S:g}"
+# Trainer faults: at 10-25 steps/s on a shared 2-core host, step S comes after the healthy
+# watch is over (checked below) and the first slow save is S's.
+CKPT_EVERY = 40
+S = 9 * CKPT_EVERY
+TRAIN_FAULTS = f"compute-slow:rank=0,factor=3,from_step={S};" \
+               f"checkpoint-slow:rank=1,seconds=5,from_step={S}"
 
 
 @pytest.mark.slow
-def test_gpu_faults_named_with_their_rank_and_shown_in_top(tmp_path):
+def test_faults_named_with_their_rank_by_diagnose_and_in_top(tmp_path):
     t0 = time.monotonic()
-    with faulty_job(tmp_path) as job:
+    extra = ("--checkpoint-every", str(CKPT_EVERY), "--checkpoint-dir", str(tmp_path / "ckpt"))
+    with faulty_job(tmp_path, 2, TRAIN_FAULTS, extra) as job:
         job.wait("both ranks stepping", stepping(2))
         print(f"stepping after {time.monotonic() - t0:.1f}s")
         job.start_exporter(FAULTS)
-        job.wait("the exporter's GPUs tied to the ranks", stepping(2, gpus=True), 60)
-        fault_at = job.exporter_started + FAULT_AFTER_S
-        healthy: list[str] = []
-        while time.monotonic() < fault_at - 1:
-            _, verdict = job.refresh()
-            healthy += [f"{f.cause} {f.summary}" for f in verdict.findings]
-            time.sleep(0.5)
-        assert healthy == [], healthy
-
+        healthy_watch(job)
         tmux = Tmux()
-        try:
+        try:  # top runs before the faults start, as it would on a person's screen
             tmux("new-session", "-d", "-s", "top", "-x", "120", "-y", "40",
                  f"cd {REPO} && {sys.executable} -m fsdpmon.cli top --targets "
                  f"{','.join(job.urls)} --interval 1 2> {tmp_path / 'top.err'}")
             tmux.wait_for("RUNNING")
-            seen: dict[str, float] = {}
-            while len(seen) < 2 and time.monotonic() < fault_at + BOUND_S + 10:
-                _, verdict = job.refresh()
-                for key, finding in (("throttle", named(verdict.findings, "gpu_throttled",
-                                                         rank=1, gpu="1")),
-                                     ("xid", named(verdict.findings, "gpu_xid", rank=0,
-                                                   gpu="0"))):
-                    if finding and key not in seen:
-                        seen[key] = time.monotonic() - fault_at
-                time.sleep(0.5)
-            assert set(seen) == {"throttle", "xid"}, (seen, verdict.findings, job.log_tail())
-            print(f"named after the fault: {seen}")
-            late = {k: round(t, 1) for k, t in seen.items() if t > BOUND_S}
-            assert not late, f"named later than {BOUND_S}s after the fault: {late}"
-            xid = named(verdict.findings, "gpu_xid", gpu="0")
-            assert xid and xid.severity == "critical" and "XID 79" in xid.summary, xid
-
-            tmux("send-keys", "-t", "top", "5")
-            screen = _wait("both findings in the Diagnosis view",
-                           lambda: "gpu_xid:" in (s := tmux.screen()) and "gpu_throttled:" in s
-                           and s, 30)
-            assert "rank 1 · pod" in screen or "rank 1 ·" in screen, screen
-            assert "! gpu_xid:" in screen.split(" 1 Ranks")[0], screen  # the header's line
+            seen, findings, code = faults_named(job, tmux)
         finally:
             tmux.kill()
+    late = {k: round(t, 1) for k, t in seen.items() if t > BOUND_S}
+    assert not late, f"named later than {BOUND_S}s after the fault started: {late}"
+    said = [(f["cause"], f["rank"]) for f in findings]
+    assert ("straggler_compute", 0) in said and ("checkpoint_slow", 1) in said, (
+        f"diagnose --json said {said}: {findings}")
+    critical = [f["cause"] for f in findings if f["severity"] == "critical"]
+    assert code == (4 if critical else 0), f"diagnose exited {code} with {said}"
+    checkpoint = next(f for f in findings if f["cause"] == "checkpoint_slow")
+    assert any("waited for rank 1" in e for e in checkpoint["evidence"]), checkpoint
+
+
+def healthy_watch(job: Job) -> None:
+    fault_at = job.exporter_started + FAULT_AFTER_S
+    proc = diagnose_cli(job, WATCH)
+    seen: list[str] = []
+    step, tied = 0, False
+    while proc.poll() is None:
+        snap, verdict = job.refresh()
+        seen += [f"{f.cause} {f.summary}" for f in verdict.findings]
+        step = max([step, *(r.step or 0 for r in snap.ranks)])
+        tied = tied or stepping(2, gpus=True)(snap)
+        time.sleep(0.5)
+    ended = time.monotonic()
+    code, findings = cli_findings(proc)
+    saves = [r.checkpoint_seconds for r in snap.ranks]
+    assert ended < fault_at and step < S, (
+        f"the healthy watch ran into the faults ({ended - fault_at:+.1f}s after the GPU faults, "
+        f"at step {step} of {S}): raise FAULT_AFTER_S or S")
+    assert findings == [] and code == 0, f"healthy: diagnose said {findings} (exit {code})"
+    assert tied, "the exporter's GPUs were never tied to the ranks during the healthy watch"
+    assert seen == [], f"healthy: the engine said {seen}"
+    assert all(x is not None for x in saves), (
+        f"no save served by step {step} ({saves}): checkpoint_slow was not exercised")
+    scored = [r.straggler_score for r in snap.ranks]
+    assert all(s is not None for s in scored), f"no straggler score yet at step {step}: {scored}"
+
+
+def faults_named(job: Job, tmux: Tmux) -> tuple[dict[str, float], list[dict], int]:
+    """Refresh until the four faults are named; then `fsdpmon diagnose --json` watches (top's
+    Diagnosis view is checked meanwhile). Seconds from each fault's start to the first refresh
+    naming it, and what diagnose said."""
+    gpu_at = job.exporter_started + FAULT_AFTER_S
+    train_at = None  # the first refresh at step S
+    expected = {"throttle": ("gpu_throttled", 1, "1"), "xid": ("gpu_xid", 0, "0"),
+                "compute": ("straggler_compute", 0, None),
+                "checkpoint": ("checkpoint_slow", 1, None)}
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 240  # to reach step S on a slow machine
+    while len(seen) < len(expected) and time.monotonic() < deadline:
+        snap, verdict = job.refresh()
+        now = time.monotonic()
+        if now < gpu_at - 1 and train_at is None:
+            assert verdict.findings == (), f"healthy: the engine said {verdict.findings}"
+        if train_at is None and any((r.step or 0) >= S for r in snap.ranks):
+            train_at = now
+            deadline = max(now, gpu_at) + BOUND_S + 10
+        for key, (cause, rank, gpu) in expected.items():
+            began = gpu_at if gpu else train_at
+            if key not in seen and began is not None and named(verdict.findings, cause, rank, gpu):
+                seen[key] = now - began
+        time.sleep(0.5)
+    assert train_at is not None, f"step {S} not reached:\n{job.log_tail()}"
+    assert set(seen) == set(expected), (seen, verdict.findings, job.log_tail())
+    print(f"named after the fault: { {k: round(t, 1) for k, t in seen.items()} }")
+    xid = named(verdict.findings, "gpu_xid", gpu="0")
+    assert xid and xid.severity == "critical" and "XID 79" in xid.summary, xid
+
+    proc = diagnose_cli(job, WATCH)
+    tmux("send-keys", "-t", "top", "5")
+    screen = _wait("the GPU findings in the Diagnosis view",
+                   lambda: "gpu_xid:" in (s := tmux.screen()) and "gpu_throttled:" in s and s, 30)
+    assert "rank 1 · pod" in screen or "rank 1 ·" in screen, screen
+    assert "! gpu_xid:" in screen.split(" 1 Ranks")[0], screen  # the header's line
+    code, findings = cli_findings(proc)
+    return seen, findings, code

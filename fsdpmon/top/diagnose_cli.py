@@ -13,7 +13,7 @@ import sys
 import time
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
-from fsdpmon.diagnose import CRITICAL, Finding
+from fsdpmon.diagnose import CRITICAL, Verdict
 from fsdpmon.diagnose.report import report_lines
 from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
 from fsdpmon.top.app import Source
@@ -54,7 +54,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     out.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
     out.add_argument("--timeout", type=float, default=3.0, help="per-target scrape timeout (s)")
     out.add_argument("--json", action="store_true",
-                     help='print {"findings": [...], "time": ...} as JSON')
+                     help='print {"findings": [...], "time": ..., "evidence_seconds": ...} as '
+                          'JSON (evidence_seconds below the window: no verdict yet)')
 
 
 def parse_duration(text: str, field: str = "--for") -> float:
@@ -66,16 +67,16 @@ def parse_duration(text: str, field: str = "--for") -> float:
 
 
 def watch(diagnoser: Diagnoser, source: Source, seconds: float, interval: float
-          ) -> tuple[JobSnapshot, list[Finding]]:
+          ) -> tuple[JobSnapshot, Verdict]:
     """Refreshes until ``seconds`` have passed (at least once); the last snapshot and verdict."""
     start = time.monotonic()
     while True:
         began = time.monotonic()
         snap = source.fetch()
-        findings = list(diagnoser.update(snap).findings)
+        verdict = diagnoser.update(snap)
         left = seconds - (time.monotonic() - start)
         if left <= 0:
-            return snap, findings
+            return snap, verdict
         time.sleep(min(left, max(0.0, interval - (time.monotonic() - began))))
 
 
@@ -83,11 +84,13 @@ def run(args: argparse.Namespace) -> int:
     seconds = parse_duration(args.watch)
     source = build_source(args)
     try:
-        snap, findings = watch(Diagnoser(source, args.timeout), source, seconds, args.interval)
+        snap, verdict = watch(Diagnoser(source, args.timeout), source, seconds, args.interval)
     finally:
         source.close()
+    findings = list(verdict.findings)
     if args.json:
         doc = {"findings": [f.to_dict() for f in findings], "time": snap.time,
+               "evidence_seconds": round(verdict.seconds, 3),
                "job": snap.job_name, "state": snap.state.value}
         sys.stdout.write(json.dumps(doc, indent=2, allow_nan=False) + "\n")
     else:
