@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from dashboards.build import all_dashboards
-from dashboards.rules import RuleBounds, rule_groups
+from dashboards.rules import DEFAULT_RUNBOOK_URL, RuleBounds, rule_groups
 
 GENERATED = Path(__file__).resolve().parent / "generated"
 RULES_FILE = "fsdpmon-rules.yaml"
@@ -32,33 +32,34 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def rules_yaml(bounds: RuleBounds | None = None) -> str:
-    groups: list[dict[str, Any]] = rule_groups(bounds)
+def rules_yaml(bounds: RuleBounds | None = None, runbook_url: str = DEFAULT_RUNBOOK_URL) -> str:
+    groups: list[dict[str, Any]] = rule_groups(bounds, runbook_url)
     body = yaml.dump({"groups": groups}, Dumper=_Dumper, sort_keys=False, width=100,
                      allow_unicode=True)
     return HEADER + body
 
 
-def render(bounds: RuleBounds | None = None) -> dict[str, str]:
+def render(bounds: RuleBounds | None = None,
+           runbook_url: str = DEFAULT_RUNBOOK_URL) -> dict[str, str]:
     """File name -> exact text of every generated file."""
     files = {name: json.dumps(dash, indent=2, ensure_ascii=False) + "\n"
              for name, dash in all_dashboards().items()}
-    files[RULES_FILE] = rules_yaml(bounds)
+    files[RULES_FILE] = rules_yaml(bounds, runbook_url)
     return files
 
 
-def stale_files(directory: Path = GENERATED) -> list[str]:
+def stale_files(directory: Path = GENERATED, runbook_url: str = DEFAULT_RUNBOOK_URL) -> list[str]:
     """Generated files that are missing, differ from a fresh rendering, or are left over."""
-    fresh = render()
+    fresh = render(runbook_url=runbook_url)
     stale = [n for n, text in fresh.items()
              if not (directory / n).is_file() or (directory / n).read_text() != text]
     present = {p.name for p in directory.glob("*") if p.is_file()} if directory.is_dir() else set()
     return sorted(stale + sorted(present - set(fresh)))
 
 
-def write(directory: Path = GENERATED) -> list[str]:
+def write(directory: Path = GENERATED, runbook_url: str = DEFAULT_RUNBOOK_URL) -> list[str]:
     directory.mkdir(parents=True, exist_ok=True)
-    files = render()
+    files = render(runbook_url=runbook_url)
     for name, text in files.items():
         (directory / name).write_text(text)
     for leftover in {p.name for p in directory.glob("*") if p.is_file()} - set(files):

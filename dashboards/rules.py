@@ -4,7 +4,8 @@
 ``interval``, ``rules``), which ``python -m dashboards`` writes to
 ``dashboards/generated/fsdpmon-rules.yaml`` and the Kubernetes manifests wrap in a
 PrometheusRule. Every threshold and ``for`` duration is a field of :class:`RuleBounds`, so the
-end-to-end test can generate a fast variant while the shipped defaults suit real jobs.
+end-to-end test can generate a fast variant while the shipped defaults suit real jobs; where the
+runbook is published (each alert's ``runbook_url``) is ``rule_groups``' ``runbook_url``.
 
 Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); each is
 a :class:`fsdpmon.catalog.Recorded` symbol (``catalog.REC_JOB_TOKENS_PER_SECOND_SUM``), and this
@@ -14,6 +15,7 @@ dashboards and alerts work on clusters that run dcgm-exporter instead of the fsd
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,9 +92,25 @@ def _record(recorded: Recorded, expr: str) -> Rule:
     return {"record": recorded.name, "expr": expr}
 
 
-# Where the runbook is published: each cause has a section (docs/runbook.md, `## <cause>`).
-# A team that hosts its own copy regenerates the rules with its URL.
-RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"
+# Where the runbook is published: docs/runbook.md of the fsdpmon repository, one `## <cause>`
+# section per cause, so `<url>#<cause>` opens it. A team that hosts its own copy (a wiki, an
+# internal Git server) generates the rules with its address: `python -m dashboards
+# --runbook-url URL` or FSDPMON_RUNBOOK_URL (dashboards/README.md); the committed rule file and
+# `fsdpmon manifests` use this default.
+DEFAULT_RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"
+RUNBOOK_URL_ENV = "FSDPMON_RUNBOOK_URL"
+
+
+def runbook_base(url: str) -> str:
+    """``url`` checked as a runbook page address (http(s), no fragment: the cause is appended);
+    ValueError saying what is wrong."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"runbook URL must be an http(s) address, got {url!r}")
+    if parts.fragment or url.endswith("#"):
+        raise ValueError(f"runbook URL must not have a #fragment (each alert appends "
+                         f"#<cause>), got {url!r}")
+    return url
 
 # The diagnosis cause each alert stands for (`fsdpmon diagnose` names the same ones), so an
 # alert, a finding and a runbook section share one name.
@@ -122,9 +140,18 @@ def _alert(name: str, expr: str, for_: str, severity: str, summary: str, descrip
         rule["for"] = for_
     rule["labels"] = {"severity": severity}
     cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
+    # runbook_url is added by rule_groups(), which knows where the runbook is published
     rule["annotations"] = {"summary": summary, "description": description, "hint": hint,
-                           "cause": cause, "runbook_url": f"{RUNBOOK_URL}#{cause}"}
+                           "cause": cause}
     return rule
+
+
+def _with_runbook(rules: list[Rule], base: str) -> list[Rule]:
+    for rule in rules:
+        if "alert" in rule:
+            notes = rule["annotations"]
+            notes["runbook_url"] = f"{base}#{notes['cause']}"
+    return rules
 
 
 def training_records() -> list[Rule]:
@@ -436,16 +463,19 @@ def target_alerts(b: RuleBounds) -> list[Rule]:
     ]
 
 
-def rule_groups(bounds: RuleBounds | None = None) -> list[dict[str, Any]]:
-    """Every rule group, in the order they are shipped."""
+def rule_groups(bounds: RuleBounds | None = None,
+                runbook_url: str = DEFAULT_RUNBOOK_URL) -> list[dict[str, Any]]:
+    """Every rule group, in the order they are shipped; each alert's ``runbook_url`` is
+    ``runbook_url#<cause>`` (ValueError for an address that cannot take a fragment)."""
     b = bounds or RuleBounds()
+    base = runbook_base(runbook_url)
     return [
         {"name": "fsdpmon-training.rules", "rules": training_records()},
         {"name": "fsdpmon-gpu.rules", "rules": gpu_records()},
         {"name": "fsdpmon-dcgm.rules", "rules": dcgm_rules(b.error_window)},
-        {"name": "fsdpmon-training.alerts", "rules": training_alerts(b)},
-        {"name": "fsdpmon-gpu.alerts", "rules": gpu_alerts(b)},
-        {"name": "fsdpmon-targets.alerts", "rules": target_alerts(b)},
+        {"name": "fsdpmon-training.alerts", "rules": _with_runbook(training_alerts(b), base)},
+        {"name": "fsdpmon-gpu.alerts", "rules": _with_runbook(gpu_alerts(b), base)},
+        {"name": "fsdpmon-targets.alerts", "rules": _with_runbook(target_alerts(b), base)},
     ]
 
 
