@@ -29,7 +29,7 @@ from dashboards.panels import (
 from dashboards.promql import JOB_KEYS, RANK_KEYS, bucket, m
 from fsdpmon import catalog
 from fsdpmon.catalog import Metric, Recorded
-from fsdpmon.conventions import GPU_THROTTLE_REASONS
+from fsdpmon.conventions import GPU_THROTTLE_REASONS, STRAGGLER_SCORE_THRESHOLD
 
 JOB = 'namespace=~"$namespace", job_name=~"$job"'
 RANK = f'{JOB}, rank=~"$rank"'
@@ -153,8 +153,28 @@ def _throttled_gpus() -> Target:
 
 
 def _job_diagnosis() -> list[Panel | Row]:
+    score = m(catalog.TRAIN_STRAGGLER_SCORE, JOB)
+    busy = m(catalog.TRAIN_BUSY_SECONDS, JOB)
+    # Seconds per step waiting in collectives: the window's wait share of its mean step time.
+    waiting = (f"{m(catalog.TRAIN_COLLECTIVE_WAIT_RATIO, JOB)}"
+               f" * {m(catalog.TRAIN_STEP_TIME_SECONDS, JOB)}")
     return [
         Row("Diagnosis"),
+        timeseries("Straggler score per rank", Target(score, PER_RANK), min=0,
+                   thresholds=((None, "red"), (STRAGGLER_SCORE_THRESHOLD, "green")),
+                   threshold_lines=True, width=12,
+                   description="Median busy time of the other ranks over this rank's own (busy: "
+                               "step time not spent waiting in collectives, median over the "
+                               "recent steps). About 1 on a healthy job; below the dashed line "
+                               f"({STRAGGLER_SCORE_THRESHOLD:g}) the rank is a straggler and "
+                               "FsdpmonRankStraggling fires (cause straggler_compute)."),
+        timeseries("Busy vs collective wait per rank", Target(busy, "busy " + PER_RANK),
+                   Target(waiting, "waiting " + PER_RANK), unit="s", min=0, width=12,
+                   description="Per rank, seconds per step busy (median over the recent steps) "
+                               "and waiting in collectives (last log window). In synchronous "
+                               "training the straggler is the rank that waits least and is "
+                               "busy longest; every other rank waits for it at each "
+                               "collective."),
         table("Throttled GPUs and the ranks they serve", _throttled_gpus(), width=24,
               thresholds=((None, "green"), (1, "red")),
               description="Slowdown clock events (thermal, power brake, hardware) per GPU, 1 "

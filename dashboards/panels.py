@@ -95,10 +95,15 @@ class Row:
 
 
 def timeseries(title: str, *targets: Target, unit: str = "short", description: str = "",
-               width: int = 8, stack: bool = False, **kw: Any) -> Panel:
-    custom = {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": False}
+               width: int = 8, stack: bool = False, threshold_lines: bool = False,
+               **kw: Any) -> Panel:
+    """Lines over time; ``threshold_lines`` draws each threshold step as a dashed line."""
+    custom: dict[str, Any] = {"lineWidth": 1, "fillOpacity": 10, "showPoints": "never",
+                              "spanNulls": False}
     if stack:
         custom["stacking"] = {"mode": "normal", "group": "A"}
+    if threshold_lines:
+        custom["thresholdsStyle"] = {"mode": "dashed"}
     options = {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                "tooltip": {"mode": "multi", "sort": "desc"}}
     return Panel(title, "timeseries", targets, unit, description, width, custom=custom,

@@ -25,6 +25,7 @@ from dashboards.panels import expressions, substitute, variable_selector
 from dashboards.promql import metric_names
 from dashboards.rules import recorded_names, rule_groups
 from fsdpmon import catalog
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_OWN = {"ALERTS"}
@@ -239,6 +240,10 @@ def test_each_dashboard_covers_what_the_issue_asks_for():
             "fsdpmon_job:loss:avg", "fsdpmon_train_learning_rate", "fsdpmon_train_grad_norm",
             "fsdpmon_job:eta_seconds:estimate", "fsdpmon_train_restarts",
             "fsdpmon_train_stalled", "ALERTS"} <= job
+    # the Diagnosis row: straggler score, busy vs collective wait, throttled GPUs by rank
+    assert {"fsdpmon_train_straggler_score", "fsdpmon_train_busy_seconds",
+            "fsdpmon_train_collective_wait_ratio", "fsdpmon_gpu_clock_event_active",
+            "fsdpmon_process_info"} <= job
     ranks = _metrics_of(dashes["fsdpmon-ranks.json"])
     assert {"fsdpmon_train_step_time_seconds", "fsdpmon_train_data_wait_ratio",
             "fsdpmon_train_memory_peak_active_bytes", "fsdpmon_job_slowest_rank"} <= ranks
@@ -254,6 +259,18 @@ def test_each_dashboard_covers_what_the_issue_asks_for():
     assert "world_size" in " ".join(e for _, e in expressions(runs))
     assert {"fsdpmon_job:tokens_per_second_per_rank:avg",
             "fsdpmon_job:peak_memory_bytes:max"} <= _metrics_of(runs)
+
+
+def test_straggler_score_panel_draws_the_threshold_the_alert_uses():
+    panels = all_dashboards()["fsdpmon-job-overview.json"]["panels"]
+    score = next(p for p in panels if p["title"] == "Straggler score per rank")
+    defaults = score["fieldConfig"]["defaults"]
+    steps = [s["value"] for s in defaults["thresholds"]["steps"]]
+    assert steps == [None, STRAGGLER_SCORE_THRESHOLD], steps
+    assert defaults["custom"]["thresholdsStyle"] == {"mode": "dashed"}
+    alert = next(r for g in rule_groups() for r in g["rules"]
+                 if r.get("alert") == "FsdpmonRankStraggling")
+    assert alert["expr"].endswith(f"< {STRAGGLER_SCORE_THRESHOLD:g}"), alert["expr"]
 
 
 def test_device_only_list_names_real_metrics():
