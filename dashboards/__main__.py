@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from dashboards.generate import GENERATED, stale_files, write
-from dashboards.rules import DEFAULT_RUNBOOK_URL, RUNBOOK_URL_ENV, runbook_base
+from dashboards.rules import DEFAULT_RUNBOOK_URL, runbook_base
+from fsdpmon.conventions import RUNBOOK_URL_ENV
 
 
 def main(argv: list[str] | None = None) -> int:

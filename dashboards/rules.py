@@ -98,7 +98,6 @@ def _record(recorded: Recorded, expr: str) -> Rule:
 # --runbook-url URL` or FSDPMON_RUNBOOK_URL (dashboards/README.md); the committed rule file and
 # `fsdpmon manifests` use this default.
 DEFAULT_RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"
-RUNBOOK_URL_ENV = "FSDPMON_RUNBOOK_URL"
 
 
 def runbook_base(url: str) -> str:

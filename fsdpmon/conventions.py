@@ -47,6 +47,8 @@ UNRESPONSIVE_AFTER_SECONDS = 5.0
 
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).
 ENV_PREFIX = "FSDPMON_"
+# Where the generated alerts' runbook_url points (`python -m dashboards`, `fsdpmon manifests`).
+RUNBOOK_URL_ENV = "FSDPMON_RUNBOOK_URL"
 
 # Diagnosis thresholds (`fsdpmon diagnose`, top's Diagnosis view, the alert rules): one
 # definition each.

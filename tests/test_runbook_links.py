@@ -18,13 +18,9 @@ import pytest
 import yaml
 
 from dashboards.generate import GENERATED, RULES_FILE
-from dashboards.rules import (
-    ALERT_CAUSES,
-    DEFAULT_RUNBOOK_URL,
-    RUNBOOK_URL_ENV,
-    alert_names,
-    rule_groups,
-)
+from dashboards.rules import ALERT_CAUSES, DEFAULT_RUNBOOK_URL, alert_names, rule_groups
+from fsdpmon.cli import main as fsdpmon_main
+from fsdpmon.conventions import RUNBOOK_URL_ENV
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -112,3 +108,25 @@ def test_generator_takes_the_url_from_the_flag_or_the_environment(tmp_path):
     out = generate(tmp_path / "bad", env_url="docs/runbook.md")
     assert out.returncode == 2 and RUNBOOK_URL_ENV in out.stderr, out.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_manifests_prometheus_rule_takes_the_same_setting(tmp_path, monkeypatch, capsys):
+    """`fsdpmon manifests` wraps the same rules in a PrometheusRule: --runbook-url, else the
+    environment, else the default; a bad address fails naming the flag, writing nothing."""
+    base = ["manifests", "--job-name", "llama2-7b", "--image", "registry.example/fsdp:1",
+            "--components", "monitoring"]
+
+    def rule_links(*extra: str) -> set[str]:
+        assert fsdpmon_main([*base, *extra]) == 0
+        docs = [d for d in yaml.safe_load_all(capsys.readouterr().out)
+                if d and d["kind"] == "PrometheusRule"]
+        return {u.partition("#")[0] for u in alert_links(docs[0]["spec"]["groups"]).values()}
+
+    monkeypatch.delenv(RUNBOOK_URL_ENV, raising=False)
+    assert rule_links() == {DEFAULT_RUNBOOK_URL}
+    monkeypatch.setenv(RUNBOOK_URL_ENV, TEAM_URL)
+    assert rule_links() == {TEAM_URL}
+    assert rule_links("--runbook-url", TEAM_URL + "-v2") == {TEAM_URL + "-v2"}
+    out = tmp_path / "out"
+    assert fsdpmon_main([*base, "--runbook-url", "runbook.md", "--out", str(out)]) == 2
+    assert "--runbook-url" in capsys.readouterr().err and not out.exists()

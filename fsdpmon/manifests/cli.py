@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from fsdpmon import __version__
+from fsdpmon.conventions import RUNBOOK_URL_ENV
 from fsdpmon.errors import ConfigError
 from fsdpmon.manifests.config import (
     COMPONENTS,
@@ -89,6 +90,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     a("--release-label", help="`release` label kube-prometheus-stack selects on ('' for none) "
       f"{d('release_label')}")
     a("--scrape-interval", help=f"training scrape interval {d('scrape_interval')}")
+    a("--runbook-url", help="runbook page the alerts link to, as URL#<cause> (default: "
+      f"{RUNBOOK_URL_ENV}, else the fsdpmon repository's docs/runbook.md)")
     a("--components", help=f"comma list of {','.join(COMPONENTS)} (default: all)")
     a("--out", type=Path, help="write a kustomize directory (default: one YAML stream on stdout)")
 
@@ -109,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     flags = {_RENAMED.get(k, k): v for k, v in values.items() if k not in _NOT_CONFIG}
     if flags.get("train_args") is not None:
         flags["train_args"] = tuple(flags["train_args"])
+    if flags.get("runbook_url") is None:
+        flags["runbook_url"] = os.environ.get(RUNBOOK_URL_ENV) or None
     if args.components is not None:
         flags["components"] = tuple(c.strip() for c in args.components.split(",") if c.strip())
     cfg = build_config(flags, env, os.environ, args.hf_token_from_env, __version__)

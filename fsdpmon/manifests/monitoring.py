@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from fsdpmon import conventions as conv
+from fsdpmon.errors import ConfigError
 from fsdpmon.manifests import exporter
 from fsdpmon.manifests.config import ManifestConfig
 from fsdpmon.manifests.meta import Obj, common_labels
@@ -121,9 +122,13 @@ def monitoring_objects(cfg: ManifestConfig) -> list[Obj]:
     # Imported here: the dashboards package is only needed for this component.
     from dashboards import build, rules
 
+    try:
+        groups = rules.rule_groups(runbook_url=cfg.runbook_url or rules.DEFAULT_RUNBOOK_URL)
+    except ValueError as exc:
+        raise ConfigError("--runbook-url", str(exc)) from None
     return [
         training_podmonitor(cfg),
         exporter_servicemonitor(cfg),
-        prometheus_rule(cfg, rules.rule_groups()),
+        prometheus_rule(cfg, groups),
         *dashboard_configmaps(cfg, build.all_dashboards()),
     ]
