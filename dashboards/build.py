@@ -141,15 +141,17 @@ def _job_speed() -> list[Panel | Row]:
 
 
 def _throttled_gpus() -> Target:
-    """Each GPU's slowdown clock events, with the training rank whose process holds it (the
-    exporter reads the worker's RANK; `fsdpmon diagnose` ties them the same way)."""
+    """Per GPU and each rank whose worker process runs on it, the slowdown clock events active
+    now (0: full clocks). The exporter reads the worker's RANK; top and `fsdpmon diagnose` tie
+    them the same way. A GPU may serve several ranks (two jobs, a restarted pod), so the reasons
+    are counted per GPU first: PromQL cannot join many reasons to many ranks."""
     reasons = "|".join(GPU_THROTTLE_REASONS)
     events = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'{NODE_ALL}, reason=~"{reasons}"')
     workers = m(catalog.PROCESS_INFO, 'namespace=~"$namespace", rank!=""')
     held = (f"{m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)} * 0 + on (node, pid) group_left (rank)"
             f" {workers}")
-    return Target(f"max by (node, gpu, reason) ({events})\n* on (node, gpu) group_left (rank)\n"
-                  f"max by (node, gpu, rank) ({held})")
+    return Target(f"max by (node, gpu, rank) ({held})\n* on (node, gpu) group_left\n"
+                  f"sum by (node, gpu) ({events})")
 
 
 def _job_diagnosis() -> list[Panel | Row]:
@@ -177,9 +179,11 @@ def _job_diagnosis() -> list[Panel | Row]:
                                "collective."),
         table("Throttled GPUs and the ranks they serve", _throttled_gpus(), width=24,
               thresholds=((None, "green"), (1, "red")),
-              description="Slowdown clock events (thermal, power brake, hardware) per GPU, 1 "
-                          "while active, with the rank whose process runs on the GPU: a "
-                          "throttled GPU explains its rank's straggling (cause gpu_throttled)."),
+              description="Each GPU with the rank(s) whose worker process runs on it, and "
+                          "how many slowdown clock events (thermal, power brake, hardware "
+                          "slowdown) are active on it now; 0 at full clocks. A throttled GPU "
+                          "explains its rank's straggling (cause gpu_throttled); the Nodes "
+                          "dashboard shows which reason and for how long."),
     ]
 
 

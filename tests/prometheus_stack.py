@@ -137,6 +137,17 @@ class Prometheus:
             raise ValueError(f"{expr}: {body}")
         return list(body["data"]["result"])
 
+    def first_time(self, expr: str, start: float, end: float) -> float | None:
+        """The earliest evaluation (1 s apart, unix seconds) in [start, end] at which ``expr``
+        has a series, or None."""
+        params = urllib.parse.urlencode({"query": expr, "start": f"{start:.3f}",
+                                         "end": f"{end:.3f}", "step": "1"})
+        body = get_json(f"{self.url}/api/v1/query_range?{params}")
+        if body.get("status") != "success":
+            raise ValueError(f"{expr}: {body}")
+        times = [float(t) for series in body["data"]["result"] for t, _ in series["values"]]
+        return min(times, default=None)
+
     def label_values(self, selector: str, label: str) -> set[str]:
         params = urllib.parse.urlencode({"match[]": selector})
         body = get_json(f"{self.url}/api/v1/series?{params}")

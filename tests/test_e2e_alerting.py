@@ -1,16 +1,32 @@
-"""End to end: training + exporter -> real Prometheus -> dashboard queries and the stall alert.
+"""End to end: training + exporter -> real Prometheus -> dashboard queries and the alerts.
 
-A 2-rank CPU training run (torchrun, the fsdpmon monitor serving on loopback) and the exporter
-with 2 simulated GPUs are scraped every second by Debian's Prometheus, which evaluates a fast
-variant of the shipped rules (short stall floor, no ``for``) every second and sends alerts to
-Debian's Alertmanager, which delivers them to a webhook receiver run by this test.
+Two 2-rank CPU training runs (torchrun, the fsdpmon monitor serving on loopback), one after the
+other, and the exporter with 2 simulated GPUs are scraped every second by one Debian Prometheus,
+which evaluates a fast variant of the shipped rules every second (FAST below: stall floor 8 s,
+no ``for`` on the stall, 5 s on the straggler; the generator's own thresholds, only durations
+shortened) and sends alerts to Debian's Alertmanager, which delivers them to a webhook receiver
+run by this test.
 
+Healthy run:
 1. Every query of every dashboard panel, after variable substitution, returns at least one series
    (panels made only of device-only metrics must be empty, and only because a CPU run has no
    device); every variable other than ``namespace`` (no Kubernetes here) has values.
 2. A non-serving rank is frozen with SIGSTOP: FsdpmonTrainingStalled fires in Prometheus, reaches
    Alertmanager and is delivered to the webhook; the "Firing alerts" panel now has data.
-3. After SIGCONT the alert resolves and the resolved notification is delivered.
+3. After SIGCONT the alert resolves and the resolved notification is delivered. Over the whole
+   run, with straggler scores published, FsdpmonRankStraggling never fired.
+
+Faulty run (``--fault``): healthy first, then rank 1's compute 3x slower from step SLOW_FROM
+(score about 1/3, far below STRAGGLER_SCORE_THRESHOLD), then rank 0 hangs in its data loader
+after step HANG_AT:
+4. FsdpmonRankStraggling reaches Alertmanager naming rank 1 (cause straggler_compute, its
+   runbook link), never rank 0, and did not fire before the fault started, although scores were
+   published for seconds before it. (On a loaded 2-core host a healthy rank's score can dip to
+   the threshold for a second, the serving rank doing more; the alert's ``for`` rides that out:
+   a pending alert is not a page.) The job overview's Diagnosis row shows rank 1 under the
+   threshold, busiest, and rank 0 waiting most.
+5. FsdpmonTrainingStalled reaches Alertmanager for the hung rank (cause hang), not before the
+   hang.
 """
 
 from __future__ import annotations
@@ -41,20 +57,32 @@ from dashboards.generate import rules_yaml
 from dashboards.panels import expressions, variable_selector
 from dashboards.panels import substitute as render
 from dashboards.promql import metric_names
-from dashboards.rules import RuleBounds
+from dashboards.rules import DEFAULT_RUNBOOK_URL, RuleBounds
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.timeout(240),
+    pytest.mark.timeout(180),
     pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(ALERTMANAGER, os.X_OK)),
                        reason="Debian prometheus/prometheus-alertmanager missing"),
 ]
 
 JOB_NAME = "e2e-alerting"
+FAULTY_JOB = "e2e-alerting-faults"
 NODE = "e2e-alerting-node"
 STALL = "FsdpmonTrainingStalled"
+STRAGGLING = "FsdpmonRankStraggling"
 # Fast alerting for the test; the shipped defaults (RuleBounds()) suit real jobs.
-FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s")
+FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="5s")
+# The faulty run: scores exist from BUSY_MIN_STEPS on; SLOW_FROM leaves healthy scored steps
+# before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the hang
+# comes some windows after that (the score stays published while the job hangs).
+SLOW_FROM = BUSY_MIN_STEPS + 60
+HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + 12
+SLOW_FACTOR = 3.0
+FAULTS = (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM};"
+          f"hang:rank=0,at_step={HANG_AT},where=data")
 # What Grafana sends with this job and node selected, All ranks and namespaces, a 10m range.
 VARIABLES = {"__rate_interval": "15s", "__interval": "2s", "__range": "10m",
              "namespace": ".*", "job": JOB_NAME, "node": NODE, "rank": ".*"}
@@ -64,10 +92,10 @@ def substitute(expr: str) -> str:
     return render(expr, VARIABLES)
 
 
-def training_args(metrics_port: int) -> list[str]:
+def training_args(metrics_port: int, job_name: str = JOB_NAME) -> list[str]:
     return ["-m", "trainer.train", "--model", "tiny", "--max-steps", "100000",
             "--batch-size", "2", "--seq-len", "32", "--log-every", "1", "--warmup-steps", "2",
-            "--metrics-port", str(metrics_port), "--job-name", JOB_NAME]
+            "--metrics-port", str(metrics_port), "--job-name", job_name]
 
 
 def rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
@@ -129,44 +157,75 @@ def check_variables(prom: Prometheus) -> None:
             assert expected in values, (var["name"], values)
 
 
-def step_of(prom: Prometheus, rank: str) -> float:
-    result = prom.query(f'fsdpmon_train_step{{job_name="{JOB_NAME}", rank="{rank}"}}')
+def step_of(prom: Prometheus, rank: str, job: str = JOB_NAME) -> float:
+    result = prom.query(f'fsdpmon_train_step{{job_name="{job}", rank="{rank}"}}')
     return float(result[0]["value"][1])
 
 
-def firing_notifications(hook: Webhook, rank: str, status: str) -> list[dict]:
+def firing_notifications(hook: Webhook, rank: str, status: str, alert: str = STALL,
+                         job: str = JOB_NAME) -> list[dict]:
     return [n for n in hook.received() if n["status"] == status and any(
-        a["labels"].get("alertname") == STALL and a["labels"].get("rank") == rank
-        and a["status"] == status for a in n["alerts"])]
+        a["labels"].get("alertname") == alert and a["labels"].get("rank") == rank
+        and a["labels"].get("job_name") == job and a["status"] == status for a in n["alerts"])]
 
 
-@pytest.fixture
-def stack(tmp_path):
-    """Training run, exporter, Alertmanager, Prometheus and the webhook, all on loopback."""
-    train_port, exporter_port = free_port(), free_port()
-    rules = tmp_path / "rules.yaml"
+def in_alertmanager(am_url: str, alert: str, job: str) -> list[dict]:
+    return [a for a in get_json(f"{am_url}/api/v2/alerts")
+            if a["labels"]["alertname"] == alert and a["labels"].get("job_name") == job]
+
+
+def panel_values(prom: Prometheus, title: str, job: str) -> dict[tuple[str, str], float]:
+    """(refId, rank) -> value of a job overview panel's queries for ``job``, as Grafana asks."""
+    dash = all_dashboards()["fsdpmon-job-overview.json"]
+    panel = next(p for p in dash["panels"] if p["title"] == title)
+    return {(t["refId"], s["metric"]["rank"]): float(s["value"][1]) for t in panel["targets"]
+            for s in prom.query(render(t["expr"], {**VARIABLES, "job": job}))}
+
+
+def scores_published(prom: Prometheus, job: str) -> bool:
+    return len(prom.query(f'{SCORE}{{job_name="{job}"}}')) == 2
+
+
+SCORE = "fsdpmon_train_straggler_score"
+
+
+@pytest.fixture(scope="module")
+def infra(tmp_path_factory):
+    """Exporter, Alertmanager, Prometheus and the webhook, shared by both runs; Prometheus
+    scrapes both runs' ports from the start (a run not started yet is just a down target)."""
+    tmp = tmp_path_factory.mktemp("alerting")
+    ports = {"fsdpmon-train": free_port(), "fsdpmon-train-faulty": free_port()}
+    exporter_port = free_port()
+    rules = tmp / "rules.yaml"
     rules.write_text(rules_yaml(FAST))
-    env = child_env(FSDPMON_LISTEN_ADDRESS="127.0.0.1", FSDPMON_STATE_DIR=str(tmp_path / "st"),
-                    FSDPMON_STALL_FLOOR_SECONDS="8", NODE_NAME=NODE)
+    env = child_env(FSDPMON_LISTEN_ADDRESS="127.0.0.1", FSDPMON_STALL_FLOOR_SECONDS="8",
+                    NODE_NAME=NODE)
+    env.pop("FSDPMON_FAULT", None)
     exporter = [sys.executable, "-m", "fsdpmon.cli", "exporter", "--port", str(exporter_port),
                 "--listen-address", "127.0.0.1", "--interval", "1", "--simulate-gpus", "2",
                 "--node-name", NODE]
     with contextlib.ExitStack() as stack:
-        trainer = stack.enter_context(launched(torchrun_args(2, training_args(train_port)),
-                                               env, tmp_path / "train.log"))
-        stack.enter_context(launched(exporter, env, tmp_path / "exporter.log"))
+        stack.enter_context(launched(exporter, env, tmp / "exporter.log"))
         hook = stack.enter_context(Webhook())
-        am_url = stack.enter_context(alertmanager(tmp_path, hook.url))
+        am_url = stack.enter_context(alertmanager(tmp, hook.url))
+        targets = {job: f"127.0.0.1:{port}" for job, port in ports.items()}
         prom = stack.enter_context(prometheus(
-            tmp_path, {"fsdpmon-train": f"127.0.0.1:{train_port}",
-                       "fsdpmon-exporter": f"127.0.0.1:{exporter_port}"}, rules, am_url))
-        yield {"trainer": trainer, "port": train_port, "prom": prom, "am": am_url,
-               "hook": hook, "logs": tmp_path}
+            tmp, {**targets, "fsdpmon-exporter": f"127.0.0.1:{exporter_port}"}, rules, am_url))
+        yield {"prom": prom, "am": am_url, "hook": hook, "env": env, "ports": ports}
+
+
+@pytest.fixture
+def stack(infra, tmp_path):
+    """The healthy training run (killed at the end of its test)."""
+    port = infra["ports"]["fsdpmon-train"]
+    env = {**infra["env"], "FSDPMON_STATE_DIR": str(tmp_path / "st")}
+    with launched(torchrun_args(2, training_args(port)), env, tmp_path / "train.log") as trainer:
+        yield {**infra, "trainer": trainer, "port": port, "logs": tmp_path}
 
 
 def test_dashboards_and_stall_alert_against_real_prometheus(stack):
     prom, hook, trainer = stack["prom"], stack["hook"], stack["trainer"]
-    started = time.monotonic()
+    started, begun = time.monotonic(), time.time()
 
     def training_log() -> str:
         return (stack["logs"] / "train.log").read_text()[-3000:]
@@ -178,9 +237,13 @@ def test_dashboards_and_stall_alert_against_real_prometheus(stack):
              timeout=120)
     wait_for("job figures recorded", lambda: prom.query("fsdpmon_job:eta_seconds:estimate"),
              timeout=30)
+    wait_for(f"straggler scores of both ranks ({BUSY_MIN_STEPS} steps)",
+             lambda: scores_published(prom, JOB_NAME), timeout=60)
     time.sleep(max(0.0, 16 - (time.monotonic() - started)))  # >= one $__rate_interval of data
     assert trainer.poll() is None, training_log()
     assert not prom.alerts(STALL), "stall alert fired on a healthy run"
+    assert not prom.alerts(STRAGGLING), (
+        f"straggler alert fired on a healthy run: {prom.query(SCORE)}")
 
     problems = check_panels(prom, only_alerts=False)
     assert not problems, "\n".join(problems)
@@ -214,3 +277,79 @@ def test_dashboards_and_stall_alert_against_real_prometheus(stack):
              lambda: firing_notifications(hook, rank, "resolved"), timeout=60)
     assert trainer.poll() is None, "training must still run: the alert resolved by progress"
     assert step_of(prom, rank) > stalled_at, "the frozen rank made progress after SIGCONT"
+    # Scores were published all along (a SIGSTOP'd step is one sample of a 31-step median).
+    straggling = prom.first_time(f'ALERTS{{alertname="{STRAGGLING}", job_name="{JOB_NAME}", '
+                                 f'alertstate="firing"}}', begun, time.time())
+    lowest = {r["metric"]["rank"]: round(float(r["value"][1]), 3) for r in prom.query(
+        f'min_over_time({SCORE}{{job_name="{JOB_NAME}"}}[{time.time() - begun:.0f}s])')}
+    assert straggling is None, (f"straggler alert fired on the healthy run {straggling - begun:.0f}"
+                                f" s in; lowest score per rank {lowest}")
+    assert scores_published(prom, JOB_NAME)
+
+
+def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
+    """The faulty run: the straggler named by the score, then the hang, both in Alertmanager."""
+    prom, hook, am = infra["prom"], infra["hook"], infra["am"]
+    port = infra["ports"]["fsdpmon-train-faulty"]
+    env = {**infra["env"], "FSDPMON_STATE_DIR": str(tmp_path / "st")}
+    args = torchrun_args(2, [*training_args(port, FAULTY_JOB), "--fault", FAULTS])
+    job = f'job_name="{FAULTY_JOB}"'
+    started = time.time()
+    with launched(args, env, tmp_path / "train.log") as trainer:
+        def training_log() -> str:
+            return (tmp_path / "train.log").read_text()[-3000:]
+
+        alerts = wait_for(f"{STRAGGLING} for {FAULTY_JOB} in Alertmanager ({training_log()})",
+                          lambda: in_alertmanager(am, STRAGGLING, FAULTY_JOB), timeout=150)
+        assert trainer.poll() is None, training_log()
+        assert [a["labels"]["rank"] for a in alerts] == ["1"], [a["labels"] for a in alerts]
+        alert = alerts[0]
+        assert alert["labels"]["severity"] == "warning", alert["labels"]
+        assert alert["annotations"]["cause"] == "straggler_compute", alert["annotations"]
+        assert alert["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_URL}#straggler_compute"
+        score = float(prom.query(f'{SCORE}{{{job}, rank="1"}}')[0]["value"][1])
+        # compute (part of busy) 3x as long: the score is well under 1 / (1 + (3 - 1) * share
+        # of busy that is compute); anything under the threshold fires, and only the slow rank
+        assert score < STRAGGLER_SCORE_THRESHOLD, score
+        wait_for("straggler notification at the webhook", lambda: firing_notifications(
+            hook, "1", "firing", STRAGGLING, FAULTY_JOB), timeout=30)
+        # The job overview's Diagnosis row shows the same, as Grafana would query it.
+        scores = panel_values(prom, "Straggler score per rank", FAULTY_JOB)
+        assert scores[("A", "1")] < STRAGGLER_SCORE_THRESHOLD <= scores[("A", "0")], scores
+        split = panel_values(prom, "Busy vs collective wait per rank", FAULTY_JOB)
+        assert split[("A", "1")] > split[("A", "0")], f"rank 1 not busiest: {split}"
+        assert split[("B", "0")] > split[("B", "1")], f"rank 0 not waiting most: {split}"
+
+        stalled = wait_for(f"{STALL} for {FAULTY_JOB} rank 0 in Alertmanager", lambda: [
+            a for a in in_alertmanager(am, STALL, FAULTY_JOB) if a["labels"]["rank"] == "0"],
+            timeout=60)
+        assert stalled[0]["annotations"]["cause"] == "hang", stalled[0]["annotations"]
+        assert stalled[0]["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_URL}#hang"
+        assert FAULTY_JOB in stalled[0]["annotations"]["summary"]
+        assert step_of(prom, "0", FAULTY_JOB) == HANG_AT, "rank 0 hangs after step HANG_AT"
+        assert trainer.poll() is None, training_log()
+        assert not [a for a in in_alertmanager(am, STRAGGLING, FAULTY_JOB)
+                    if a["labels"]["rank"] != "1"], "only the slowed rank is a straggler"
+
+    # When each state began, from Prometheus' own record (1 s evaluations).
+    now = time.time()
+
+    def first(expr: str) -> float | None:
+        return prom.first_time(expr, started, now)
+
+    slowed = first(f'fsdpmon_train_step{{{job}, rank="1"}} >= {SLOW_FROM}')
+    scored = first(f'{SCORE}{{{job}}}')
+    straggling = first(f'ALERTS{{alertname="{STRAGGLING}", {job}, alertstate="firing"}}')
+    hung = first(f'fsdpmon_train_step{{{job}, rank="0"}} >= {HANG_AT}')
+    stall = first(f'ALERTS{{alertname="{STALL}", {job}, alertstate="firing"}}')
+    assert None not in (slowed, scored, straggling, hung, stall), (
+        slowed, scored, straggling, hung, stall)
+    assert slowed - scored >= 2, f"healthy part scored for only {slowed - scored:.0f} s"
+    assert straggling > slowed, (
+        f"straggler alert fired {slowed - straggling:.0f} s before the fault started")
+    assert stall > hung, f"stall alert fired {hung - stall:.0f} s before the hang"
+    stepping = first(f'fsdpmon_train_step{{{job}}} > 0')
+    print(f"faulty run: first step {stepping - started:.0f} s after launch, scored "
+          f"{slowed - scored:.0f} s healthy; straggler alert {straggling - slowed:.0f} s after "
+          f"the fault, stall alert {stall - hung:.0f} s after the hang, {now - stall:.0f} s "
+          f"to see it in Alertmanager")

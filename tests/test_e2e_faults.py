@@ -8,7 +8,8 @@ Injected (the one fault grammar, fsdpmon.faultspec):
 Checked, each against its healthy counterpart in the same run:
 - the throttled GPU's clock-event series (reason and accumulated time) and the rank whose
   process holds it (NVML's process list + the worker's RANK), in the exposition and in top's
-  snapshot; GPU 0 shows no slowdown reason and no throttle time;
+  snapshot, and in the job overview's Diagnosis table as Prometheus evaluates it; GPU 0 shows
+  no slowdown reason and no throttle time;
 - FsdpmonGPUXidErrors fires on the first XID 79 (a series born at 1), and not before it;
 - /stacks before the hang: nobody stalled, no frames; after: rank 1's frames are in the data
   loader, rank 0's in a collective, and rank 0 entered one collective more than rank 1 did;
@@ -31,7 +32,10 @@ import pytest
 from prometheus_stack import PROMETHEUS, free_port, prometheus, wait_for
 from trainer_launch import child_env, launched, torchrun_args
 
+from dashboards.build import all_dashboards
 from dashboards.generate import rules_yaml
+from dashboards.panels import substitute
+from fsdpmon.conventions import GPU_THROTTLE_REASONS
 
 pytestmark = [
     pytest.mark.slow,
@@ -45,6 +49,8 @@ HANG_AT = 12
 XID_AFTER_S = 12.0  # after the exporter starts: Prometheus scrapes it by then
 STALL_FLOOR_S = 4
 SLOWDOWN = {"hw_slowdown", "hw_thermal_slowdown"}
+THROTTLED_PANEL = next(p for p in all_dashboards()["fsdpmon-job-overview.json"]["panels"]
+                       if p["title"] == "Throttled GPUs and the ranks they serve")
 EXPORTER_FAULTS = f"gpu-throttle:gpu=1,after=0,reason=thermal;xid:gpu=0,code=79,after={XID_AFTER_S}"
 TRAINER_FAULTS = (f"nonfinite-loss:rank=0,from_step=1,value=inf;"
                   f"nonfinite-loss:rank=1,from_step=1,value=-inf;"
@@ -165,6 +171,23 @@ def test_gpu_faults_hang_and_nonfinite_losses_are_named(faulty_run):
     clocks = {g["gpu"]: v for g, v in _series(text, "fsdpmon_gpu_sm_clock_hertz")}
     peak = {g["gpu"]: v for g, v in _series(text, "fsdpmon_gpu_sm_clock_max_hertz")}
     assert clocks["1"] <= 0.5 * peak["1"] < clocks["0"], f"SM clocks {clocks}, max {peak}"
+
+    # -- the job overview's Diagnosis table, evaluated by Prometheus: GPU 1 throttled, rank 1 ---
+    query = substitute(THROTTLED_PANEL["targets"][0]["expr"], {"namespace": ".*"})
+
+    def throttled_rows() -> dict | None:
+        rows = {(s["metric"]["gpu"], s["metric"]["rank"]): float(s["value"][1])
+                for s in prom.query(query) if s["metric"]["node"] == NODE}
+        return rows if rows.get(("1", "1"), 0) >= 1 and ("0", "0") in rows else None
+
+    rows = wait_for("the Diagnosis table naming GPU 1 throttled under rank 1", throttled_rows,
+                    timeout=20)
+    # Other jobs' workers on this host hold the simulated GPUs too (by LOCAL_RANK): a GPU may
+    # list several ranks; ours must be there, and GPU 0 is throttled for nobody.
+    expected = len(active["1"] & set(GPU_THROTTLE_REASONS))  # what the exporter serves
+    assert rows[("1", "1")] == expected >= len(SLOWDOWN), f"{rows}: GPU 1 has {active['1']}"
+    assert not {k: v for k, v in rows.items() if k[0] == "0" and v}, rows
+    mark("Diagnosis table")
 
     # -- the first XID 79: no alert before it, an alert on it ---------------------------------
     if time.monotonic() - run["started"] < XID_AFTER_S - 3:
