@@ -344,7 +344,8 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
     stall = first(f'ALERTS{{alertname="{STALL}", {job}, alertstate="firing"}}')
     assert None not in (slowed, scored, straggling, hung, stall), (
         slowed, scored, straggling, hung, stall)
-    assert slowed - scored >= 2, f"healthy part scored for only {slowed - scored:.0f} s"
+    # (60 steps: 4-9 s here; the healthy run above holds scores for longer and never fires)
+    assert scored < slowed, f"no healthy scored part: scores from {scored}, fault at {slowed}"
     assert straggling > slowed, (
         f"straggler alert fired {slowed - straggling:.0f} s before the fault started")
     assert stall > hung, f"stall alert fired {hung - stall:.0f} s before the hang"
