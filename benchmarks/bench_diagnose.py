@@ -201,6 +201,9 @@ def main() -> None:
     parser.add_argument("--healthy-seconds", type=float, default=300.0)
     parser.add_argument("--only", nargs="*", choices=[row[0] for row in MATRIX],
                         help="fault names to run (default: all)")
+    parser.add_argument("--wide-only", nargs="*", choices=[row[0] for row in MATRIX],
+                        help="of those, the ones also run at the --ranks after the first "
+                             "(default: all)")
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
@@ -215,7 +218,9 @@ def main() -> None:
             print(f"faults on {ranks} CPU ranks (time from the fault starting to the first "
                   f"refresh naming it; bound {BOUND_S:.0f}s):", flush=True)
             for row in MATRIX:
-                if args.only is None or row[0] in args.only:
+                wide = ranks != args.ranks[0]
+                if (args.only is None or row[0] in args.only) and not (
+                        wide and args.wide_only is not None and row[0] not in args.wide_only):
                     print("  " + run_fault(row, ranks), flush=True)
         for ranks in args.healthy_ranks:
             print("  " + run_healthy(ranks, args.healthy_seconds), flush=True)
