@@ -28,7 +28,10 @@ EPILOG = f"""\
 how long a verdict takes:
   A finding needs its evidence in every refresh for {_SPAN} (never one sample), so
   diagnose watches for --for (default {DEFAULT_FOR}) at --interval before it answers:
-  - a straggler, throttled GPU, lost GPU, non-finite loss: {_SPAN} after it starts;
+  - a throttled GPU, lost GPU, non-finite loss: {_SPAN} after it starts;
+  - a straggler: {_SPAN} after the monitor's busy-time median is past the fault (when half
+    the steps it spans are slow ones);
+  - a slow checkpoint: {_SPAN} after the first slow save ends;
   - a hang: {_SPAN} after the ranks pass their stall threshold (the monitor's:
     max(10 x median step time, floor));
   - an XID, ECC error or restart: once its counter rises between two refreshes.
