@@ -6,7 +6,8 @@ Prints, from one run:
     GPUs, each fault injected through --fault): the cause and culprit fsdpmon named and the
     seconds from the fault starting to the first refresh naming it (the target is
     max(3 log windows, 30 s)), or what it said instead;
-  - a healthy run of --healthy-seconds: the findings it raised (should be none);
+  - healthy runs of --healthy-seconds at each of --healthy-ranks (saving every 50 steps): the
+    findings they raised (should be none);
   - the engine on a 256 x 8 job (2048 ranks, a hang with 2048 published stacks) against one
     `top` refresh of the same job (fetch + parse + aggregate + render), measured side by side.
 Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose.py`.
