@@ -9,11 +9,15 @@ A bad spec fails at start with one ``ConfigError`` line naming the spec, the kin
 Bottom layer: imports only ``fsdpmon.errors`` (itself bottom layer).
 
 Kinds and keys (a key left out takes the default shown; ``rank``/``gpu`` default to 0):
-  compute-slow:rank=R,factor=F,from_step=S      rank R's forward/backward F times slower
-  data-slow:rank=R,seconds=X,from_step=S        rank R's loader X s slower per batch
+  compute-slow:rank=R,factor=F,from_step=S,after=T
+                                                rank R's forward/backward F times slower
+  data-slow:rank=R,seconds=X,from_step=S,after=T
+                                                rank R's loader X s slower per batch
   hang:rank=R,at_step=S,where=data|host         rank R blocks forever in Python, no collective
   nonfinite-loss:rank=R,from_step=S,value=nan|inf|-inf
-  checkpoint-slow:rank=R,seconds=X,from_step=S  rank R's saves X s longer (from step S)
+  checkpoint-slow:rank=R,seconds=X,from_step=S,after=T
+                                                rank R's saves X s longer
+  (from_step and after: from step S, and not before T seconds after the rank's first step)
   crash:rank=R,at_step=S                        SIGKILL at step S, first attempt only
   crash-in-save:rank=R,at_step=S                SIGKILL inside the save of step S (files
                                                 written, not committed), first attempt only
@@ -43,6 +47,7 @@ class ComputeSlow:
     rank: int = 0
     factor: float = 1.5  # the rank's compute takes factor x its own measured time
     from_step: int = 0
+    after: float = 0.0  # seconds after the rank's first step
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ class DataSlow:
     rank: int = 0
     seconds: float = 0.05  # added to each batch this rank loads
     from_step: int = 0
+    after: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +77,7 @@ class CheckpointSlow:
     rank: int = 0
     seconds: float = 5.0
     from_step: int = 0  # saves of this step and later
+    after: float = 0.0
 
 
 @dataclass(frozen=True)

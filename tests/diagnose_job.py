@@ -38,6 +38,10 @@ class Job:
     logs: Path
     exporter: subprocess.Popen | None = None
     exporter_started: float = 0.0  # monotonic; GPU faults' `after` counts from here
+    # A lower bound on the first step (monotonic; trainer faults' `after` counts from it): the
+    # start of the last refresh that saw no step.
+    first_step_after: float | None = None
+    _idle_at: float = field(default_factory=time.monotonic)
     source: TargetsSource = field(init=False)
     diagnoser: Diagnoser = field(init=False)
 
@@ -56,7 +60,13 @@ class Job:
         self.diagnoser = Diagnoser(self.source, 2.0)
 
     def refresh(self) -> tuple[JobSnapshot, Verdict]:
+        began = time.monotonic()
         snap = self.source.fetch()
+        if self.first_step_after is None:
+            if any((r.step or 0) >= 1 for r in snap.ranks):
+                self.first_step_after = self._idle_at
+            else:
+                self._idle_at = began
         return snap, self.diagnoser.update(snap)
 
     def wait(self, what: str, ready, timeout_s: float = 180.0) -> JobSnapshot:

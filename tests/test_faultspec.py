@@ -24,6 +24,7 @@ def test_unset_or_blank_means_no_fault():
     ("nonfinite-loss:rank=0,from_step=2,value=-inf", fs.NonfiniteLoss(0, 2, "-inf")),
     ("checkpoint-slow:rank=1,seconds=3", fs.CheckpointSlow(1, 3.0)),
     ("checkpoint-slow:rank=1,seconds=3,from_step=40", fs.CheckpointSlow(1, 3.0, 40)),
+    ("compute-slow:rank=1,factor=3,after=18", fs.ComputeSlow(1, 3.0, 0, 18.0)),
     ("crash:rank=1,at_step=7", fs.Crash(1, 7)),
     ("crash-in-save:at_step=20", fs.CrashInSave(-1, 20)),
     ("pause:at_step=15,dir=/tmp/x y", fs.Pause(15, "/tmp/x y")),

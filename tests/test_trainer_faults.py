@@ -52,6 +52,23 @@ def test_checkpoint_slow_lengthens_the_saves_from_its_step():
     assert 0.1 <= slept < 0.1 + 0.1, f"slept {slept:.3f} s for 0.1 s"
 
 
+def test_after_counts_from_the_ranks_first_step():
+    p = plan("compute-slow:rank=1,factor=2,after=0.2;checkpoint-slow:rank=1,seconds=0.1,after=0.2")
+    started = time.perf_counter()
+    p.slow_compute(5, 0.1)  # no step completed yet: not due
+    p.after_step(1)
+    p.slow_compute(5, 0.1)  # 0 s after the first step
+    p.in_save(5)
+    assert time.perf_counter() - started < 0.05
+    time.sleep(0.2)
+    p.after_step(2)  # the first step stays the first
+    started = time.perf_counter()
+    p.slow_compute(5, 0.1)
+    p.in_save(5)
+    slept = time.perf_counter() - started
+    assert 0.2 <= slept < 0.2 + 0.1, f"slept {slept:.3f} s for 0.1 + 0.1 s"
+
+
 def test_data_slow_adds_seconds_per_batch_and_keeps_the_loader_state():
     class Loader:
         position = 0

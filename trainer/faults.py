@@ -7,6 +7,9 @@ plan is empty. Steps are counted as the console shows them: step S is the S-th c
 optimiser step, and "after step S" is right after it completes.
 
 What each kind does, and why it is made that way:
+- compute-slow, data-slow and checkpoint-slow act from step ``from_step`` on, and not before
+  ``after`` seconds past this rank's first completed step (a test that needs a healthy stretch
+  of known length, whatever the machine's speed).
 - compute-slow: after this rank's forward and after its backward, sleep (factor - 1) x the
   time that phase just took. Sleeping (rather than burning CPU) slows this rank alone by the
   asked factor without stealing cores from the other ranks on a shared CPU host, which would
@@ -33,7 +36,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,20 @@ def block_forever_in_host_call() -> None:
     threading.Event().wait()
 
 
+class FirstStep:
+    """When this rank completed its first step (monotonic), for the faults' ``after``."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    def mark(self) -> None:
+        if self.at is None:
+            self.at = time.monotonic()
+
+    def since(self) -> float:
+        return 0.0 if self.at is None else time.monotonic() - self.at
+
+
 @dataclass(frozen=True)
 class FaultPlan:
     """The faults aimed at one rank; every hook is a no-op for the kinds it does not hold."""
@@ -63,6 +80,7 @@ class FaultPlan:
     faults: tuple[Any, ...] = ()
     rank: int = 0
     world_size: int = 1
+    first_step: FirstStep = field(default_factory=FirstStep, compare=False)
 
     @classmethod
     def for_rank(cls, faults: tuple[Any, ...], rank: int, world_size: int) -> FaultPlan:
@@ -73,10 +91,16 @@ class FaultPlan:
     def _of(self, cls: type) -> list[Any]:
         return [f for f in self.faults if isinstance(f, cls)]
 
+    def due(self, fault: Any, step: int) -> bool:
+        """Whether a fault with ``from_step`` and ``after`` acts at ``step`` (now)."""
+        return step >= fault.from_step and (
+            not fault.after or (self.first_step.at is not None
+                                and self.first_step.since() >= fault.after))
+
     def slow_compute(self, step: int, seconds: float) -> None:
         """Called after forward and after backward of ``step`` with the time that phase took."""
         for f in self._of(fs.ComputeSlow):
-            if step >= f.from_step:
+            if self.due(f, step):
                 time.sleep((f.factor - 1.0) * seconds)
 
     def wrap_loader(self, loader: Iterator[Any], current_step: Any) -> Iterator[Any]:
@@ -93,6 +117,7 @@ class FaultPlan:
 
     def after_step(self, step: int) -> None:
         """Right after ``step`` completes: crash, host-side hang, pause."""
+        self.first_step.mark()
         first = _first_attempt()
         for f in self._of(fs.Crash):
             if f.at_step == step and first:
@@ -107,7 +132,7 @@ class FaultPlan:
     def in_save(self, step: int) -> None:
         """Inside the save of ``step``, after this rank's files are written, before the commit."""
         for f in self._of(fs.CheckpointSlow):
-            if step >= f.from_step:
+            if self.due(f, step):
                 time.sleep(f.seconds)
         for f in self._of(fs.CrashInSave):
             if f.at_step == step and _first_attempt():
@@ -138,7 +163,7 @@ class FaultyLoader:
             if f.where == "data" and step >= f.at_step:
                 hang_in_data_loader()
         for f in self.plan._of(fs.DataSlow):
-            if step + 1 >= f.from_step:
+            if self.plan.due(f, step + 1):
                 time.sleep(f.seconds)
         return next(self.inner)
 
