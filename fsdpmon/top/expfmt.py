@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import re
+import typing
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -27,8 +28,12 @@ _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 # validated (and cached) by parse_labels. A tight greedy scan is twice as fast as matching the
 # quoting in the line pattern. The value never starts with '{' (that is `name {a="1"} 2`, a form
 # the strict reader takes); a timestamp is an integer; the line ends in a newline.
-_LABELS = rb"\{(.*)\}"
-_TAIL = rb"[ \t]+([^ \t\n\r\x0b\x0c{][^ \t\n\r\x0b\x0c]*)(?:[ \t]+[-+]?[0-9]+)?[ \t]*(?=\n)"
+# The name and its label block are one group, the series as written: the key of a cache of
+# parsed series, so a line seen before costs one lookup. A value holding '_' (which Python's
+# float takes and Go's does not) is left to the strict reader, which rejects it.
+_LABELS = rb"\{.*\}"
+_TAIL = (rb"[ \t]+([^ \t\n\r\x0b\x0c{_][^ \t\n\r\x0b\x0c_]*)(?:[ \t]+[-+]?[0-9]+)?"
+         rb"[ \t]*(?=\n)")
 
 
 class Sample(NamedTuple):
@@ -47,12 +52,18 @@ _ODD = rb"([^\n]*)(?=\n)"
 
 
 @functools.lru_cache(maxsize=64)
-def _line_pattern(names: frozenset[bytes] | None) -> re.Pattern[bytes]:
+def _line_pattern(names: frozenset[bytes] | None,
+                  require: frozenset[tuple[bytes, bytes]] = frozenset()) -> re.Pattern[bytes]:
+    # A line of a required name without its required text is skipped by the scan itself, in C:
+    # most of a node's lines can be series top drops (one host CPU series per core).
+    skip = b"|".join(re.escape(name) + rb"(?=[ \t{])(?![^\n]*" + re.escape(text) + b")"
+                     for name, text in sorted(require))
+    start = rb"\n(?![ \t]*(?:" + skip + b"))" if skip else rb"\n"
     if names is None:
-        return re.compile(rb"\n(?:(" + _NAME.encode() + rb")(?:" + _LABELS + rb")?" + _TAIL
+        return re.compile(start + rb"(?:(" + _NAME.encode() + rb"(?:" + _LABELS + rb")?)" + _TAIL
                           + rb"|(?=[ \t]*[^ \t\n#])" + _ODD + rb")")
     wanted = alternation(names)
-    return re.compile(rb"\n(?:(" + wanted + rb")(?:" + _LABELS + rb")?" + _TAIL
+    return re.compile(start + rb"(?:(" + wanted + rb"(?:" + _LABELS + rb")?)" + _TAIL
                       + rb"|(?=[ \t]*(?:\{|(?:" + wanted + rb")[ \t{]))" + _ODD + rb")")
 
 
@@ -117,7 +128,7 @@ def _split_le(block: bytes) -> tuple[bytes, bytes] | None:
     return (block[:start - 1] if start else b""), value
 
 
-_MISSING: dict[str, str] = {}
+_MISSING: typing.Any = object()
 _NAMES_LIMIT = 10_000
 
 
@@ -165,7 +176,8 @@ class Parser:
     returned samples may therefore be shared and must be treated as read-only.
     """
 
-    _CACHE_LIMIT = 50_000
+    _CACHE_LIMIT = 50_000  # label blocks
+    _SERIES_LIMIT = 250_000  # ~90k series for 2048 ranks; each ~250 bytes
 
     def __init__(
         self, names: Iterable[str] | None = None, require: dict[str, str] | None = None
@@ -178,47 +190,59 @@ class Parser:
         # Sample names as matched → the str every sample of that name shares (the wanted ones;
         # with no ``names``, a cache of those seen).
         self._name_of = {name.encode(): name for name in self._names or ()}
-        self._line = _line_pattern(None if self._names is None else frozenset(self._name_of))
+        self._line = _line_pattern(None if self._names is None else frozenset(self._name_of),
+                                   frozenset(self._require.items()))
         self._blocks: dict[bytes, dict[str, str] | None] = {b"": {}}
+        self._series: dict[bytes, tuple[str, dict[str, str]] | None] = {}
         self._pairs: Pairs = {}
 
     def parse(self, payload: str | bytes) -> list[Sample]:
         """The wanted samples of one exposition, given as received (bytes) or as text."""
         out: list[Sample] = []
         append, new = out.append, tuple.__new__  # tuple.__new__ skips NamedTuple's slow __new__
-        blocks, name_of = self._blocks, self._name_of
-        if len(blocks) > self._CACHE_LIMIT:  # bound memory against hostile label churn
-            blocks.clear()
-            blocks[b""] = {}
+        series_of = self._series
+        if len(series_of) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
+            # bounded against hostile label churn
+            series_of.clear()
+            self._blocks.clear()
+            self._blocks[b""] = {}
         data = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
         data = _terminated(data)
-        every = self._names is None
-        require = self._require
-        for name_bytes, block, raw, odd in self._line.findall(data):
-            name = name_of.get(name_bytes)
-            if name is None:
+        for series, raw, odd in self._line.findall(data):
+            known = series_of.get(series, _MISSING)
+            if known is _MISSING:
                 if odd:
                     out.extend(self._strict(odd, data))
                     continue
-                if not every:
-                    continue
-                name = self._learn_name(name_bytes)
-            if require and name_bytes in require and require[name_bytes] not in block:
+                known = series_of[series] = self._new_series(series)
+            if known is None:
                 continue
             try:
                 value = float(raw)
             except ValueError:
                 continue
-            if b"_" in raw or (value != value and raw[:1] in b"+-"):  # Go's float rules
+            name, labels = known
+            if value != value and raw[:1] in b"+-":  # Go's float takes no signed NaN
                 continue
             if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
                 continue  # Prometheus rejects a negative bucket or count of a histogram
-            labels = blocks.get(block, _MISSING)
-            if labels is _MISSING:
-                labels = blocks[block] = self._new_block(block)
-            if labels is not None:
-                append(new(Sample, (name, labels, value)))
+            append(new(Sample, (name, labels, value)))
         return out
+
+    def _new_series(self, series: bytes) -> tuple[str, dict[str, str]] | None:
+        """(name, labels) of a series seen for the first time; None when unwanted or invalid.
+        (The required text of a ``require`` name was checked by the scan.)"""
+        brace = series.find(b"{")
+        name_bytes, block = (series, b"") if brace < 0 else (series[:brace], series[brace + 1:-1])
+        name = self._name_of.get(name_bytes)
+        if name is None:
+            if self._names is not None:
+                return None
+            name = self._learn_name(name_bytes)
+        labels = self._blocks.get(block, _MISSING)
+        if labels is _MISSING:
+            labels = self._blocks[block] = self._new_block(block)
+        return None if labels is None else (name, labels)
 
     def _strict(self, line: bytes, data: bytes) -> list[Sample]:
         """The sample of a line not in the canonical form, read by the strict reader."""

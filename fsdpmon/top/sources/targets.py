@@ -9,6 +9,7 @@ sends too much is reported down with the reason; the rest go on.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -101,8 +102,13 @@ def with_names(url: str, names: Iterable[str] | None) -> str:
     ignores it sends everything, and the parser's own name filter still applies."""
     if not names:
         return url
-    query = urlencode([("name[]", n) for n in sorted(names)])
+    query = _names_query(names if isinstance(names, frozenset) else frozenset(names))
     return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+@functools.lru_cache(maxsize=16)  # a handful of name sets, asked of every target each refresh
+def _names_query(names: frozenset[str]) -> str:
+    return urlencode([("name[]", n) for n in sorted(names)])
 
 
 def scrape_urls(
