@@ -182,9 +182,9 @@ class Parser:
     def __init__(
         self, names: Iterable[str] | None = None, require: dict[str, str] | None = None
     ) -> None:
-        """``require`` maps a name to text its label block must contain (e.g. the host CPU
-        series only for ``cpu="all"``, not one per core): other series of it are skipped
-        before their labels are parsed."""
+        """``require`` maps a name to text its lines must contain (e.g. the host CPU series
+        only for ``cpu="all"``, not one per core): its other lines are skipped by the scan,
+        before anything of them is built."""
         self._names = None if names is None else frozenset(names)
         self._require = {name.encode(): text.encode() for name, text in (require or {}).items()}
         # Sample names as matched → the str every sample of that name shares (the wanted ones;

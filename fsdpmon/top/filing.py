@@ -1,0 +1,250 @@
+"""Filing one target's samples into the refresh's accumulators: the hot path of a refresh.
+
+A 256-node job sends ~90k samples per refresh. Each sample's name is looked up once, in one
+table, for the row kind and field it fills. The parser shares one label dict between the series
+of a rank (or a GPU, or a process), so rows are memoised by that dict's identity and most
+samples cost two dict lookups and a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
+from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.snapshot import TargetStatus
+from fsdpmon.top.wanted import (
+    EXPORTER_INFO,
+    GPU_CLOCK_EVENT,
+    GPU_ECC,
+    GPU_EVENTS,
+    GPU_METRICS,
+    GPU_PROCESS_MEMORY,
+    GPU_XID,
+    HOST_CPU,
+    HOST_METRICS,
+    JOB_METRICS,
+    PROCESS_INFO,
+    PROCESS_METRICS,
+    PROCESS_STATE,
+    RANK_METRICS,
+    TRAIN_INFO,
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one scrape came from; pod/node/namespace are known for Kubernetes targets."""
+
+    url: str
+    pod: str = ""
+    node: str = ""
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class ScrapeResult:
+    target: Target
+    samples: Sequence[Sample] | None  # None when the target did not answer
+    error: str = ""
+    duration_s: float = 0.0
+
+
+Row = dict[str, object]
+
+
+@dataclass
+class Acc:
+    """Mutable accumulators for one refresh."""
+
+    ranks: dict[int, Row] = field(default_factory=dict)
+    job: dict[str, float] = field(default_factory=dict)
+    gpus: dict[tuple[str, str], Row] = field(default_factory=dict)
+    nodes: dict[str, Row] = field(default_factory=dict)
+    procs: dict[tuple[str, int], Row] = field(default_factory=dict)
+    job_name: str = ""
+    model: str = ""
+    # id(labels) -> row, one memo per kind: the same dict may label a rank and a GPU series
+    rank_memo: dict[int, Row | None] = field(default_factory=dict)
+    gpu_memo: dict[int, Row] = field(default_factory=dict)
+
+
+def as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
+# The kinds of row a series fills; the table gives (kind, field) for every name top reads.
+_RANK, _PHASE, _INFO, _JOB, _GPU, _EVENT, _PROC, _HOST = range(1, 9)
+_KIND: dict[str, tuple[int, str]] = {
+    **{name: (_RANK, key) for name, key in RANK_METRICS.items()},
+    # served per phase; REQUIRE keeps only the checkpoint phase's series
+    **{name: (_PHASE, key) for name, key in RANK_METRICS.items() if key == "checkpoint_s"},
+    TRAIN_INFO: (_INFO, ""),
+    **{name: (_JOB, key) for name, key in JOB_METRICS.items()},
+    **{name: (_GPU, key) for name, key in GPU_METRICS.items()},
+    **{name: (_EVENT, "") for name in GPU_EVENTS},
+    **{name: (_PROC, key) for name, key in PROCESS_METRICS.items()},
+    PROCESS_INFO: (_PROC, ""), PROCESS_STATE: (_PROC, ""), GPU_PROCESS_MEMORY: (_PROC, ""),
+    **{name: (_HOST, key) for name, key in HOST_METRICS.items()},
+    HOST_CPU: (_HOST, ""), EXPORTER_INFO: (_HOST, ""),
+}
+_NONE = (0, "")
+
+
+def _rank_entry(acc: Acc, labels: dict[str, str], target: Target) -> Row | None:
+    rank = as_int(labels.get(RANK_LABEL, ""))
+    row = None
+    if rank is not None:
+        row = acc.ranks.get(rank)
+        if row is None:
+            row = acc.ranks[rank] = {"pod": target.pod, "node": target.node,
+                                     "target": target.url,
+                                     "local_rank": as_int(labels.get(LOCAL_RANK_LABEL, ""))}
+            acc.job_name = acc.job_name or labels.get(JOB_LABEL, "")
+    acc.rank_memo[id(labels)] = row
+    return row
+
+
+def _add_info(acc: Acc, row: Row, labels: dict[str, str]) -> None:
+    row["node"] = labels.get("node") or row["node"]
+    row["world_size"] = as_int(labels.get("world_size", ""))
+    acc.model = acc.model or labels.get("model", "")
+
+
+_GPU_ATTRIBUTES = ("model", "uuid", "namespace", "pod", "container")
+
+
+def _gpu_entry(acc: Acc, labels: dict[str, str]) -> Row:
+    key = labels.get("node", ""), labels.get("gpu", "")
+    gpu = acc.gpus.get(key)
+    if gpu is None:
+        gpu = acc.gpus[key] = {}
+    for name in _GPU_ATTRIBUTES:
+        value = labels.get(name)
+        if value:
+            gpu[name] = value
+    acc.gpu_memo[id(labels)] = gpu
+    return gpu
+
+
+def _add_gpu_event(gpu: Row, name: str, labels: dict[str, str], value: float) -> None:
+    """Throttle reasons active now, XID counts by code, uncorrected ECC count."""
+    if name == GPU_CLOCK_EVENT:
+        if value == 1.0:
+            gpu.setdefault("clock_events", []).append(labels.get("reason", ""))  # type: ignore[union-attr]
+    elif name == GPU_XID:
+        gpu.setdefault("xid_counts", []).append((labels.get("xid", ""), value))  # type: ignore[union-attr]
+    elif name == GPU_ECC and labels.get("type") == "uncorrected":
+        gpu["ecc_uncorrected"] = value
+
+
+def _add_host(acc: Acc, name: str, key: str, labels: dict[str, str], value: float,
+              node: str) -> None:
+    host = acc.nodes.setdefault(node, {})
+    if key:
+        host[key] = value
+    elif name == EXPORTER_INFO:
+        host["simulated"] = labels.get("simulated", "").lower() in ("true", "1", "yes")
+    elif labels.get("cpu") == "all":  # HOST_CPU
+        host["cpu_utilization_ratio"] = value
+
+
+_PROCESS_OWNER = ("namespace", "pod", "container")
+
+
+def _process_entry(acc: Acc, labels: dict[str, str], node: str) -> Row | None:
+    pid = as_int(labels.get("pid", ""))
+    if pid is None:
+        return None
+    proc = acc.procs.get((node, pid))
+    if proc is None:  # a process's series all carry its pod: read it from the first one
+        proc = acc.procs[node, pid] = {key: labels[key] for key in _PROCESS_OWNER
+                                       if labels.get(key)}
+    return proc
+
+
+def _add_process(proc: Row, name: str, key: str, labels: dict[str, str], value: float) -> None:
+    if key:
+        proc[key] = value
+    elif name == PROCESS_INFO:
+        proc["command"] = labels.get("command", "")
+        proc["user"] = labels.get("user", "")
+        proc["rank"] = as_int(labels.get("rank", ""))
+    elif name == PROCESS_STATE:
+        if value == 1:
+            proc["state"] = labels.get("state", "")
+    else:  # GPU_PROCESS_MEMORY
+        proc["gpu_memory_bytes"] = float(proc.get("gpu_memory_bytes", 0.0)) + value  # type: ignore[arg-type]
+        proc.setdefault("gpus", set()).add(labels.get("gpu", ""))  # type: ignore[union-attr]
+
+
+def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
+    """Files one target's samples into the accumulators; returns the target's status."""
+    target, rank_memo, gpu_memo, kinds = result.target, acc.rank_memo, acc.gpu_memo, _KIND
+    train = exporter = False
+    node = target.node
+    # Process rows are keyed by node and pid, the node maybe the target's: memoised per target
+    # and per node the target is known by.
+    proc_memo: dict[int, Row | None] = {}
+    memo_node = node
+    samples = result.samples or ()
+    for name, labels, value in samples:
+        kind, key = kinds.get(name, _NONE)
+        if kind == _RANK:
+            train = True
+            row = rank_memo.get(id(labels), rank_memo)
+            if row is rank_memo:
+                row = _rank_entry(acc, labels, target)
+            if row is not None:
+                row[key] = value
+        elif kind == _GPU:
+            gpu = gpu_memo.get(id(labels))
+            if gpu is None:
+                gpu = _gpu_entry(acc, labels)
+            gpu[key] = value
+            node, exporter = labels.get("node") or node, True
+        elif kind == _EVENT:
+            gpu = gpu_memo.get(id(labels)) or _gpu_entry(acc, labels)
+            _add_gpu_event(gpu, name, labels, value)
+            exporter = True
+        elif kind == _PROC:
+            if node != memo_node:  # rows of series without a node label are on the target's
+                proc_memo.clear()
+                memo_node = node
+            proc = proc_memo.get(id(labels), proc_memo)
+            if proc is proc_memo:
+                proc = proc_memo[id(labels)] = _process_entry(acc, labels,
+                                                              labels.get("node") or node)
+            if proc is not None:
+                _add_process(proc, name, key, labels, value)
+            exporter = True
+        elif kind == _PHASE:
+            train = True
+            if labels.get("phase") != "checkpoint":
+                continue  # (a parser without REQUIRE passes every phase)
+            row = rank_memo.get(id(labels), rank_memo)
+            if row is rank_memo:
+                row = _rank_entry(acc, labels, target)
+            if row is not None:
+                row[key] = value
+        elif kind == _INFO:
+            row = rank_memo.get(id(labels), rank_memo)
+            if row is rank_memo:
+                row = _rank_entry(acc, labels, target)
+            if row is not None:
+                _add_info(acc, row, labels)
+            train = True
+        elif kind == _JOB:
+            acc.job[key] = value
+            train = True
+        elif kind == _HOST:
+            node = labels.get("node") or node
+            _add_host(acc, name, key, labels, value, node)
+            exporter = True
+    kind_name = "train" if train else "exporter" if exporter else "unknown"
+    return TargetStatus(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
+                        samples=len(samples), pod=target.pod, node=node)

@@ -1,0 +1,97 @@
+"""The series `top` reads: catalog name → the field it fills, grouped by the row it lands in.
+
+Every name comes from the catalog (looked up at import, so a rename fails loudly here). Sources
+pass WANTED to the parser (and ask targets for it with ``name[]``) so that other series are never
+built; REQUIRE narrows a few names to the one label value top shows.
+"""
+
+from __future__ import annotations
+
+from fsdpmon import catalog
+from fsdpmon.top.expfmt import Parser
+
+# Per-rank figures: catalog name → accumulator key.
+RANK_METRICS = {
+    catalog.TRAIN_STEP.name: "step",
+    catalog.TRAIN_TOTAL_STEPS.name: "total_steps",
+    catalog.TRAIN_STEP_TIME_SECONDS.name: "step_time_s",
+    catalog.TRAIN_DATA_WAIT_RATIO.name: "data_wait_ratio",
+    catalog.TRAIN_TOKENS_PER_SECOND.name: "tokens_per_second",
+    catalog.TRAIN_MFU_RATIO.name: "mfu_ratio",
+    catalog.TRAIN_LOSS.name: "loss",
+    catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
+    catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES.name: "peak_memory_bytes",
+    catalog.TRAIN_PROCESS_RSS_BYTES.name: "rss_bytes",
+    catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name: "memory_capacity_bytes",
+    catalog.TRAIN_HEARTBEAT_AGE_SECONDS.name: "heartbeat_age_s",
+    catalog.TRAIN_STALL_THRESHOLD_SECONDS.name: "stall_threshold_s",
+    catalog.TRAIN_STALLED.name: "stalled",
+    catalog.TRAIN_RESTARTS.name: "restarts",
+    catalog.TRAIN_BUSY_SECONDS.name: "busy_s",
+    catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
+    catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
+    catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
+    catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
+    catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
+    catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
+    # served per phase; REQUIRE keeps only the checkpoint phase's series
+    catalog.TRAIN_PHASE_DURATION_SECONDS.name: "checkpoint_s",
+}
+TRAIN_INFO = catalog.TRAIN_INFO.name
+JOB_METRICS = {
+    catalog.JOB_STEP_TIME_MEDIAN_SECONDS.name: "step_time_median_s",
+    catalog.JOB_STEP_TIME_MAX_SECONDS.name: "step_time_max_s",
+    catalog.JOB_SLOWEST_RANK.name: "slowest_rank",
+    catalog.JOB_LOSS_MEAN.name: "loss",
+    catalog.JOB_WORLD_SIZE.name: "world_size",
+}
+GPU_METRICS = {
+    catalog.GPU_UP.name: "up",
+    catalog.GPU_UTILIZATION_RATIO.name: "utilization_ratio",
+    catalog.GPU_MEMORY_USED_BYTES.name: "memory_used_bytes",
+    catalog.GPU_MEMORY_TOTAL_BYTES.name: "memory_total_bytes",
+    catalog.GPU_TEMPERATURE_CELSIUS.name: "temperature_celsius",
+    catalog.GPU_POWER_WATTS.name: "power_watts",
+    catalog.GPU_POWER_LIMIT_WATTS.name: "power_limit_watts",
+}
+GPU_PROCESS_MEMORY = catalog.GPU_PROCESS_MEMORY_USED_BYTES.name
+# GPU fault evidence, one series per reason / XID code / ECC type.
+GPU_CLOCK_EVENT = catalog.GPU_CLOCK_EVENT_ACTIVE.name
+GPU_XID = catalog.GPU_XID_ERRORS_TOTAL.name
+GPU_ECC = catalog.GPU_ECC_ERRORS_TOTAL.name
+GPU_EVENTS = frozenset([GPU_CLOCK_EVENT, GPU_XID, GPU_ECC])
+EXPORTER_INFO = catalog.EXPORTER_INFO.name
+HOST_METRICS = {
+    catalog.HOST_MEMORY_USED_BYTES.name: "memory_used_bytes",
+    catalog.HOST_MEMORY_TOTAL_BYTES.name: "memory_total_bytes",
+    catalog.HOST_LOAD1.name: "load1",
+}
+HOST_CPU = catalog.HOST_CPU_UTILIZATION_RATIO.name
+PROCESS_INFO = catalog.PROCESS_INFO.name
+PROCESS_STATE = catalog.PROCESS_STATE.name
+PROCESS_METRICS = {
+    catalog.PROCESS_CPU_UTILIZATION_RATIO.name: "cpu_ratio",
+    catalog.PROCESS_RESIDENT_MEMORY_BYTES.name: "rss_bytes",
+}
+
+# Everything top reads; sources pass it to the parser so that other series are never built.
+WANTED: frozenset[str] = frozenset(
+    [*RANK_METRICS, TRAIN_INFO, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY, EXPORTER_INFO,
+     *GPU_EVENTS,
+     *HOST_METRICS, HOST_CPU, PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS]
+)
+
+
+# Text a line of these names must hold to be read; the parser's scan skips the others. Of the
+# per-core host CPU series top shows only the node total; of the per-phase durations the
+# checkpoint's; of the ECC counts the uncorrected. Of a GPU's clock-event reasons (nine series,
+# one or none active) only the active ones: value 1, which the exporter (prometheus_client)
+# writes ``} 1.0``. Together these are 40% of what a node's targets send.
+REQUIRE = {HOST_CPU: 'cpu="all"', catalog.TRAIN_PHASE_DURATION_SECONDS.name: 'phase="checkpoint"',
+           GPU_ECC: 'type="uncorrected"', GPU_CLOCK_EVENT: "} 1"}
+
+
+def new_parser() -> Parser:
+    """The parser every source uses: only what top reads (its label cache lives with it)."""
+    return Parser(WANTED, REQUIRE)
+
