@@ -1,5 +1,6 @@
 """How often a refresh asks for each family: what changes every step on every refresh, the
-rest (process tables, static ``*_info`` series) every few refreshes, carried in between.
+rest (process tables, static ``*_info`` series, per-rank constants) every few refreshes,
+carried in between.
 
 Process families feed only the Processes view and the GPU-rank ties (which change when a
 process starts or ends); ``*_info`` series are static facts. Asking for them every
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from fsdpmon import catalog
 from fsdpmon.top.aggregate import (
     EXPORTER_INFO,
     GPU_PROCESS_MEMORY,
@@ -25,8 +27,13 @@ from fsdpmon.top.aggregate import (
 )
 from fsdpmon.top.expfmt import Sample
 
+# Per-rank figures fixed for a run's life: the planned steps, the device's memory, the stall
+# threshold (static facts served as gauges).
+STATIC_RANK_NAMES = frozenset([catalog.TRAIN_TOTAL_STEPS.name,
+                               catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name,
+                               catalog.TRAIN_STALL_THRESHOLD_SECONDS.name])
 SLOW_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY,
-                        TRAIN_INFO, EXPORTER_INFO])
+                        TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES])
 SLOW_EVERY = 5  # refreshes: 10 s at top's default 2 s interval
 
 

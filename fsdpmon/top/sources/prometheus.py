@@ -6,20 +6,32 @@ Queries per refresh (independent of the job's size): the job's training series; 
 (and nodes) belonged to the job in the last 10 minutes; the node series on those nodes; which
 exporters served those nodes; and `up` for all of them, so a target that stopped answering is
 shown as down rather than silently missing.
+
+Each query returns only the series top shows: where a target serves one series per core, phase,
+ECC type or clock-event reason, the selector of that name is narrowed to the one shown (``or``
+keeps it one query); the process and static ``*_info`` families are asked for at the cadence a
+direct scrape uses (sources/cadence.py). Series that share their labels share one dict, so the
+aggregation's memo by label set works as it does for a scrape.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlencode
 
+from fsdpmon import catalog
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top.aggregate import (
     EXPORTER_INFO,
+    GPU_CLOCK_EVENT,
+    GPU_ECC,
+    HOST_CPU,
     JOB_METRICS,
     RANK_METRICS,
     TRAIN_INFO,
@@ -30,6 +42,7 @@ from fsdpmon.top.aggregate import (
 )
 from fsdpmon.top.expfmt import Sample
 from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.cadence import Cadence
 from fsdpmon.top.sources.httpget import ScrapeError, http_get
 from fsdpmon.top.sources.targets import normalise_url
 
@@ -51,6 +64,29 @@ def _alternatives(values: Iterable[str]) -> str:
     return "|".join(re.escape(v) for v in sorted(set(values))) or "$^"
 
 
+# Names of which top shows one series of several: (the matcher that selects it, a filter).
+_NARROWED = {
+    HOST_CPU: ('cpu="all"', ""),  # the node total, not one series per core
+    catalog.TRAIN_PHASE_DURATION_SECONDS.name: ('phase="checkpoint"', ""),
+    GPU_ECC: ('type="uncorrected"', ""),
+    GPU_CLOCK_EVENT: ("", " == 1"),  # the active reasons (a comparison keeps the name)
+}
+
+
+def select(names: Iterable[str], where: str) -> str:
+    """One PromQL expression for the series of ``names`` matching ``where`` (matchers, each
+    with a leading comma), narrowed names in their own ``or`` branches (their label sets
+    differ from the rest by the narrowing label, so ``or`` drops none)."""
+    wanted = sorted(set(names))
+    plain = [n for n in wanted if n not in _NARROWED]
+    parts = [f"{{__name__=~{_quote(_names_regex(plain))}{where}}}"] if plain else []
+    for name in (n for n in wanted if n in _NARROWED):
+        matcher, compare = _NARROWED[name]
+        inner = ",".join(m for m in (where.lstrip(","), matcher) if m)
+        parts.append(f"{name}{{{inner}}}{compare}")
+    return " or ".join(parts)
+
+
 class PrometheusSource:
     """Reads the job from Prometheus; ``fetch()`` → JobSnapshot."""
 
@@ -62,6 +98,15 @@ class PrometheusSource:
         self.job_name, self.timeout_s = job_name, timeout_s
         self.queries = 0
         self._previous: JobSnapshot | None = None
+        self.cadence = Cadence()
+        self._count = threading.Lock()
+        # The two large queries (training series, node series) run while the small ones do:
+        # Prometheus answers concurrent queries on its own threads, and the wait is off the GIL.
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsdpmon-promql")
+
+    def showing(self, view: str) -> None:
+        """The view on screen: the Processes view gets its families on every refresh."""
+        self.cadence.processes_open = view == "processes"
 
     @property
     def description(self) -> str:
@@ -70,7 +115,8 @@ class PrometheusSource:
     def query(self, promql: str) -> list[dict[str, Any]]:
         """One instant query → its vector result; one clear error line otherwise."""
         url = f"{self.base}/api/v1/query?" + urlencode({"query": promql})
-        self.queries += 1
+        with self._count:
+            self.queries += 1
         try:
             body = json.loads(http_get(url, self.timeout_s, max_bytes=512 * 1024 * 1024,
                                        error_body=True))
@@ -92,24 +138,34 @@ class PrometheusSource:
 
     def fetch(self) -> JobSnapshot:
         job = self._job_filter()
-        training = self.query(f"{{__name__=~{_quote(_names_regex(TRAINING_NAMES))}{job}}}")
-        members = self.query(f"last_over_time({TRAIN_INFO}{{{job[1:]}}}[{LOOKBACK}])")
-        nodes = {r["metric"].get("node", "") for r in members} - {""}
-        node_match = f"node=~{_quote(_alternatives(nodes))}"
-        # cpu=~"all|": the node total, not one series per core (absent label matches "")
-        node_series = self.query(f"{{__name__=~{_quote(_names_regex(NODE_NAMES))},"
-                                 f'{node_match},cpu=~"all|"}}')
-        exporters = self.query(f"last_over_time({EXPORTER_INFO}{{{node_match}}}[{LOOKBACK}])")
-        known = {_key(r["metric"]): r["metric"] for r in (*members, *exporters)}
-        instances = _quote(_alternatives(k[1] for k in known))
-        up = {_key(r["metric"]): _value(r) for r in self.query(f"up{{instance=~{instances}}}")}
-        results = _results(known, up, [*training, *node_series])
+        names = self.cadence.names()
+        training = self._pool.submit(self.query,
+                                     select(names.intersection(TRAINING_NAMES), job))
+        node_series: Future[list[dict[str, Any]]] | None = None
+        try:
+            members = self.query(f"last_over_time({TRAIN_INFO}{{{job[1:]}}}[{LOOKBACK}])")
+            nodes = {r["metric"].get("node", "") for r in members} - {""}
+            node_match = f"node=~{_quote(_alternatives(nodes))}"
+            node_series = self._pool.submit(
+                self.query, select(names.intersection(NODE_NAMES), "," + node_match))
+            exporters = self.query(
+                f"last_over_time({EXPORTER_INFO}{{{node_match}}}[{LOOKBACK}])")
+            known = {_key(r["metric"]): r["metric"] for r in (*members, *exporters)}
+            instances = _quote(_alternatives(k[1] for k in known))
+            up = {_key(r["metric"]): _value(r)
+                  for r in self.query(f"up{{instance=~{instances}}}")}
+            series = [*training.result(), *node_series.result()]
+        finally:  # a failed query fails the refresh; what was not started is dropped
+            for future in (training, node_series):
+                if future is not None:
+                    future.cancel()
+        results = [self.cadence.complete(r) for r in _results(known, up, series)]
         self._previous = aggregate(results, now=time.time(), source="prometheus",
                                    previous=self._previous, job_name=self.job_name)
         return self._previous
 
     def close(self) -> None:
-        pass
+        self._pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _key(metric: dict[str, str]) -> Key:
@@ -127,11 +183,18 @@ def _results(known: dict[Key, dict[str, str]], up: dict[Key, float],
              series: list[dict[str, Any]]) -> list[ScrapeResult]:
     """Query results regrouped per scrape target, as if each had been scraped directly."""
     samples: dict[Key, list[Sample]] = {}
+    shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}  # label set → one dict
+    new = tuple.__new__  # skips NamedTuple's slow __new__
     for r in series:
-        metric = r.get("metric") or {}
-        name = metric.get("__name__", "")
-        labels = {k: v for k, v in metric.items() if k != "__name__"}
-        samples.setdefault(_key(metric), []).append(Sample(name, labels, _value(r)))
+        metric = dict(r["metric"])  # query() kept only results with a metric dict
+        name = metric.pop("__name__", "")
+        items = tuple(metric.items())
+        labels = shared.setdefault(items, metric)
+        key = labels.get("job", ""), labels.get("instance", "")
+        found = samples.get(key)
+        if found is None:
+            found = samples[key] = []
+        found.append(new(Sample, (name, labels, _value(r))))
     out = []
     for key in sorted(set(known) | set(samples)):
         meta = known.get(key, {})
