@@ -130,3 +130,27 @@ def test_slowest_flag_needs_the_shared_threshold_and_does_not_flap():
         specs = ranks(**{f"r{i % 2}": {"step_time_s": 0.5061}})
         seen |= {r.rank for r in snapshot(specs, refreshes=1).ranks if r.slowest}
     assert not seen, f"SLOWEST flapped onto ranks {sorted(seen)}"
+
+
+def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
+    """The parser's scan drops inactive clock-event reasons, corrected ECC counts and per-core
+    CPU lines (REQUIRE); the active reasons, the uncorrected count, XIDs and the node total
+    still reach the GPU and node rows."""
+    from synthetic_job import GpuSpec, exporter_exposition
+
+    from fsdpmon.top.aggregate import new_parser
+
+    body = exporter_exposition("node-9", [
+        GpuSpec(gpu=0, clock_events=("hw_slowdown", "sw_thermal_slowdown"), ecc_uncorrected=3,
+                xids=((79, 1),)),
+        GpuSpec(gpu=1)])
+    samples = new_parser().parse(body)
+    snap = aggregate([ScrapeResult(Target("http://n9:9400/metrics"), samples)],
+                     now=0.0, source="test")
+    hot, idle = snap.gpus
+    assert hot.clock_events == ("hw_slowdown", "sw_thermal_slowdown"), hot.clock_events
+    assert hot.ecc_uncorrected == 3 and hot.xid_counts == (("79", 1.0),), hot
+    assert idle.clock_events == () and idle.ecc_uncorrected == 0 and idle.xid_counts == ()
+    assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)
+    kept = [s for s in samples if s.name == "fsdpmon_gpu_clock_event_active"]
+    assert len(kept) == 2, f"{len(kept)} clock-event series kept, 2 are active"
