@@ -70,25 +70,31 @@ def measure(job: str, nodes: int, gpus: int, refreshes: int = 5) -> dict[str, fl
             per_query: dict[str, list[float]] = {}
             plain_query = source.query
 
+            returned = [0]  # series answered, all queries
+
             def timed_query(promql: str) -> list:
                 start = time.perf_counter()
                 try:
-                    return plain_query(promql)
+                    result = plain_query(promql)
+                    returned[0] += len(result)
+                    return result
                 finally:
                     per_query.setdefault(promql[:40], []).append(time.perf_counter() - start)
 
             source.query = timed_query  # type: ignore[method-assign]
             snap = source.fetch()  # warm-up: Prometheus loads the blocks' index pages
-            times, queries = [], []
+            times, queries, answered = [], [], []
             for _ in range(refreshes):
-                before, start = source.queries, time.perf_counter()
+                before, start, returned[0] = source.queries, time.perf_counter(), 0
                 snap = source.fetch()
                 times.append(time.perf_counter() - start)
                 queries.append(source.queries - before)
+                answered.append(returned[0])
+            source.close()
     return {"series": series, "backfill_s": backfill_s, "ranks": len(snap.ranks),
             "gpus": len(snap.gpus), "targets": len(snap.targets),
             "p50_s": statistics.median(times), "max_s": max(times),
-            "queries": statistics.median(queries),
+            "queries": statistics.median(queries), "answered": statistics.median(answered),
             "slowest_query": max(per_query, key=lambda q: statistics.median(per_query[q])),
             "slowest_query_s": max(statistics.median(v) for v in per_query.values())}
 
@@ -98,7 +104,8 @@ def report(nodes: int, gpus: int) -> str:
     return (f"Prometheus source (--prometheus), {nodes} x {gpus} = {r['ranks']} ranks, "
             f"{r['gpus']} GPUs, {r['targets']} targets, {r['series']} series backfilled "
             f"(promtool {r['backfill_s']:.0f} s): refresh p50 {r['p50_s'] * 1e3:.0f} ms, "
-            f"max {r['max_s'] * 1e3:.0f} ms, {r['queries']:.0f} queries per refresh; slowest "
+            f"max {r['max_s'] * 1e3:.0f} ms, {r['queries']:.0f} queries per refresh answering "
+            f"{r['answered']:.0f} series (p50); slowest "
             f"query p50 {r['slowest_query_s'] * 1e3:.0f} ms: {r['slowest_query']}...")
 
 
