@@ -13,7 +13,7 @@ import time
 
 import pytest
 import yaml
-from synthetic_job import PayloadServer, job_expositions
+from synthetic_job import GpuSpec, PayloadServer, exporter_exposition, job_expositions
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.top.snapshot import JobState
@@ -34,6 +34,10 @@ def _free_port() -> int:
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("prom")
     pods = PayloadServer(job_expositions("llama", 2, 2))
+    # GPU 0 of node-001 throttled: the source's narrowed selectors must keep its active reason
+    pods.payloads["/node/node-001"] = exporter_exposition("node-001", [
+        GpuSpec(gpu=0, pod="llama-worker-1", pid=1000, rank=2, clock_events=("hw_slowdown",)),
+        GpuSpec(gpu=1, pod="llama-worker-1", pid=1001, rank=3)])
     scrape = [{"job_name": path.strip("/").replace("/", "-"), "honor_labels": True,
                "scrape_interval": "1s", "scrape_timeout": "1s", "metrics_path": path,
                "static_configs": [{"targets": [f"127.0.0.1:{pods.port}"]}]}
@@ -81,6 +85,11 @@ def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
     assert snap.tokens_per_second == pytest.approx(4 * 8192.0)
     assert len(snap.gpus) == 4 and len(snap.processes) == 4 and len(snap.nodes) == 2
     assert snap.targets_up == 4 and {t.kind for t in snap.targets} == {"train", "exporter"}
+    events = {(g.node, g.gpu): g.clock_events for g in snap.gpus}
+    assert events == {("node-000", "0"): (), ("node-000", "1"): (),
+                      ("node-001", "0"): ("hw_slowdown",), ("node-001", "1"): ()}, events
+    assert [g.ecc_uncorrected for g in snap.gpus] == [0.0] * 4  # one ECC series per GPU
+    assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)  # the node total
 
 
 def test_other_job_names_find_nothing(stack):
