@@ -1,0 +1,288 @@
+"""Alerting rules for FSDP jobs: training (stalls, missing ranks, stragglers, loss, memory,
+checkpoints), GPUs (use and faults) and scrape targets. Every threshold and ``for`` is a field of
+:class:`dashboards.rulebase.RuleBounds`; every alert names its diagnosis cause."""
+
+from __future__ import annotations
+
+from dashboards.promql import JOB_KEYS, m
+from dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert, rose
+from fsdpmon import catalog
+
+
+def _stall(b: RuleBounds) -> Rule:
+    floor = f"{b.stall_floor_seconds:g}"
+    bound = (f"clamp_min({b.stall_factor:g} * {STEP_TIME}, {floor})"
+             f" or ({AGE} * 0 + {floor})")  # before the first log window: the floor only
+    # Before the first step there is no timestamp; the age then counts from the monitor's start.
+    return alert(
+        "FsdpmonTrainingStalled",
+        f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})",
+        b.stall_for, "critical",
+        "Training job {{ $labels.job_name }} rank {{ $labels.rank }} has stopped making progress",
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} completed no optimiser step for "
+        "{{ $value | humanizeDuration }}, more than max(" + f"{b.stall_factor:g}"
+        + " x its mean step time, " + floor + "s).",
+        "A hang in a collective (NCCL/gloo) stops every rank at once: find the rank that "
+        "stopped first (`fsdpmon top --job NAME`), then check its pod's logs, py-spy dump, "
+        "GPU XID errors and the node's network (EFA). A stopped data loader or a full disk "
+        "during checkpointing stalls one rank first.",
+    )
+
+
+def _rank_missing(b: RuleBounds) -> Rule:
+    keys = "instance, job, namespace, pod, job_name, rank"
+    step, total = m(catalog.TRAIN_STEP), m(catalog.TRAIN_TOTAL_STEPS)
+    lb = b.missing_lookback
+    seen = f"group by ({keys}) (max_over_time({AGE}[{lb}]))"
+    finished = (f"(max_over_time({step}[{lb}]) >= max_over_time({total}[{lb}]))")
+    missing = (f"({seen}\n    unless on (instance, job_name, rank) {AGE}\n"
+               f"    unless on (instance, job_name, rank) {finished})")
+    live_pod = ('(kube_pod_info unless on (namespace, pod) '
+                '(kube_pod_status_phase{phase=~"Succeeded|Failed"} == 1))')
+    expr = (f"({missing}\n  and on (instance, job) (up == 1))\nor\n"
+            f"({missing}\n  and on (namespace, pod) {live_pod})")
+    return alert(
+        "FsdpmonTrainingRankMissing", expr, b.missing_for, "critical",
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} stopped reporting while its pod "
+        "still exists",
+        "The training series of rank {{ $labels.rank }} {{ if $labels.pod }}(pod "
+        "{{ $labels.namespace }}/{{ $labels.pod }}) {{ end }}vanished from "
+        "{{ $labels.instance }} before its last step, although its pod still runs or the "
+        "endpoint still serves the other ranks.",
+        "The rank's process died or hung so hard it cannot be scraped: check the pod's "
+        "container restarts and logs (OOMKilled, segfault, NCCL error) and `dmesg` for XIDs.",
+    )
+
+
+def _straggler(b: RuleBounds) -> Rule:
+    # Step time cannot name a straggler (in synchronous training every rank's step is as long
+    # as the slowest one's); the score does: the straggler is the rank that waits least at the
+    # collectives, i.e. is busy longest. It covers slow compute and slow data loading alike.
+    score = m(catalog.TRAIN_STRAGGLER_SCORE)
+    return alert(
+        "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g}", b.straggler_for, "warning",
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
+        "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
+        f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "
+        "at the collectives, and every other rank waits for it at each one.",
+        "Compare the rank's phases on the Ranks dashboard: a long data phase points at its "
+        "data loader or storage; slow forward/backward at a throttled or faulty GPU (see the "
+        "Nodes dashboard for its clocks, temperature and XIDs) or a noisy neighbour on the node.",
+    )
+
+
+def _ranks_short(b: RuleBounds) -> Rule:
+    """Ranks that never reported are not caught by the rule above (nothing vanished): e.g. a
+    pod whose endpoint another job took, or a pod that never started."""
+    by = f"by ({JOB_KEYS})"
+    # A rank that vanished is FsdpmonTrainingRankMissing's (which names it): this one stays
+    # quiet while that one is pending or firing for the job, instead of paging twice.
+    expr = (f"(max {by} ({m(catalog.JOB_WORLD_SIZE)})\n"
+            f"  > count {by} ({AGE}))\n"
+            f"unless on ({JOB_KEYS}) ALERTS{{alertname=\"FsdpmonTrainingRankMissing\"}}")
+    return alert(
+        "FsdpmonTrainingRanksShort", expr, b.missing_for, "critical",
+        "Fewer ranks of {{ $labels.job_name }} report than its world size",
+        "The job has {{ $value }} ranks, but fewer of them are scraped: a pod's endpoint is "
+        "not scraped, serves another job, or the pod never started.",
+        "List the ranks that report (`fsdpmon top --job NAME` names the ones never seen), "
+        "then check the missing ranks' pods: Pending, crash-looping, or their metrics port "
+        "taken by another process (the trainer's log says so at start).",
+    )
+
+
+def _checkpoint_slow(b: RuleBounds) -> Rule:
+    # The median rank's last save against the time since the save before it (the monitor
+    # serves both until the next save): the same share `fsdpmon diagnose` holds to the same
+    # limit, and it names the rank the others waited for.
+    share = m(catalog.TRAIN_CHECKPOINT_TIME_RATIO)
+    return alert(
+        "FsdpmonCheckpointSlow",
+        f"quantile by ({JOB_KEYS}) (0.5, {share}) >= {b.checkpoint_share:g}",
+        b.checkpoint_for, "warning",
+        "Checkpointing takes {{ $value | humanizePercentage }} of {{ $labels.job_name }}'s time",
+        "The median rank's last checkpoint save took {{ $value | humanizePercentage }} of the "
+        f"wall time since the save before it (limit {b.checkpoint_share:.0%}): that share of "
+        "the GPUs' time goes to writing checkpoints, not training.",
+        "Run `fsdpmon diagnose` to name the rank whose save the others waited for, then check "
+        "the storage it writes to (FSx/EBS throughput, throttling) or save less often.",
+    )
+
+
+def training_alerts(b: RuleBounds) -> list[Rule]:
+    return [_stall(b), _rank_missing(b), _ranks_short(b), _straggler(b), _checkpoint_slow(b),
+            *_quality_alerts(b), *_memory_alerts(b)]
+
+
+def _quality_alerts(b: RuleBounds) -> list[Rule]:
+    job_tps = m(catalog.REC_JOB_TOKENS_PER_SECOND_SUM)
+    loss = m(catalog.REC_JOB_LOSS_AVG)
+    return [
+        alert(
+            "FsdpmonLossNonFinite", f"{m(catalog.TRAIN_LOSS_NONFINITE)} == 1",
+            b.nonfinite_for, "critical",
+            "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
+            "The last logged loss of rank {{ $labels.rank }} was not finite; the run is "
+            "wasting compute from here on.",
+            "Check the learning rate and warm-up, the grad norm just before (Job overview), "
+            "mixed-precision settings and the batch that was loaded; resume from the last good "
+            "checkpoint with a lower LR or skip the bad data.",
+        ),
+        alert(
+            "FsdpmonLossDiverging",
+            f"{loss}\n  > {b.divergence_factor:g} * min_over_time({loss}[{b.divergence_window}])",
+            b.divergence_for, "warning",
+            "Loss of {{ $labels.job_name }} is diverging",
+            "The mean loss is {{ $value | printf \"%.3g\" }}, more than "
+            f"{b.divergence_factor:g} x its minimum over the last {b.divergence_window}.",
+            "Look for grad-norm spikes and LR schedule changes on the Job overview dashboard; "
+            "a restart from a checkpoint with new data order or lower LR usually helps.",
+        ),
+        alert(
+            "FsdpmonThroughputDropped",
+            f"{job_tps}\n  < {b.throughput_drop_ratio:g} * avg_over_time({job_tps}"
+            f"[{b.throughput_window}] offset {b.throughput_for})",
+            b.throughput_for, "warning",
+            "Throughput of {{ $labels.job_name }} dropped",
+            "The job processes {{ $value | humanize }} tokens/s, less than "
+            f"{b.throughput_drop_ratio:g} x its own average over the {b.throughput_window} "
+            "before.",
+            "Find what changed: a straggling rank (Ranks dashboard), GPU throttling or XIDs "
+            "(Nodes dashboard), data wait rising, checkpoint phases growing, or a restart onto "
+            "fewer or slower nodes.",
+        ),
+    ]
+
+
+def _memory_alerts(b: RuleBounds) -> list[Rule]:
+    peak = m(catalog.TRAIN_MEMORY_PEAK_ACTIVE_BYTES)
+    cap = m(catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES)
+    w = b.allocator_window
+    return [
+        alert(
+            "FsdpmonGPUMemoryNearCapacity",
+            # Peak *active* memory, not what the GPU reports used: PyTorch's caching allocator
+            # keeps most of the device reserved in a healthy run.
+            f"{peak} / ({cap} > 0) > {b.memory_ratio:g}",
+            b.memory_for, "warning",
+            "Device memory near capacity on rank {{ $labels.rank }} of {{ $labels.job_name }}",
+            "Peak active memory reached {{ $value | humanizePercentage }} of the device; the "
+            "next larger batch, sequence or checkpoint may run out of memory.",
+            "Reduce the micro-batch or sequence length, enable activation checkpointing or CPU "
+            "offload, or shard over more ranks; check for fragmentation (reserved far above "
+            "active on the Ranks dashboard).",
+        ),
+        alert(
+            "FsdpmonAllocatorRetries",
+            f"{rose(m(catalog.TRAIN_ALLOC_RETRIES_TOTAL), w)}\nor\n"
+            f"{rose(m(catalog.TRAIN_OOMS_TOTAL), w)}",
+            "", "warning",
+            "CUDA allocator retries or OOMs on {{ $labels.job_name }} rank {{ $labels.rank }}",
+            f"The caching allocator had to free its cache and retry (or hit OOM) in the last {w}; "
+            "each retry synchronises the device and slows every rank.",
+            "Memory is at the limit: lower the micro-batch or sequence length, enable activation "
+            "checkpointing, or set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True against "
+            "fragmentation.",
+        ),
+    ]
+
+
+def gpu_alerts(b: RuleBounds) -> list[Rule]:
+    return [*_gpu_use_alerts(b), *_gpu_fault_alerts(b)]
+
+
+def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
+    # Power capping (sw_power_cap) is routine under full load; these reasons cost clock speed
+    # because something is wrong with cooling or power delivery.
+    hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
+    throttled = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'reason=~"{hot}"')
+    held = m(catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL, f'reason=~"{hot}"')
+    share = f"{b.throttle_share:.0%}"
+    return [
+        alert(
+            "FsdpmonGPULowUtilization",
+            f"{m(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG)} < {b.low_util_ratio:g}\n"
+            f"  and on (node) group by (node) ({m(catalog.TRAIN_INFO)})",
+            b.low_util_for, "warning",
+            "GPUs of node {{ $labels.node }} are mostly idle while training runs there",
+            "Average GPU utilisation on {{ $labels.node }} is {{ $value | humanizePercentage }} "
+            "while a training rank runs on the node.",
+            "Check data wait and step phases on the Ranks dashboard (input pipeline, CPU "
+            "offload, checkpointing), and whether the job is stalled.",
+        ),
+        alert(
+            "FsdpmonGPUThrottling",
+            f"{throttled} == 1\nor\n"
+            f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}",
+            b.throttle_for, "warning",
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
+            "Clock-event reason {{ $labels.reason }} has held the clocks down for "
+            + b.throttle_for + f" (active, or over {share} of the time); a throttled GPU makes "
+            "its rank a straggler.",
+            "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
+            "and power supply; hw_slowdown with normal temperature can mean a failing board.",
+        ),
+    ]
+
+
+def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
+    w = b.error_window
+    uncorrected = m(catalog.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"')
+    failed_remap = m(catalog.GPU_REMAPPED_ROWS, 'cause="failure"')
+    return [
+        alert(
+            "FsdpmonGPUXidErrors",
+            f"{rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
+            f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0",
+            "", "critical",
+            "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
+            "{{ with $labels.xid }}XID {{ . }}{{ else }}XID errors{{ end }} in the "
+            f"last {w}.",
+            "Look the XID code up in NVIDIA's XID catalogue: 79 (fallen off the bus), 48/63/64 "
+            "(ECC) and 94/95 (contained/uncontained memory errors) usually mean draining the "
+            "node and a GPU reset or RMA; 13/31/43 often come from the application.",
+        ),
+        alert(
+            "FsdpmonGPUEccErrors",
+            f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0",
+            "", "critical",
+            "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "
+            "failed row remapping.",
+            "Drain the node; the GPU needs a reset to remap rows, or replacement if remapping "
+            "failed.",
+        ),
+    ]
+
+
+def target_alerts(b: RuleBounds) -> list[Rule]:
+    lb = b.missing_lookback
+    train = m(catalog.TRAIN_INFO)
+    exporter = m(catalog.EXPORTER_INFO)
+    stale = m(catalog.EXPORTER_SAMPLE_STALE)
+    return [
+        alert(
+            "FsdpmonTrainingTargetDown",
+            "(up == 0)\n  * on (instance, job) group_left (job_name)\n"
+            f"  group by (instance, job, job_name) (max_over_time({train}[{lb}]))",
+            b.target_down_for, "critical",
+            "Training metrics endpoint {{ $labels.instance }} of {{ $labels.job_name }} is down",
+            "Prometheus cannot scrape {{ $labels.instance }}, which served training metrics "
+            f"within the last {lb}.",
+            "The pod may have crashed or be hung in a way that blocks its metrics thread; "
+            "check the pod status, restarts and logs, and the PodMonitor/port (fsdpmon-train).",
+        ),
+        alert(
+            "FsdpmonExporterDown",
+            "((up == 0)\n  and on (instance, job)\n"
+            f"  group by (instance, job) (max_over_time({exporter}[{lb}])))\nor\n"
+            f"{stale} == 1",
+            b.exporter_down_for, "warning",
+            "fsdpmon exporter {{ $labels.instance }} is down or stale",
+            "The per-node exporter cannot be scraped, or its background sampler has not "
+            "finished a sample in time; GPU, host and process metrics of the node are missing.",
+            "Check the exporter DaemonSet pod on the node (logs, restarts, resource limits) "
+            "and whether NVML answers there (`nvidia-smi`).",
+        ),
+    ]

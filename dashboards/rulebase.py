@@ -1,0 +1,149 @@
+"""What every rule is built from: the bounds (thresholds and ``for`` durations), the alert and
+record constructors, the runbook address and the diagnosis cause each alert stands for.
+
+The bottom of ``dashboards``' rule modules: ``dashboards.alerts`` and ``dashboards.rules`` build
+on it, and it imports neither.
+"""
+
+from __future__ import annotations
+
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any
+
+from dashboards.promql import m
+from fsdpmon import catalog
+from fsdpmon.catalog import Recorded
+from fsdpmon.conventions import (
+    CHECKPOINT_SHARE_LIMIT,
+    DEFAULT_STALL_FACTOR,
+    DEFAULT_STALL_FLOOR_SECONDS,
+    MEMORY_PRESSURE_RATIO,
+    STRAGGLER_SCORE_THRESHOLD,
+)
+
+Rule = dict[str, Any]
+
+HEARTBEAT = m(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS)
+# Served from the monitor's start, before the first step completes: the "rank is alive" series.
+AGE = m(catalog.TRAIN_HEARTBEAT_AGE_SECONDS)
+STEP_TIME = m(catalog.TRAIN_STEP_TIME_SECONDS)
+
+
+@dataclass(frozen=True)
+class RuleBounds:
+    """Alert thresholds and durations (Prometheus duration strings)."""
+
+    # Stalled: no step for max(stall_factor x the rank's own mean step time, stall_floor).
+    # The monitor's own stall flag uses the same defaults (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
+    stall_factor: float = DEFAULT_STALL_FACTOR
+    stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
+    stall_for: str = "2m"
+    # A rank seen within this window whose series are gone while its pod/target is still there.
+    missing_lookback: str = "15m"
+    missing_for: str = "2m"
+    target_down_for: str = "3m"
+    exporter_down_for: str = "5m"
+    # Straggler: the rank's score (median busy time of the other ranks / its own) below this.
+    straggler_score: float = STRAGGLER_SCORE_THRESHOLD
+    straggler_for: str = "15m"
+    # Checkpointing: the median rank's last save took this share of the time since the one before.
+    checkpoint_share: float = CHECKPOINT_SHARE_LIMIT
+    checkpoint_for: str = "15m"
+    memory_ratio: float = MEMORY_PRESSURE_RATIO  # a rank's peak active memory / capacity
+    memory_for: str = "5m"
+    allocator_window: str = "15m"
+    low_util_ratio: float = 0.30
+    low_util_for: str = "20m"
+    error_window: str = "15m"  # XID / ECC counters
+    throttle_for: str = "10m"
+    # ... or held down this share of the time by NVML's accumulated clock-event time, over
+    # throttle_window (a flag sampled per scrape misses throttling that comes and goes)
+    throttle_share: float = 0.25
+    throttle_window: str = "5m"
+    nonfinite_for: str = "1m"
+    divergence_factor: float = 1.5  # loss above factor x its minimum over divergence_window
+    divergence_window: str = "1h"
+    divergence_for: str = "15m"
+    throughput_drop_ratio: float = 0.6  # tokens/s below ratio x its own recent average
+    throughput_window: str = "1h"
+    throughput_for: str = "15m"
+
+
+def rose(series: str, window: str) -> str:
+    """A counter that went up within ``window``, including one born within it above 0.
+
+    ``increase()`` needs a baseline sample: a series whose first sample is already 1 (the
+    exporter creates ``fsdpmon_gpu_xid_errors_total{xid="79"}`` on the first XID 79) has an
+    increase of 0, so that first event would never alert. The second arm catches a series that
+    is above 0 now and had no sample ``window`` ago, for as long as ``increase()`` would have.
+    After a Prometheus restart an old non-zero counter counts as new for one window: a repeat
+    notification, never a missed event.
+    """
+    return f"increase({series}[{window}]) > 0\nor\n({series} > 0 unless {series} offset {window})"
+
+
+def record(recorded: Recorded, expr: str) -> Rule:
+    return {"record": recorded.name, "expr": expr}
+
+
+# Where the runbook is published: docs/runbook.md of the fsdpmon repository, one `## <cause>`
+# section per cause, so `<url>#<cause>` opens it. A team that hosts its own copy (a wiki, an
+# internal Git server) generates the rules with its address: `python -m dashboards
+# --runbook-url URL` or FSDPMON_RUNBOOK_URL (dashboards/README.md); the committed rule file and
+# `fsdpmon manifests` use this default.
+DEFAULT_RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"
+
+
+def runbook_base(url: str) -> str:
+    """``url`` checked as a runbook page address (http(s), no fragment: the cause is appended);
+    ValueError saying what is wrong."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"runbook URL must be an http(s) address, got {url!r}")
+    if parts.fragment or url.endswith("#"):
+        raise ValueError(f"runbook URL must not have a #fragment (each alert appends "
+                         f"#<cause>), got {url!r}")
+    return url
+
+# The diagnosis cause each alert stands for (`fsdpmon diagnose` names the same ones), so an
+# alert, a finding and a runbook section share one name.
+ALERT_CAUSES = {
+    "FsdpmonTrainingStalled": "hang",
+    "FsdpmonTrainingRankMissing": "rank_missing",
+    "FsdpmonTrainingRanksShort": "rank_missing",
+    "FsdpmonRankStraggling": "straggler_compute",
+    "FsdpmonCheckpointSlow": "checkpoint_slow",
+    "FsdpmonLossNonFinite": "loss_nonfinite",
+    "FsdpmonLossDiverging": "loss_spike",
+    "FsdpmonThroughputDropped": "straggler_compute",
+    "FsdpmonGPUMemoryNearCapacity": "memory_pressure",
+    "FsdpmonAllocatorRetries": "memory_pressure",
+    "FsdpmonGPULowUtilization": "straggler_data",
+    "FsdpmonGPUThrottling": "gpu_throttled",
+    "FsdpmonGPUXidErrors": "gpu_xid",
+    "FsdpmonGPUEccErrors": "gpu_ecc",
+    "FsdpmonTrainingTargetDown": "target_down",
+    "FsdpmonExporterDown": "target_down",
+}
+
+
+def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
+           hint: str) -> Rule:
+    rule: Rule = {"alert": name, "expr": expr}
+    if for_ not in ("", "0s"):
+        rule["for"] = for_
+    rule["labels"] = {"severity": severity}
+    cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
+    # runbook_url is added by rule_groups(), which knows where the runbook is published
+    rule["annotations"] = {"summary": summary, "description": description, "hint": hint,
+                           "cause": cause}
+    return rule
+
+
+def with_runbook(rules: list[Rule], base: str) -> list[Rule]:
+    for rule in rules:
+        if "alert" in rule:
+            notes = rule["annotations"]
+            notes["runbook_url"] = f"{base}#{notes['cause']}"
+    return rules
