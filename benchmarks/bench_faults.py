@@ -3,15 +3,21 @@
 The trainer (tiny model, CPU, gloo) under torchrun, one fault per run from the fault grammar,
 the monitor's windows read back from every rank's JSONL (tests/straggler_runs.py):
 
-1. Calibration: a short healthy run per world size gives the step time the data-slow sizes are
-   set from (15% and 50% of a step).
+1. Calibration: a short healthy run per world size gives the busy time (a rank's own work per
+   step, less its collective waits and its time waiting for a CPU) the data-slow sizes are set
+   from, so that both faults add the same share to the slowed rank's own work: compute-slow
+   factor 1.15 makes its forward and backward 15% longer, data-slow 15% adds 15% of the busy
+   time to each of its batches. (A share of the step time would be far more: on a time-sliced
+   4-rank job the step is mostly waiting, and 15% of it was 80% of a rank's busy time.)
 2. The matrix: 2 ranks with rank 0 slowed, then rank 1; 4 ranks with rank 2 slowed; compute-slow
-   (factor 1.15 and 1.5) and data-slow (15% and 50% of a step); each without and with a
+   (factor 1.15 and 1.5) and data-slow (15% and 50% of the busy time); each without and with a
    CPU-bound process beside the job. Windows are BUSY_MIN_STEPS steps long, so no two windows
    share a step of the busy-time median: each is an independent verdict. The first window
-   (warm-up) is left out. Printed per case: windows that named the slowed rank, and that
-   flagged it (score below the threshold) or flagged another rank; then the totals and the
-   chance that naming a rank at random would do as well.
+   (warm-up) is left out. Printed per case: windows that named the slowed rank (the lowest
+   score: fsdpmon_job_slowest_rank), and that flagged it (score below the threshold) or
+   flagged another rank; the slowed rank's median and lowest score, the other ranks' lowest,
+   and the 1-minute load average; then the totals and the chance that naming a rank at random
+   would do as well.
 3. Healthy runs of --healthy-seconds (default 300) at 2 and 4 ranks: windows, rank-windows
    flagged (must be 0).
 
@@ -23,26 +29,31 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the shared runner
 
-from straggler_runs import coin_flip_chance, run_job
+from straggler_runs import JobRun, coin_flip_chance, run_job
 
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
 WINDOWS = 4  # independent windows per run, after the warm-up one
 STEPS = BUSY_MIN_STEPS * (WINDOWS + 1)
 
 
-def calibrate(work: Path, nproc: int) -> float:
+def calibrate(work: Path, nproc: int) -> JobRun:
     run = run_job(work / f"calibrate{nproc}", nproc, None, 2 * BUSY_MIN_STEPS, BUSY_MIN_STEPS)
-    print(f"  {nproc} ranks healthy: step {run.step_time_s * 1e3:.0f} ms "
+    print(f"  {nproc} ranks healthy: step {run.step_time_s * 1e3:.0f} ms, busy "
+          f"{run.busy_s * 1e3:.1f} ms, waiting for a CPU {run.descheduled_ratio:.0%} of the step "
           f"({run.seconds:.0f} s run)", flush=True)
-    return run.step_time_s
+    return run
 
 
 def cases(quick: bool) -> list[tuple[int, int, str, float]]:
@@ -56,36 +67,41 @@ def cases(quick: bool) -> list[tuple[int, int, str, float]]:
     return out
 
 
-def spec(kind: str, rank: int, size: float, step_s: float) -> str:
+def spec(kind: str, rank: int, size: float, busy_s: float) -> str:
     if kind == "compute-slow":
         return f"compute-slow:rank={rank},factor={size:g}"
-    return f"data-slow:rank={rank},seconds={size * step_s:.4f}"
+    return f"data-slow:rank={rank},seconds={size * busy_s:.4f}"
 
 
-def matrix(work: Path, quick: bool, step_s: dict[int, float]) -> None:
+def matrix(work: Path, quick: bool, calibrated: dict[int, JobRun]) -> None:
     totals = {2: [0, 0], 4: [0, 0]}  # named right, windows
     flagged_right = flagged_wrong = 0
     print(f"\nfault matrix ({STEPS} steps per run, windows of {BUSY_MIN_STEPS} steps):")
     print(f"  {'ranks':>5} {'rank':>4} {'fault':<34} {'neigh':<5} {'named':>7} "
-          f"{'flagged':>7} {'wrong flag':>10} {'min score':>9}")
+          f"{'flagged':>7} {'wrong flag':>10} {'score med':>9} {'min':>5} {'others min':>10} "
+          f"{'load':>5}")
     for i, (nproc, rank, kind, size) in enumerate(cases(quick)):
         for busy in (False, True):
-            fault = spec(kind, rank, size, step_s[nproc])
+            fault = spec(kind, rank, size, calibrated[nproc].busy_s)
             run = run_job(work / f"case{i}-{int(busy)}", nproc, fault, STEPS, BUSY_MIN_STEPS,
                           busy_neighbour=busy)
             windows = run.windows[1:]
             named = sum(w.slowest_rank == rank for w in windows)
             right = sum(rank in w.flagged for w in windows)
             wrong = sum(len([r for r in w.flagged if r != rank]) for w in windows)
-            low = min((w.scores[rank] for w in windows if w.scores[rank] is not None),
-                      default=math.nan)
+            own = [s for w in windows if (s := w.scores[rank]) is not None]
+            low = min(own, default=math.nan)
+            mid = statistics.median(own) if own else math.nan
+            others = min((s for w in windows for r, s in w.scores.items()
+                          if r != rank and s is not None), default=math.nan)
             totals[nproc][0] += named
             totals[nproc][1] += len(windows)
             flagged_right += right
             flagged_wrong += wrong
             print(f"  {nproc:>5} {rank:>4} {fault:<34} {'yes' if busy else 'no':<5} "
                   f"{named:>3}/{len(windows):<3} {right:>3}/{len(windows):<3} {wrong:>10} "
-                  f"{low:>9.2f}", flush=True)
+                  f"{mid:>9.2f} {low:>5.2f} {others:>10.2f} {os.getloadavg()[0]:>5.1f}",
+                  flush=True)
     for nproc, (named, n) in totals.items():
         if n:
             print(f"  {nproc} ranks: named the slowed rank in {named}/{n} windows "
@@ -95,17 +111,21 @@ def matrix(work: Path, quick: bool, step_s: dict[int, float]) -> None:
           f"{flagged_wrong}")
 
 
-def healthy(work: Path, seconds: float, step_s: dict[int, float]) -> None:
+def healthy(work: Path, seconds: float, calibrated: dict[int, JobRun]) -> None:
     print(f"\nhealthy runs of about {seconds:.0f} s (windows of {BUSY_MIN_STEPS} steps):")
     for nproc in (2, 4):
-        steps = max(2 * BUSY_MIN_STEPS, int(seconds / step_s[nproc]))
+        steps = max(2 * BUSY_MIN_STEPS, int(seconds / calibrated[nproc].step_time_s))
         run = run_job(work / f"healthy{nproc}", nproc, None, steps, BUSY_MIN_STEPS,
                       timeout=seconds * 3 + 300)
         flags = sum(len(w.flagged) for w in run.windows)
         scores = [s for w in run.windows for s in w.scores.values() if s is not None]
+        slowest = Counter(w.slowest_rank for w in run.windows)
         print(f"  {nproc} ranks: {steps} steps in {run.seconds:.0f} s, {len(run.windows)} "
               f"windows, rank-windows flagged: {flags}; scores {min(scores):.2f}.."
-              f"{max(scores):.2f} (threshold below which a rank is flagged: 0.75)", flush=True)
+              f"{max(scores):.2f} (flagged below {STRAGGLER_SCORE_THRESHOLD}); slowest rank "
+              f"by window {dict(sorted(slowest.items()))}; waiting for a CPU "
+              f"{run.descheduled_ratio:.0%} of the step; load {os.getloadavg()[0]:.1f}",
+              flush=True)
 
 
 def main() -> None:
@@ -115,15 +135,18 @@ def main() -> None:
     p.add_argument("--only", choices=["matrix", "healthy"], default=None)
     args = p.parse_args()
     started = time.monotonic()
+    print(f"{os.cpu_count()} CPUs, load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
+          " (1, 5, 15 min)", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         print("calibration:")
-        step_s = {n: calibrate(work, n) for n in (2, 4)}
+        calibrated = {n: calibrate(work, n) for n in (2, 4)}
         if args.only != "healthy":
-            matrix(work, args.quick, step_s)
+            matrix(work, args.quick, calibrated)
         if args.only != "matrix" and not args.quick:
-            healthy(work, args.healthy_seconds, step_s)
-    print(f"\n(took {time.monotonic() - started:.0f} s)")
+            healthy(work, args.healthy_seconds, calibrated)
+    print(f"\n(took {time.monotonic() - started:.0f} s; load average now "
+          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
 
 
 if __name__ == "__main__":

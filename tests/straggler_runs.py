@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import statistics
 import subprocess
 import sys
 import time
@@ -45,6 +46,8 @@ class JobRun:
     windows: list[Window]
     seconds: float
     step_time_s: float  # median over windows of rank 0's mean step time
+    busy_s: float  # median over every rank's scored windows of its busy time
+    descheduled_ratio: float  # median over every rank's windows: share of step waiting for a CPU
 
     def after(self, step: int) -> list[Window]:
         """Windows that only hold steps after ``step``."""
@@ -93,8 +96,15 @@ def read_windows(workdir: Path, nproc: int, log_every: int, seconds: float) -> J
     for step, rec0 in sorted(steps[0].items()):
         scores = {r: steps[r].get(step, {}).get("straggler_score") for r in range(nproc)}
         windows.append(Window(step, rec0["job"]["slowest_rank"], scores))
-    times = sorted(x["step_time_s"] for x in steps[0].values())
-    return JobRun(windows, seconds, times[len(times) // 2] if times else math.nan, log_every)
+    times = [x["step_time_s"] for x in steps[0].values()]
+    busy = [x["busy_s"] for r in steps.values() for x in r.values() if x["busy_s"] is not None]
+    off_cpu = [x.get("descheduled_ratio") for r in steps.values() for x in r.values()]
+    return JobRun(windows, seconds, _median(times), _median(busy),
+                  _median([x for x in off_cpu if x is not None]), log_every)
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values) if values else math.nan
 
 
 def coin_flip_chance(n: int, k: int, ranks: int) -> float:

@@ -3,6 +3,9 @@ inside it counted as wait (straggler attribution); one wrapper per collective.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -10,6 +13,7 @@ import torch.distributed as dist
 
 from fsdpmon.monitor import collectives
 from fsdpmon.monitor.collectives import CollectiveTimer
+from fsdpmon.monitor.schedstat import RunQueueDelay
 
 NAP = 0.02
 
@@ -29,29 +33,29 @@ def napping(*args, async_op: bool = False, **kwargs):
 def test_counts_the_time_inside_calls_made_during_a_step(timer):
     wrapped = collectives.wrap("all_reduce", napping)
     wrapped()  # between steps: not counted
-    timer.armed = True
+    timer.arm()
     wrapped()
     wrapped(async_op=True)  # returns a Work waited on elsewhere: not counted here
     timer.armed = False
     timer.step_done()
-    timer.armed = True
+    timer.arm()
     wrapped()
     timer.armed = False
     timer.step_done(completed=False)  # an aborted step is forgotten
-    (wait,) = timer.drain()
+    (wait,) = timer.drain().collective
     # one nap counted; the sleep may overrun by scheduling, never undercut
     assert NAP <= wait < 2 * NAP + 0.05, f"wait {wait:.4f} s for one {NAP} s call"
-    assert timer.calls == 2 and timer.drain() == []
+    assert timer.calls == 2 and timer.drain().collective == []
 
 
 def test_a_collective_calling_another_is_counted_once(timer):
     inner = collectives.wrap("all_gather", napping)
     outer = collectives.wrap("all_gather_object", lambda: (inner(), inner()))
     seq = collectives._calls.seq
-    timer.armed = True
+    timer.arm()
     outer()
     timer.step_done()
-    (wait,) = timer.drain()
+    (wait,) = timer.drain().collective
     assert 2 * NAP <= wait < 4 * NAP + 0.05 and timer.calls == 1, (wait, timer.calls)
     assert collectives.last_entered() == ("all_gather_object", seq + 1)
 
@@ -83,7 +87,7 @@ def test_real_collectives_are_numbered_once_each_in_order_and_timed_in_a_step(tm
         dist.all_reduce(torch.ones(2))  # between steps: numbered, not timed
         assert collectives.last_entered() == ("all_reduce", first + 1)
         assert timer.calls == 0, timer.calls
-        timer.armed = True
+        timer.arm()
         dist.all_gather_object([None], {"x": 1})  # calls all_gather inside: counted once
         dist.barrier()
         timer.armed = False
@@ -97,3 +101,45 @@ def test_inactive_wrappers_pass_through():
     collectives.activate(None)
     wrapped = collectives.wrap("all_reduce", lambda x, **kw: x + 1)
     assert wrapped(1, async_op=False) == 2
+
+
+def _spin(seconds: float) -> None:
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.skipif(not RunQueueDelay().available or not hasattr(os, "sched_setaffinity"),
+                    reason="needs Linux schedstat and CPU affinity")
+def test_time_waiting_for_a_cpu_outside_collectives_is_descheduled_not_wait(timer):
+    """A step that computes on a CPU shared with a CPU-bound process: its wall time is its own
+    CPU time plus the time the kernel ran the other process (run-queue delay); the timer
+    reports that delay, outside the collectives, as descheduled; inside a call it is wait."""
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    rival = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(rival.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # this thread and the rival on one CPU
+        time.sleep(0.05)
+        wrapped = collectives.wrap("all_reduce", lambda: _spin(0.05))
+        started, cpu_started = time.perf_counter(), time.thread_time()
+        timer.arm()
+        _spin(0.1)
+        wrapped()
+        timer.step_done()
+        wall, own = time.perf_counter() - started, time.thread_time() - cpu_started
+    finally:
+        os.sched_setaffinity(0, before)
+        rival.kill()
+        rival.wait()
+    waits = timer.drain()
+    (wait,), (off_cpu,) = waits.collective, waits.descheduled
+    # Outside the call: 0.1 s of CPU took wall time 0.1 + off_cpu; inside: 0.05 + its delay.
+    # Sharing one CPU with a spinning rival, each second of our CPU costs about one of waiting.
+    assert off_cpu > 0.25 * 0.1, f"descheduled {off_cpu:.3f} s for 0.1 s CPU beside a rival"
+    busy = wall - wait - off_cpu
+    # what is left is the CPU time outside the call, up to the clock reads' own skew
+    assert abs(busy - (own - 0.05)) < 0.02, (
+        f"busy {busy:.4f} s vs CPU outside the call {own - 0.05:.4f} s (wall {wall:.3f}, wait "
+        f"{wait:.3f}, descheduled {off_cpu:.3f})")

@@ -11,9 +11,13 @@ What each kind does, and why it is made that way:
   ``after`` seconds past this rank's first completed step (a test that needs a healthy stretch
   of known length, whatever the machine's speed).
 - compute-slow: after this rank's forward and after its backward, sleep (factor - 1) x the
-  time that phase just took. Sleeping (rather than burning CPU) slows this rank alone by the
-  asked factor without stealing cores from the other ranks on a shared CPU host, which would
-  slow them too and blur which rank is the straggler.
+  compute time that phase just took. Sleeping (rather than burning CPU) slows this rank alone
+  by the asked factor without stealing cores from the other ranks on a shared CPU host, which
+  would slow them too and blur which rank is the straggler. Compute time on CPU is the
+  process's CPU time in the phase (``compute_clock``): its wall time also holds the waits for
+  the other ranks at FSDP's all-gathers and the time the OS ran other processes, and scaling
+  those made factor 1.15 cost a time-sliced 4-rank job's slowed rank ~60% more busy time, not
+  15%. On CUDA it is the host wall time of the phase, as before.
 - data-slow: each batch this rank loads takes ``seconds`` longer (inside ``next(loader)``).
 - hang: after step S, the rank blocks forever in plain Python outside any collective: in its
   data loader (``where=data``) or in a host-side call (``where=host``); the others then wait in
@@ -35,7 +39,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +75,11 @@ class FirstStep:
 
     def since(self) -> float:
         return 0.0 if self.at is None else time.monotonic() - self.at
+
+
+def compute_clock(device_type: str) -> Callable[[], float]:
+    """The clock whose difference over a phase is its compute time (see compute-slow)."""
+    return time.process_time if device_type == "cpu" else time.perf_counter
 
 
 @dataclass(frozen=True)

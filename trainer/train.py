@@ -131,21 +131,22 @@ class Trainer:
         d = self.cfg.data
         loss_total = torch.zeros((), device=self.device)
         step = self.step + 1  # the step being made, as the console counts it
+        clock = faults.compute_clock(self.device.type)
         for _ in range(d.grad_accum):
             with mon.phase("data"):
                 inputs, targets = next(self.loader)
                 inputs, targets = inputs.to(self.device), targets.to(self.device)
             with mon.phase("forward"):
-                began = time.perf_counter()
+                began = clock()
                 logits = self.model(inputs)
                 loss_sum = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
                                            reduction="sum")
-                self.faults.slow_compute(step, time.perf_counter() - began)
+                self.faults.slow_compute(step, clock() - began)
             with mon.phase("backward"):
-                began = time.perf_counter()
+                began = clock()
                 # Normalised by the GLOBAL token count; FSDP sums gradients over ranks.
                 (loss_sum / self.global_tokens).backward()
-                self.faults.slow_compute(step, time.perf_counter() - began)
+                self.faults.slow_compute(step, clock() - began)
             loss_total += loss_sum.detach()
         return self.faults.loss(step, loss_total / (d.batch_size * d.seq_len * d.grad_accum))
 

@@ -27,6 +27,11 @@ How it is measured, and why this way:
   calling thread until every peer has joined and the data has moved). Calls made with
   ``async_op=True`` return a ``Work`` that is waited on elsewhere and are not timed; FSDP2
   on CPU issues its all-gathers and reduce-scatters synchronously.
+  Wall time outside the calls is not all the rank's own work on a host with more runnable
+  threads than cores: the OS also makes it wait for a CPU. The timer reads the training
+  thread's run-queue delay (fsdpmon.monitor.schedstat) at the step's start and end and around
+  each timed call (one ~1 us ``pread`` each), so that delay outside the calls is left out of
+  busy time and the delay inside them stays wait.
 - CUDA: host time around an NCCL call is only the launch, so each call is bracketed by two
   CUDA events on the stream current at the call (FSDP2 issues its collectives on their own
   streams): their elapsed time is the device time of the collective, waiting for peers
@@ -44,7 +49,10 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
+
+from fsdpmon.monitor.schedstat import RunQueueDelay
 
 # The blocking c10d entry points (each also under torch.distributed.distributed_c10d), numbered
 # and timed. send/recv too: a rank blocked in a point-to-point call waits for its peer.
@@ -57,21 +65,48 @@ C10D_NAMES = (
 _WRAPPED = "_fsdpmon_collective_wrapper"
 
 
-class CollectiveTimer:
-    """Accumulates the wait of the calls made while armed, per step; ``drain`` at the log step."""
+@dataclass(frozen=True)
+class StepWaits:
+    """Per step completed since the last drain: seconds waited in collectives, and (CPU) seconds
+    spent waiting for a CPU outside them (run-queue delay; 0.0 on CUDA or where unknown)."""
 
-    def __init__(self, cuda: bool = False) -> None:
+    collective: list[float]
+    descheduled: list[float]
+
+
+class CollectiveTimer:
+    """Accumulates the wait of the calls made while armed, per step; ``drain`` at the log step.
+
+    On CPU it also reads the step's run-queue delay (``schedstat``) at ``arm``, at ``step_done``
+    and around each timed call, so the delay outside the collectives (time-slicing, not the
+    rank's work) can be left out of busy time. Create it on the thread that runs the steps:
+    the delay read is that thread's."""
+
+    def __init__(self, cuda: bool = False, run_queue: RunQueueDelay | None = None) -> None:
         self.cuda = cuda
         self.armed = False
         self.calls = 0
         self._seconds = 0.0  # host: this step's wait so far
+        self._rq = None if cuda else (run_queue or RunQueueDelay())
+        self._rq_step: float | None = None  # run-queue delay when the step was armed
+        self._rq_enter = 0.0
+        self._rq_in = 0.0  # run-queue delay inside this step's timed calls
         self._pairs: list[tuple[Any, Any]] = []  # cuda: this step's event pairs
         self._steps: list[Any] = []  # per completed step: seconds (host) or its pairs (cuda)
+        self._desched: list[float] = []
         self._free: list[Any] = []
+
+    def arm(self) -> None:
+        """A step begins: time the calls from now on."""
+        if self._rq is not None:
+            self._rq_step = self._rq.seconds()
+        self.armed = True
 
     def enter(self) -> Any:
         if self.cuda:
             return self._event()
+        if self._rq is not None:
+            self._rq_enter = self._rq.seconds()
         return time.perf_counter()
 
     def leave(self, start: Any) -> None:
@@ -80,28 +115,40 @@ class CollectiveTimer:
             self._pairs.append((start, self._event()))
         else:
             self._seconds += time.perf_counter() - start
+            if self._rq is not None:
+                self._rq_in += self._rq.seconds() - self._rq_enter
 
     def step_done(self, completed: bool = True) -> None:
         """Close the step's account: kept when the step completed, dropped when it was aborted."""
+        self.armed = False
         if completed:
             self._steps.append(self._pairs if self.cuda else self._seconds)
+            desched = 0.0
+            if self._rq is not None and self._rq_step is not None:
+                desched = max(0.0, self._rq.seconds() - self._rq_step - self._rq_in)
+            self._desched.append(desched)
         else:
             self._free += (e for pair in self._pairs for e in pair)
-        self._seconds, self._pairs = 0.0, []
+        self._seconds, self._pairs, self._rq_step, self._rq_in = 0.0, [], None, 0.0
 
-    def drain(self) -> list[float]:
-        """Seconds waited in collectives by each step completed since the last drain (called
-        at the log step; on CUDA after the step timer's one synchronisation)."""
+    def drain(self) -> StepWaits:
+        """The steps completed since the last drain (called at the log step; on CUDA after the
+        step timer's one synchronisation)."""
         steps, self._steps = self._steps, []
+        desched, self._desched = self._desched, []
         if not self.cuda:
-            return steps
+            return StepWaits(steps, desched)
         if steps and steps[-1]:
             steps[-1][-1][1].synchronize()  # done already: the step's stream waited for it
         out = []
         for pairs in steps:
             out.append(sum(float(a.elapsed_time(b)) for a, b in pairs) / 1000.0)
             self._free += (e for pair in pairs for e in pair)
-        return out
+        return StepWaits(out, desched)
+
+    def close(self) -> None:
+        if self._rq is not None:
+            self._rq.close()
 
     def _event(self) -> Any:
         if self._free:

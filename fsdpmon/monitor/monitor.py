@@ -218,14 +218,13 @@ class Monitor:
                     self.pub.arm()
             self._timer.begin_step()
             if self._collectives is not None:
-                self._collectives.armed = True
+                self._collectives.arm()
         except Exception as exc:
             self._fail("begin_step", exc)
 
     def abort_step(self) -> None:
         """Forget the step in progress (it raised): nothing is counted or timed."""
         if self._collectives is not None:
-            self._collectives.armed = False
             self._collectives.step_done(completed=False)
         self._guarded("abort_step", self._timer.abort_step)
         self._pending.pop("tokens", None)
@@ -235,7 +234,6 @@ class Monitor:
             if not self._timer.in_step:
                 return
             if self._collectives is not None:
-                self._collectives.armed = False
                 self._collectives.step_done()
             host_seconds = self._timer.end_step()
             tokens = self._pending.pop("tokens", None)
@@ -326,7 +324,7 @@ class Monitor:
 
     def _measure_window(self) -> WindowStats:
         times = self._timer.drain()  # on CUDA: the window's one sync, so the collective
-        wait = self._collectives.drain() if self._collectives is not None else []  # events
+        waits = self._collectives.drain() if self._collectives is not None else None  # events
         self._window_calls = self._collectives_calls_now()
         # recorded before the timer's last event are complete here
         now = time.perf_counter()
@@ -335,7 +333,8 @@ class Monitor:
         tokens, self._window_tokens = self._window_tokens, 0
         self._timer_window = times
         stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops,
-                             wait, self._busy_history)
+                             waits.collective if waits else (), self._busy_history,
+                             waits.descheduled if waits else ())
         self._busy_history.extend(stats.busy_steps)
         # Until the median spans BUSY_MIN_STEPS steps it is too noisy to score a rank by: no
         # score (and no straggler flag) rather than a noisy one.
@@ -378,6 +377,7 @@ class Monitor:
             "data_wait_ratio": stats.data_wait_ratio if stats else None,
             "busy_s": stats.busy_s if stats and self._busy_known else None,
             "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
+            "descheduled_ratio": stats.descheduled_ratio if stats else None,
             "straggler_score": score,
             "straggling": score is not None and score < STRAGGLER_SCORE_THRESHOLD,
             "collective_calls": self._window_calls / stats.steps if stats and stats.steps else 0,
@@ -427,8 +427,10 @@ class Monitor:
         if self._closed:
             return
         self._closed = True
-        if self._collectives is not None and collectives.active() is self._collectives:
-            collectives.activate(None)
+        if self._collectives is not None:
+            if collectives.active() is self._collectives:
+                collectives.activate(None)
+            self._collectives.close()
         for part in (self.pub, self.jsonl):
             if part is None:
                 continue

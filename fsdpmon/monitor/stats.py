@@ -29,6 +29,7 @@ class WindowStats:
     busy_s: float  # median over recent steps: step time less the time waiting in collectives
     busy_steps: tuple[float, ...]  # this window's per-step busy times (for the next windows)
     collective_wait_ratio: float | None
+    descheduled_ratio: float | None  # share of step time waiting for a CPU outside collectives
     phase_means: dict[str, float]
     mfu: float | None
 
@@ -36,9 +37,16 @@ class WindowStats:
 def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
                  flops_per_token: float, peak_flops: float | None,
                  collective_waits: Sequence[float] = (),
-                 busy_history: Sequence[float] = ()) -> WindowStats:
+                 busy_history: Sequence[float] = (),
+                 descheduled: Sequence[float] = ()) -> WindowStats:
     """``collective_waits``: each step's time inside collectives (empty: none measured);
-    ``busy_history``: earlier steps' busy times, oldest first.
+    ``busy_history``: earlier steps' busy times, oldest first; ``descheduled``: each step's
+    time waiting for a CPU outside the collectives (CPU hosts; empty: none measured).
+
+    Busy time is step time less collective wait less that run-queue delay: what the rank spent
+    on its own work (computing, loading data, sleeping in its own calls), so that a rank the OS
+    happened to time-slice more in a window is not taken for a straggler (fsdpmon.monitor.
+    schedstat). A straggler still shows: its extra work or its own slow calls are busy time.
 
     Busy time is the MEDIAN over the last max(window, BUSY_MIN_STEPS) steps: a straggler is
     slow in every step, while a rank that the OS happened to deschedule (a busy neighbour)
@@ -52,7 +60,9 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
     data = times.phase_seconds.get("data")
     per_step = {k: v / steps for k, v in times.phase_seconds.items()} if steps else {}
     waits = list(collective_waits) if len(collective_waits) == steps else [0.0] * steps
-    busy = [max(0.0, t - w) for t, w in zip(times.step_seconds, waits, strict=True)]
+    off_cpu = list(descheduled) if len(descheduled) == steps else [0.0] * steps
+    busy = [max(0.0, t - w - d)
+            for t, w, d in zip(times.step_seconds, waits, off_cpu, strict=True)]
     wait = min(step_total, math.fsum(waits))
     recent = [*busy_history, *busy][-max(steps, BUSY_MIN_STEPS):]
     return WindowStats(
@@ -65,6 +75,8 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
         busy_s=statistics.median(recent) if recent else 0.0,
         busy_steps=tuple(busy),
         collective_wait_ratio=wait / step_total if step_total > 0 else None,
+        descheduled_ratio=(min(step_total, math.fsum(off_cpu)) / step_total
+                           if step_total > 0 and len(descheduled) == steps else None),
         phase_means=per_step,
         mfu=mfu(tps, flops_per_token, peak_flops),
     )
