@@ -82,12 +82,12 @@ class CollectiveTimer:
     rank's work) can be left out of busy time. Create it on the thread that runs the steps:
     the delay read is that thread's."""
 
-    def __init__(self, cuda: bool = False, run_queue: RunQueueDelay | None = None) -> None:
+    def __init__(self, cuda: bool = False, run_queue: bool = True) -> None:
         self.cuda = cuda
         self.armed = False
         self.calls = 0
         self._seconds = 0.0  # host: this step's wait so far
-        self._rq = None if cuda else (run_queue or RunQueueDelay())
+        self._rq = RunQueueDelay() if run_queue and not cuda else None
         self._rq_step: float | None = None  # run-queue delay when the step was armed
         self._rq_enter = 0.0
         self._rq_in = 0.0  # run-queue delay inside this step's timed calls
