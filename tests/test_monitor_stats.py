@@ -25,6 +25,17 @@ def test_window_stats():
     assert stats.mfu == pytest.approx(1600 * 1e6 / 4e9)
 
 
+def test_time_waiting_for_a_cpu_outside_collectives_is_not_busy():
+    # two 0.3 s steps: 0.1 s in collectives each; the second also waited 0.15 s for a CPU
+    times = WindowTimes(step_seconds=[0.3, 0.3])
+    stats = window_stats(times, 1, 0.6, 1.0, None, [0.1, 0.1], descheduled=[0.0, 0.15])
+    assert stats.busy_steps == pytest.approx((0.2, 0.05)), stats.busy_steps
+    assert stats.descheduled_ratio == pytest.approx(0.15 / 0.6)
+    assert stats.collective_wait_ratio == pytest.approx(0.2 / 0.6)  # wait is still wait
+    unknown = window_stats(times, 1, 0.6, 1.0, None, [0.1, 0.1])
+    assert unknown.descheduled_ratio is None and unknown.busy_steps == pytest.approx((0.2, 0.2))
+
+
 def test_busy_time_is_a_median_that_one_descheduled_step_cannot_move():
     steady = [0.1] * (BUSY_MIN_STEPS - 3)
     times = WindowTimes(step_seconds=[0.1, 0.1, 0.9])  # the last step lost 0.8 s off-CPU
