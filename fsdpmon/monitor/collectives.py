@@ -47,6 +47,7 @@ own log-step gather and checkpoint collectives between steps are left out of the
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,15 +80,17 @@ class CollectiveTimer:
 
     On CPU it also reads the step's run-queue delay (``schedstat``) at ``arm``, at ``step_done``
     and around each timed call, so the delay outside the collectives (time-slicing, not the
-    rank's work) can be left out of busy time. Create it on the thread that runs the steps:
-    the delay read is that thread's."""
+    rank's work) can be left out of busy time. The delay read is that of the thread that arms
+    the steps (opened there on the first step, again if the steps move to another thread)."""
 
     def __init__(self, cuda: bool = False, run_queue: bool = True) -> None:
         self.cuda = cuda
         self.armed = False
         self.calls = 0
         self._seconds = 0.0  # host: this step's wait so far
-        self._rq = RunQueueDelay() if run_queue and not cuda else None
+        self._use_rq = run_queue and not cuda
+        self._rq: RunQueueDelay | None = None
+        self._rq_thread: int | None = None
         self._rq_step: float | None = None  # run-queue delay when the step was armed
         self._rq_enter = 0.0
         self._rq_in = 0.0  # run-queue delay inside this step's timed calls
@@ -98,8 +101,11 @@ class CollectiveTimer:
 
     def arm(self) -> None:
         """A step begins: time the calls from now on."""
-        if self._rq is not None:
-            self._rq_step = self._rq.seconds()
+        if self._use_rq:
+            if self._rq_thread != threading.get_ident():
+                self.close()
+                self._rq, self._rq_thread = RunQueueDelay(), threading.get_ident()
+            self._rq_step = self._rq.seconds() if self._rq.available else None
         self.armed = True
 
     def enter(self) -> Any:
@@ -149,6 +155,7 @@ class CollectiveTimer:
     def close(self) -> None:
         if self._rq is not None:
             self._rq.close()
+            self._rq, self._rq_thread = None, None
 
     def _event(self) -> Any:
         if self._free:
