@@ -41,7 +41,7 @@ class CheckpointClock:
 
     def __init__(self, distributed: bool) -> None:
         # A timer of its own (host clock): the step's timer is neither armed nor drained here.
-        self._waits = CollectiveTimer(cuda=False) if distributed else None
+        self._waits = CollectiveTimer(cuda=False, run_queue=False) if distributed else None
         self._outer: CollectiveTimer | None = None
         self._start: float | None = None
         self._since: float | None = None  # the previous save's end, or the first step
@@ -54,7 +54,7 @@ class CheckpointClock:
         self._start = time.perf_counter()
         if self._waits is not None:
             self._outer = collectives.active()
-            self._waits.armed = True
+            self._waits.arm()
             collectives.activate(self._waits)
 
     def end(self) -> SaveTimes | None:
@@ -64,9 +64,8 @@ class CheckpointClock:
         now = time.perf_counter()
         waited = 0.0
         if self._waits is not None:
-            self._waits.armed = False
             self._waits.step_done()
-            waited = sum(self._waits.drain())
+            waited = sum(self._waits.drain().collective)
             self._waits.calls = 0
             if collectives.active() is self._waits:
                 collectives.activate(self._outer)
