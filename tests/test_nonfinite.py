@@ -195,9 +195,44 @@ def test_report_reads_logs_with_any_figure_or_names_the_bad_field(tmp_path_facto
     except InputError as err:  # a required figure that is not a number: one line naming it
         assert "must be a finite number" in str(err) and "\n" not in str(err)
         return
-    stats = with_scaling([run_stats(runs[0])])
+    try:
+        stats = with_scaling([run_stats(runs[0])])
+    except InputError as err:  # finite figures whose arithmetic overflows: one line naming it
+        assert "out of any real range" in str(err) and "\n" not in str(err), str(err)
+        return
     markdown_report(stats, warmup="default", chart_name=None)
     json.dumps([dataclasses.asdict(s) for s in stats], allow_nan=False)
+
+
+def test_report_names_figures_whose_arithmetic_overflows(tmp_path):
+    """1e308 is finite, so the loader takes it; the mean of two such throughputs overflowed
+    fsum (OverflowError out of the report) before: now the mean is exact and the job's total,
+    which no float holds, is named in one line."""
+    base = tmp_path / "run.jsonl"
+    for path in write_run(base, 2, log_steps=3):
+        records = read_records(path)
+        for i, rec in enumerate(records):  # tokens_total falling (a reset): the logged rate
+            rec["tokens_per_second"], rec["tokens_total"] = 1e308, len(records) - i
+        path.write_text("".join(json.dumps(rec) + "\n" for rec in records))
+    runs = load_runs([str(base)])
+    try:
+        run_stats(runs[0])
+    except InputError as err:
+        assert "tokens_per_second comes out as inf" in str(err), str(err)
+    else:
+        raise AssertionError("a job total past float's limit was reported")
+
+
+def test_top_averages_finite_figures_near_floats_limit() -> None:
+    """Every rank's loss at 1e308 (finite): fmean's exact sum overflowed (OverflowError out of
+    the refresh) before; the job's mean is the value itself."""
+    huge = [dataclasses.replace(r, samples=[  # no job-level mean: top averages the ranks
+        Sample(s.name, s.labels, 1e308) if s.name == "fsdpmon_train_loss" else s
+        for s in r.samples or () if s.name != "fsdpmon_job_loss_mean"]) for r in HEALTHY]
+    snap = aggregate(huge, now=T0, source="targets")
+    losses = [r.loss for r in snap.ranks]
+    assert len(losses) > 1 and all(v == 1e308 for v in losses), losses
+    assert snap.loss == 1e308, snap.loss
 
 
 def test_a_pod_claiming_an_absurd_world_size_costs_nothing() -> None:

@@ -10,12 +10,13 @@ still a fair estimate when only some nodes' logs were collected.
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from statistics import fmean
 
-from fsdpmon.errors import ConfigError
+from fsdpmon.errors import ConfigError, InputError
 from fsdpmon.report.model import RunData, RunStats, Sample
 
 
@@ -27,7 +28,20 @@ def percentile(values: Sequence[float], q: float) -> float:
     position = (len(ordered) - 1) * q / 100.0
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    a, b, f = ordered[low], ordered[high], position - low
+    value = a + (b - a) * f
+    # b - a overflows for finite values of opposite sign near float's limit: weigh them instead
+    return value if math.isfinite(value) else a * (1 - f) + b * f
+
+
+def _mean(values: Iterable[float]) -> float:
+    """fmean (exactly rounded); its exact sum raises OverflowError past float's limit, where the
+    values are scaled down first (each v/n, so the sum stays in range)."""
+    items = list(values)
+    try:
+        return fmean(items)
+    except OverflowError:
+        return sum(v / len(items) for v in items)
 
 
 def split_warmup(
@@ -57,7 +71,7 @@ def rank_throughput(baseline: Sample | None, measured: Sequence[Sample]) -> floa
         and last.tokens_total >= baseline.tokens_total  # a counter reset: fall back below
     ):
         return (last.tokens_total - baseline.tokens_total) / (last.time - baseline.time)
-    return fmean(s.tokens_per_second for s in measured)
+    return _mean(s.tokens_per_second for s in measured)
 
 
 def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
@@ -82,10 +96,10 @@ def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
         memory.extend(s.peak_memory_bytes for s in samples if s.peak_memory_bytes is not None)
         start = baseline.step if baseline else 0
         measured_steps = max(measured_steps, measured[-1].step - start)
-    per_gpu = fmean(throughputs)
+    per_gpu = _mean(throughputs)
     last_samples = [samples[-1] for samples in run.ranks.values()]
     losses = [s.loss for s in last_samples if s.loss is not None]
-    return RunStats(
+    return _in_range(RunStats(
         name=run.name,
         source=run.source,
         world_size=run.world_size,
@@ -100,18 +114,30 @@ def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
         step_time_median_s=percentile(step_times, 50),
         step_time_p90_s=percentile(step_times, 90),
         mfu=_mfu(run, per_gpu, mfus),
-        data_wait_ratio=fmean(waits) if waits else None,
+        data_wait_ratio=_mean(waits) if waits else None,
         peak_memory_bytes_per_gpu=max(memory) if memory else None,
         memory_source=run.memory_source,
-        final_loss=fmean(losses) if losses else None,
-    )
+        final_loss=_mean(losses) if losses else None,
+    ))
+
+
+def _in_range(stats: RunStats) -> RunStats:
+    """Every figure finite: logged figures near float's limit (finite, so the loader took them)
+    can still overflow a product or difference; that is a log no real run writes, named in one
+    line rather than reported as inf."""
+    for field in dataclasses.fields(stats):
+        value = getattr(stats, field.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError(f"run {stats.name}: {field.name} comes out as {value} from the "
+                             "logged figures: they are out of any real range")
+    return stats
 
 
 def _mfu(run: RunData, per_gpu: float, logged: list[float]) -> float | None:
     """MFU over the same window as the throughput; None when the device's peak is unknown."""
     if run.flops_per_token and run.peak_flops:
         return per_gpu * run.flops_per_token / run.peak_flops
-    return fmean(logged) if logged else None
+    return _mean(logged) if logged else None
 
 
 def with_scaling(stats: Sequence[RunStats]) -> list[RunStats]:
@@ -126,6 +152,13 @@ def with_scaling(stats: Sequence[RunStats]) -> list[RunStats]:
     base = baseline.tokens_per_second_per_gpu
     ordered = sorted(stats, key=lambda s: s.world_size)
     return [
-        replace(s, scaling_efficiency=s.tokens_per_second_per_gpu / base if base > 0 else None)
-        for s in ordered
+        replace(s, scaling_efficiency=_ratio(s.tokens_per_second_per_gpu, base)) for s in ordered
     ]
+
+
+def _ratio(value: float, base: float) -> float | None:
+    """value / base; None where it has no finite answer (no baseline throughput, or overflow)."""
+    if base <= 0:
+        return None
+    ratio = value / base
+    return ratio if math.isfinite(ratio) else None

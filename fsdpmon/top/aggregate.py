@@ -159,7 +159,10 @@ def _mean(values: Sequence[float]) -> float | None:
     if not values:
         return None
     if all(math.isfinite(v) for v in values):
-        return statistics.fmean(values)
+        try:
+            return statistics.fmean(values)
+        except OverflowError:  # fsum's exact sum passed float's limit: scale each value first
+            return sum(v / len(values) for v in values)
     return sum(values) / len(values)  # inf, -inf or nan, as IEEE arithmetic has it
 
 
