@@ -73,8 +73,11 @@ FAULTY_JOB = "e2e-alerting-faults"
 NODE = "e2e-alerting-node"
 STALL = "FsdpmonTrainingStalled"
 STRAGGLING = "FsdpmonRankStraggling"
-# Fast alerting for the test; the shipped defaults (RuleBounds()) suit real jobs.
-FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="5s")
+# Fast alerting for the test; the shipped defaults (RuleBounds()) suit real jobs. The straggler
+# alert's `for` is 15m shipped; 20 s here still asks a low score to hold over many windows (a
+# 5 s `for` fired on one transient window of the healthy run, where a rank is SIGSTOPped for the
+# stall check: CI, score 0.56 for a moment). The slowed run's score stays low through its hang.
+FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="20s")
 # The faulty run: scores exist from BUSY_MIN_STEPS on; SLOW_FROM leaves healthy scored steps
 # before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the hang
 # comes some windows after that (the score stays published while the job hangs).
