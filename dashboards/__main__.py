@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from dashboards.generate import GENERATED, stale_files, write
-from dashboards.rules import DEFAULT_RUNBOOK_URL, runbook_base
+from dashboards.rulebase import DEFAULT_RUNBOOK_URL, runbook_base
 from fsdpmon.conventions import RUNBOOK_URL_ENV
 
 

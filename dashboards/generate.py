@@ -13,7 +13,8 @@ from typing import Any
 import yaml
 
 from dashboards.build import all_dashboards
-from dashboards.rules import DEFAULT_RUNBOOK_URL, RuleBounds, rule_groups
+from dashboards.rulebase import DEFAULT_RUNBOOK_URL, RuleBounds
+from dashboards.rules import rule_groups
 
 GENERATED = Path(__file__).resolve().parent / "generated"
 RULES_FILE = "fsdpmon-rules.yaml"

@@ -3,9 +3,10 @@
 ``rule_groups()`` returns plain rule groups (only the keys promtool 2.42 accepts: ``name``,
 ``interval``, ``rules``), which ``python -m dashboards`` writes to
 ``dashboards/generated/fsdpmon-rules.yaml`` and the Kubernetes manifests wrap in a
-PrometheusRule. Every threshold and ``for`` duration is a field of :class:`RuleBounds`, so the
-end-to-end test can generate a fast variant while the shipped defaults suit real jobs; where the
-runbook is published (each alert's ``runbook_url``) is ``rule_groups``' ``runbook_url``.
+PrometheusRule. Every threshold and ``for`` duration is a field of
+:class:`dashboards.rulebase.RuleBounds`, so the end-to-end test can generate a fast variant while
+the shipped defaults suit real jobs; where the runbook is published (each alert's
+``runbook_url``) is ``rule_groups``' ``runbook_url``.
 
 Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); each is
 a :class:`fsdpmon.catalog.Recorded` symbol (``catalog.REC_JOB_TOKENS_PER_SECOND_SUM``), and this
@@ -20,9 +21,8 @@ from typing import Any
 from dashboards.alerts import gpu_alerts, target_alerts, training_alerts
 from dashboards.dcgm import dcgm_rules
 from dashboards.promql import JOB_KEYS, m
-from dashboards.rulebase import (  # re-exported: the generator, manifests and tests take them here
+from dashboards.rulebase import (
     AGE,
-    ALERT_CAUSES,
     DEFAULT_RUNBOOK_URL,
     HEARTBEAT,
     STEP_TIME,
@@ -34,8 +34,6 @@ from dashboards.rulebase import (  # re-exported: the generator, manifests and t
 )
 from fsdpmon import catalog
 
-__all__ = ["ALERT_CAUSES", "DEFAULT_RUNBOOK_URL", "RuleBounds", "alert_names", "recorded_names",
-           "rule_groups", "runbook_base"]
 
 def training_records() -> list[Rule]:
     """Job-level figures (one series per namespace/job_name) reused by dashboards and alerts."""

@@ -57,7 +57,7 @@ from dashboards.generate import rules_yaml
 from dashboards.panels import expressions, variable_selector
 from dashboards.panels import substitute as render
 from dashboards.promql import metric_names
-from dashboards.rules import DEFAULT_RUNBOOK_URL, RuleBounds
+from dashboards.rulebase import DEFAULT_RUNBOOK_URL, RuleBounds
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 

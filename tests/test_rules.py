@@ -23,7 +23,8 @@ from dashboards import dcgm
 from dashboards.build import all_dashboards
 from dashboards.generate import GENERATED, RULES_FILE, rules_yaml
 from dashboards.promql import metric_names
-from dashboards.rules import RuleBounds, alert_names, recorded_names, rule_groups
+from dashboards.rulebase import RuleBounds
+from dashboards.rules import alert_names, recorded_names, rule_groups
 from fsdpmon import catalog
 from fsdpmon.diagnose import CAUSES
 

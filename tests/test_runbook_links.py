@@ -2,7 +2,7 @@
 
 Each alert's ``runbook_url`` is ``<base>#<cause>``. The fragment must be an anchor of
 docs/runbook.md as GitHub (and most Markdown renderers) make it from a ``## heading``; the base
-is ``rules.DEFAULT_RUNBOOK_URL`` unless ``python -m dashboards --runbook-url`` or
+is ``rulebase.DEFAULT_RUNBOOK_URL`` unless ``python -m dashboards --runbook-url`` or
 ``FSDPMON_RUNBOOK_URL`` names another. The committed rule file uses the default.
 """
 
@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from dashboards.generate import GENERATED, RULES_FILE
-from dashboards.rules import ALERT_CAUSES, DEFAULT_RUNBOOK_URL, alert_names, rule_groups
+from dashboards.rulebase import ALERT_CAUSES, DEFAULT_RUNBOOK_URL
+from dashboards.rules import alert_names, rule_groups
 from fsdpmon.cli import main as fsdpmon_main
 from fsdpmon.conventions import RUNBOOK_URL_ENV
 

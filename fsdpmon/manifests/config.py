@@ -107,7 +107,7 @@ class ManifestConfig:
     # monitoring
     release_label: str = "kube-prometheus-stack"
     scrape_interval: str = "15s"
-    # where the alerts' runbook_url points (None: FSDPMON_RUNBOOK_URL, else dashboards.rules'
+    # where the alerts' runbook_url points (None: FSDPMON_RUNBOOK_URL, else dashboards.rulebase's
     # default, the repository's docs/runbook.md); checked when the rules are built
     runbook_url: str | None = None
     components: tuple[str, ...] = COMPONENTS
