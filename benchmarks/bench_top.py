@@ -38,12 +38,12 @@ import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
-from fsdpmon.top.aggregate import WANTED, new_parser
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.sources.httpget import get_all
 from fsdpmon.top.sources.targets import TargetsSource, with_names
 from fsdpmon.top.ui_state import ViewState
 from fsdpmon.top.views import frame
+from fsdpmon.top.wanted import WANTED, new_parser
 
 # The synthetic job generator is test code (tests/synthetic_job.py), not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

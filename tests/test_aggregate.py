@@ -138,7 +138,7 @@ def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
     still reach the GPU and node rows."""
     from synthetic_job import GpuSpec, exporter_exposition
 
-    from fsdpmon.top.aggregate import new_parser
+    from fsdpmon.top.wanted import new_parser
 
     body = exporter_exposition("node-9", [
         GpuSpec(gpu=0, clock_events=("hw_slowdown", "sw_thermal_slowdown"), ecc_uncorrected=3,

@@ -193,9 +193,10 @@ def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refr
     a target that was down then, gets the slow families on the very next refresh instead of
     showing rows without node or pod for SLOW_EVERY refreshes."""
     from fsdpmon import catalog
-    from fsdpmon.top.aggregate import TRAIN_INFO, WANTED, ScrapeResult, Target
+    from fsdpmon.top.aggregate import ScrapeResult, Target
     from fsdpmon.top.expfmt import Sample
     from fsdpmon.top.sources.cadence import Cadence
+    from fsdpmon.top.wanted import TRAIN_INFO, WANTED
 
     cadence = Cadence(every=5)
     target = Target("http://127.0.0.1:1/metrics")

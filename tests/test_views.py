@@ -91,8 +91,9 @@ def test_pod_down():
 
 def test_large_job_shows_summary_and_top_rows_only():
     payloads = job_expositions("big", 64, 8)
-    from fsdpmon.top.aggregate import WANTED, ScrapeResult, Target
+    from fsdpmon.top.aggregate import ScrapeResult, Target
     from fsdpmon.top.expfmt import Parser
+    from fsdpmon.top.wanted import WANTED
 
     parser = Parser(WANTED)
     snap = aggregate([ScrapeResult(Target(f"http://h{p}"), parser.parse(b.decode()))
@@ -186,8 +187,9 @@ def test_drill_down_screens(size):
 
 def test_selection_scrolls_and_says_what_is_off_screen():
     payloads = job_expositions("big", 8, 8)
-    from fsdpmon.top.aggregate import WANTED, ScrapeResult, Target
+    from fsdpmon.top.aggregate import ScrapeResult, Target
     from fsdpmon.top.expfmt import Parser
+    from fsdpmon.top.wanted import WANTED
 
     parser = Parser(WANTED)
     snap = aggregate([ScrapeResult(Target(f"http://h{p}"), parser.parse(b.decode()))

@@ -3,7 +3,7 @@ arrives (filing), builds the rows (rows), then the header figures, history, aler
 
 The previous snapshot is passed in to carry history (sparklines) and to remember ranks and GPUs
 whose target went quiet, so a pod that stops answering is shown as down instead of vanishing.
-The names top reads live in wanted, re-exported here for the sources.
+The names top reads live in wanted.
 """
 
 from __future__ import annotations
@@ -28,26 +28,6 @@ from fsdpmon.top.rows import (
     ties,
 )
 from fsdpmon.top.snapshot import History, JobSnapshot, TargetStatus
-from fsdpmon.top.wanted import (  # noqa: F401 - re-exported: the sources import them from here
-    EXPORTER_INFO,
-    GPU_CLOCK_EVENT,
-    GPU_ECC,
-    GPU_EVENTS,
-    GPU_METRICS,
-    GPU_PROCESS_MEMORY,
-    GPU_XID,
-    HOST_CPU,
-    HOST_METRICS,
-    JOB_METRICS,
-    PROCESS_INFO,
-    PROCESS_METRICS,
-    PROCESS_STATE,
-    RANK_METRICS,
-    REQUIRE,
-    TRAIN_INFO,
-    WANTED,
-    new_parser,
-)
 
 
 class JobAggregator:

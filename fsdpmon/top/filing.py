@@ -78,7 +78,9 @@ def as_int(text: str) -> int | None:
 
 
 # The kinds of row a series fills; the table gives (kind, field) for every name top reads.
-_RANK, _PHASE, _INFO, _JOB, _GPU, _EVENT, _PROC, _HOST = range(1, 9)
+# The three of a rank's row come first (file_result tests ``kind <= _INFO``), a name top does
+# not read last.
+_RANK, _PHASE, _INFO, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER = range(1, 10)
 _KIND: dict[str, tuple[int, str]] = {
     **{name: (_RANK, key) for name, key in RANK_METRICS.items()},
     # served per phase; REQUIRE keeps only the checkpoint phase's series
@@ -92,7 +94,7 @@ _KIND: dict[str, tuple[int, str]] = {
     **{name: (_HOST, key) for name, key in HOST_METRICS.items()},
     HOST_CPU: (_HOST, ""), EXPORTER_INFO: (_HOST, ""),
 }
-_NONE = (0, "")
+_NONE = (_OTHER, "")
 
 
 def _rank_entry(acc: Acc, labels: dict[str, str], target: Target) -> Row | None:
@@ -194,12 +196,18 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     samples = result.samples or ()
     for name, labels, value in samples:
         kind, key = kinds.get(name, _NONE)
-        if kind == _RANK:
+        if kind <= _INFO:  # a rank's series: _RANK, _PHASE or _INFO
             train = True
+            if kind == _PHASE and labels.get("phase") != "checkpoint":
+                continue  # (a parser without REQUIRE passes every phase)
             row = rank_memo.get(id(labels), rank_memo)
             if row is rank_memo:
                 row = _rank_entry(acc, labels, target)
-            if row is not None:
+            if row is None:
+                continue
+            if kind == _INFO:
+                _add_info(acc, row, labels)
+            else:
                 row[key] = value
         elif kind == _GPU:
             gpu = gpu_memo.get(id(labels))
@@ -222,22 +230,6 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
             if proc is not None:
                 _add_process(proc, name, key, labels, value)
             exporter = True
-        elif kind == _PHASE:
-            train = True
-            if labels.get("phase") != "checkpoint":
-                continue  # (a parser without REQUIRE passes every phase)
-            row = rank_memo.get(id(labels), rank_memo)
-            if row is rank_memo:
-                row = _rank_entry(acc, labels, target)
-            if row is not None:
-                row[key] = value
-        elif kind == _INFO:
-            row = rank_memo.get(id(labels), rank_memo)
-            if row is rank_memo:
-                row = _rank_entry(acc, labels, target)
-            if row is not None:
-                _add_info(acc, row, labels)
-            train = True
         elif kind == _JOB:
             acc.job[key] = value
             train = True

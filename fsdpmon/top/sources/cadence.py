@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fsdpmon import catalog
-from fsdpmon.top.aggregate import (
+from fsdpmon.top.aggregate import ScrapeResult
+from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.wanted import (
     EXPORTER_INFO,
     GPU_PROCESS_MEMORY,
     PROCESS_INFO,
@@ -23,9 +25,7 @@ from fsdpmon.top.aggregate import (
     PROCESS_STATE,
     TRAIN_INFO,
     WANTED,
-    ScrapeResult,
 )
-from fsdpmon.top.expfmt import Sample
 
 # Per-rank figures fixed for a run's life: the planned steps, the device's memory, the stall
 # threshold (static facts served as gauges).

@@ -30,11 +30,12 @@ from kubernetes.watch.watch import iter_resp_lines
 from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
-from fsdpmon.top.aggregate import WANTED, JobAggregator, Target, new_parser
+from fsdpmon.top.aggregate import JobAggregator, Target
 from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.httpget import ScrapeError, http_get
 from fsdpmon.top.sources.targets import collector_paused, scrape_all, scrape_urls
+from fsdpmon.top.wanted import WANTED, new_parser
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
 RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this namespace and "

@@ -27,7 +27,13 @@ from urllib.parse import urlencode
 
 from fsdpmon import catalog
 from fsdpmon.errors import ConfigError, UnreachableError
-from fsdpmon.top.aggregate import (
+from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.cadence import Cadence
+from fsdpmon.top.sources.httpget import ScrapeError, http_get
+from fsdpmon.top.sources.targets import normalise_url
+from fsdpmon.top.wanted import (
     EXPORTER_INFO,
     GPU_CLOCK_EVENT,
     GPU_ECC,
@@ -36,15 +42,7 @@ from fsdpmon.top.aggregate import (
     RANK_METRICS,
     TRAIN_INFO,
     WANTED,
-    ScrapeResult,
-    Target,
-    aggregate,
 )
-from fsdpmon.top.expfmt import Sample
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.cadence import Cadence
-from fsdpmon.top.sources.httpget import ScrapeError, http_get
-from fsdpmon.top.sources.targets import normalise_url
 
 LOOKBACK = "10m"  # a target seen within this window and silent now is reported down
 TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO})

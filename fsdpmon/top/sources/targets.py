@@ -18,11 +18,12 @@ from contextlib import contextmanager
 from urllib.parse import urlencode, urlsplit
 
 from fsdpmon.errors import ConfigError
-from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target, new_parser
+from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.cadence import Cadence
 from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
+from fsdpmon.top.wanted import new_parser
 
 
 def normalise_url(url: str, field: str = "--targets") -> str:
