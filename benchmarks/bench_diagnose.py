@@ -6,8 +6,11 @@ Prints, from one run:
     GPUs, each fault injected through --fault): the cause and culprit fsdpmon named and the
     seconds from the fault starting to the first refresh naming it (the target is
     max(3 log windows, 30 s)), or what it said instead;
-  - healthy runs of --healthy-seconds at each of --healthy-ranks (saving every 50 steps): the
-    findings they raised (should be none);
+  - healthy runs of --healthy-seconds of wall time at each of --healthy-ranks (saving every 50
+    steps), each watched three ways: the findings the engine raised, every alert that went
+    pending or firing in a real Prometheus loaded with the shipped rules as generated
+    (tests/shipped_alerts.py), and the monitor's straggler flags in every rank's JSONL (all
+    should be none); then each alert seen, with its labels, times and values;
   - the engine on a 256 x 8 job (2048 ranks, a hang with 2048 published stacks) against one
     `top` refresh of the same job (fetch + parse + aggregate + render), measured side by side.
 Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose.py`.
@@ -16,6 +19,7 @@ Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import statistics
 import sys
@@ -31,10 +35,13 @@ import bench_top  # noqa: E402
 from bench_top import timed_refresh  # noqa: E402
 from diagnose_job import faulty_job, named, stepping  # noqa: E402
 from rich.console import Console  # noqa: E402
+from shipped_alerts import EVAL_INTERVAL_S, TRAINING_SCRAPE, shipped_alerting  # noqa: E402
+from straggler_runs import read_windows  # noqa: E402
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS  # noqa: E402
 from fsdpmon.diagnose import RankStack, diagnose  # noqa: E402
 from fsdpmon.diagnose.stacks import Frame  # noqa: E402
+from fsdpmon.monitor.stats import BUSY_MIN_STEPS  # noqa: E402
 from fsdpmon.top.sources.targets import TargetsSource  # noqa: E402
 
 BOUND_S = 30.0  # max(3 log windows, 30 s); a log window here (5 steps) is well under 10 s
@@ -100,27 +107,70 @@ def run_fault(row, ranks: int) -> str:
 
 
 HEALTHY_CKPT_EVERY = 50  # healthy runs save too: cheap saves must not be checkpoint_slow
+HEALTHY_LOG_EVERY = 5  # faulty_job's log window: a straggler score every 5 steps
 
 
-def run_healthy(ranks: int, seconds: float) -> str:
-    with tempfile.TemporaryDirectory() as tmp, faulty_job(
-            Path(tmp), ranks, "", ("--checkpoint-every", str(HEALTHY_CKPT_EVERY),
-                                   "--checkpoint-dir", str(Path(tmp) / "ckpt"))) as job:
-        job.wait("stepping", stepping(ranks), 300)
-        job.start_exporter()
-        job.wait("GPUs tied", stepping(ranks, gpus=True), 120)
-        seen: set[str] = set()
-        refreshes, end = 0, time.monotonic() + seconds
-        first = min(r.step or 0 for r in job.refresh()[0].ranks)
-        while time.monotonic() < end:
-            snap, verdict = job.refresh()
-            refreshes += 1
-            seen |= {f"{f.cause}(rank {f.rank}, gpu {f.gpu})" for f in verdict.findings}
-            time.sleep(0.5)
-        steps = min(r.step or 0 for r in snap.ranks) - first
-        return (f"healthy {ranks} ranks, {seconds:.0f}s ({steps} steps, a save every "
-                f"{HEALTHY_CKPT_EVERY}), {refreshes} refreshes: "
-                f"{len(seen)} false findings {sorted(seen) or ''}")
+def run_healthy(ranks: int, seconds: float) -> list[str]:
+    """One healthy run watched three ways over ``seconds`` of wall time once every rank steps
+    and the exporter's GPUs are tied to them (time-bound: the job trains until killed):
+    `fsdpmon diagnose`'s engine every ~0.5 s; a real Prometheus with the shipped rules (every
+    alert pending or firing since it started, before the job's first step); and the monitor's
+    straggler flags in every rank's JSONL, every window of the run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        extra = ("--checkpoint-every", str(HEALTHY_CKPT_EVERY), "--checkpoint-dir",
+                 str(work / "ckpt"), "--log-jsonl", str(work / "log.jsonl"))
+        with faulty_job(work, ranks, "", extra) as job, shipped_alerting(
+                work / "prom", *(u.removeprefix("http://") for u in job.urls)) as watch:
+            job.wait("stepping", stepping(ranks), 300)
+            job.start_exporter()
+            job.wait("GPUs tied", stepping(ranks, gpus=True), 120)
+            seen: set[str] = set()
+            refreshes, loads = 0, []
+            first = min(r.step or 0 for r in job.refresh()[0].ranks)
+            began = time.monotonic()
+            window_start, end = time.time(), began + seconds
+            while time.monotonic() < end:
+                snap, verdict = job.refresh()
+                refreshes += 1
+                seen |= {f"{f.cause}(rank {f.rank}, gpu {f.gpu})" for f in verdict.findings}
+                loads.append(os.getloadavg()[0])
+                watch.poll_values()
+                time.sleep(0.5)
+            watched_s = time.monotonic() - began
+            steps = min(r.step or 0 for r in snap.ranks) - first
+            alerts, problems = watch.alerts(), watch.rule_problems()
+            n_alerting, n_recording = watch.rule_count()
+            down, prom_low = watch.targets_down(window_start), watch.lowest_score()
+            notes = len(watch.hook.received())
+        run = read_windows(work, ranks, HEALTHY_LOG_EVERY, watched_s)
+    flags = sum(len(w.flagged) for w in run.windows)
+    scored = [s for w in run.windows for s in w.scores.values() if s is not None]
+    names = sorted({f"{a.name} {a.state}" for a in alerts})
+    lines = [
+        f"healthy {ranks} ranks: {watched_s:.0f} s watched, {steps} steps, load average "
+        f"{statistics.fmean(loads):.1f} (max {max(loads):.1f}); findings {len(seen)} "
+        f"{sorted(seen) or ''}; alerts pending/firing {len(alerts)} {names or ''}; "
+        f"rank-windows flagged {flags}/{len(scored)}, lowest score "
+        f"{min(scored, default=math.nan):.3f}",
+        f"  diagnose: {refreshes} refreshes; Prometheus: shipped rules ({n_alerting} alerts, "
+        f"{n_recording} recording), scrape {TRAINING_SCRAPE} training / {EVAL_INTERVAL_S}s "
+        f"exporter, evaluation {EVAL_INTERVAL_S}s, failed scrapes while watched {down}, rules "
+        f"in error {problems or 0}, notifications {notes}, lowest score scraped "
+        f"{prom_low if prom_low is None else round(prom_low, 3)}; straggler windows every "
+        f"{HEALTHY_LOG_EVERY} steps (score over the last {BUSY_MIN_STEPS}), a save every "
+        f"{HEALTHY_CKPT_EVERY} steps"]
+    flagged = [f"step {w.step} rank {r} score {w.scores[r]:.3f}" for w in run.windows
+               for r in w.flagged]
+    if flagged:
+        lines.append(f"  flagged windows: {'; '.join(flagged[:10])}")
+    for a in alerts:
+        values = [v for v in watch.values.get(a.name, []) if v[2].get("rank") ==
+                  a.labels.get("rank")]
+        lines.append(f"  {a.name} {a.state} {a.labels}: {a.first - window_start:+.0f}.."
+                     f"{a.last - window_start:+.0f} s from the watch's start, {a.samples} "
+                     f"evaluations; values {[round(float(v[0]), 3) for v in values][:5]}")
+    return lines
 
 
 def _stacks(world: int, odd: int) -> list[RankStack]:
@@ -224,7 +274,8 @@ def main() -> None:
                         wide and args.wide_only is not None and row[0] not in args.wide_only):
                     print("  " + run_fault(row, ranks), flush=True)
         for ranks in args.healthy_ranks:
-            print("  " + run_healthy(ranks, args.healthy_seconds), flush=True)
+            for line in run_healthy(ranks, args.healthy_seconds):
+                print("  " + line, flush=True)
     print("load average at end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
 
 

@@ -88,9 +88,7 @@ def run_job(workdir: Path, nproc: int, fault: str | None, steps: int, log_every:
 
 
 def read_windows(workdir: Path, nproc: int, log_every: int, seconds: float) -> JobRun:
-    records = {r: [json.loads(line) for line in
-                   (workdir / f"log.rank{r}.jsonl").read_text().splitlines()]
-               for r in range(nproc)}
+    records = {r: _records(workdir / f"log.rank{r}.jsonl") for r in range(nproc)}
     steps = {r: {x["step"]: x for x in recs if x["kind"] == "step"} for r, recs in records.items()}
     windows = []
     for step, rec0 in sorted(steps[0].items()):
@@ -101,6 +99,16 @@ def read_windows(workdir: Path, nproc: int, log_every: int, seconds: float) -> J
     off_cpu = [x.get("descheduled_ratio") for r in steps.values() for x in r.values()]
     return JobRun(windows, seconds, _median(times), _median(busy),
                   _median([x for x in off_cpu if x is not None]), log_every)
+
+
+def _records(path: Path) -> list[dict]:
+    """The JSONL's records; a job killed mid-write (a time-bound run) may leave the last line
+    cut short, which is left out."""
+    lines = path.read_text().splitlines()
+    out = [json.loads(line) for line in lines[:-1]]
+    with contextlib.suppress(ValueError):
+        out.extend(json.loads(line) for line in lines[-1:])
+    return out
 
 
 def _median(values: list[float]) -> float:
