@@ -102,12 +102,10 @@ def read_windows(workdir: Path, nproc: int, log_every: int, seconds: float) -> J
 
 
 def _records(path: Path) -> list[dict]:
-    """The JSONL's records; a job killed mid-write (a time-bound run) may leave the last line
-    cut short, which is left out."""
     lines = path.read_text().splitlines()
     out = [json.loads(line) for line in lines[:-1]]
-    with contextlib.suppress(ValueError):
-        out.extend(json.loads(line) for line in lines[-1:])
+    with contextlib.suppress(json.JSONDecodeError, IndexError):
+        out.append(json.loads(lines[-1]))  # the last line may be torn by the stop
     return out
 
 
