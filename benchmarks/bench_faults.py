@@ -14,12 +14,14 @@ the monitor's windows read back from every rank's JSONL (tests/straggler_runs.py
    CPU-bound process beside the job. Windows are BUSY_MIN_STEPS steps long, so no two windows
    share a step of the busy-time median: each is an independent verdict. The first window
    (warm-up) is left out. Printed per case: windows that named the slowed rank (the lowest
-   score: fsdpmon_job_slowest_rank), and that flagged it (score below the threshold) or
-   flagged another rank; the slowed rank's median and lowest score, the other ranks' lowest,
-   and the 1-minute load average; then the totals and the chance that naming a rank at random
-   would do as well.
-3. Healthy runs of --healthy-seconds (default 300) at 2 and 4 ranks: windows, rank-windows
-   flagged (must be 0).
+   score: fsdpmon_job_slowest_rank), that scored it below the threshold, and that the monitor
+   flagged it (fsdpmon_train_straggling: below the line in two disjoint medians, so never the
+   first scored window) or flagged another rank; the slowed rank's median and lowest score,
+   the other ranks' lowest, and the 1-minute load average; then the totals and the chance
+   that naming a rank at random would do as well.
+3. Healthy runs of --healthy-seconds (default 300) of wall time at 2 and 4 ranks: windows,
+   rank-windows the monitor flagged (must be 0), and those one window's score alone put below
+   the line (what a flag without persistence would have raised).
 
 Run: ``.venv/bin/python benchmarks/bench_faults.py [--quick] [--healthy-seconds 300]``
 (--quick: compute-slow and data-slow at 50% only, without the healthy runs).
@@ -39,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the shared runner
 
-from straggler_runs import JobRun, coin_flip_chance, run_job
+from straggler_runs import JobRun, coin_flip_chance, run_for, run_job
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.monitor.stats import BUSY_MIN_STEPS
@@ -78,8 +80,8 @@ def matrix(work: Path, quick: bool, calibrated: dict[int, JobRun]) -> None:
     flagged_right = flagged_wrong = 0
     print(f"\nfault matrix ({STEPS} steps per run, windows of {BUSY_MIN_STEPS} steps):")
     print(f"  {'ranks':>5} {'rank':>4} {'fault':<34} {'neigh':<5} {'named':>7} "
-          f"{'flagged':>7} {'wrong flag':>10} {'score med':>9} {'min':>5} {'others min':>10} "
-          f"{'load':>5}")
+          f"{'below':>7} {'flagged':>7} {'wrong flag':>10} {'score med':>9} {'min':>5} "
+          f"{'others min':>10} {'load':>5}")
     for i, (nproc, rank, kind, size) in enumerate(cases(quick)):
         for busy in (False, True):
             fault = spec(kind, rank, size, calibrated[nproc].busy_s)
@@ -89,6 +91,7 @@ def matrix(work: Path, quick: bool, calibrated: dict[int, JobRun]) -> None:
             named = sum(w.slowest_rank == rank for w in windows)
             right = sum(rank in w.flagged for w in windows)
             wrong = sum(len([r for r in w.flagged if r != rank]) for w in windows)
+            below = sum(rank in w.low for w in windows)
             own = [s for w in windows if (s := w.scores[rank]) is not None]
             low = min(own, default=math.nan)
             mid = statistics.median(own) if own else math.nan
@@ -99,7 +102,8 @@ def matrix(work: Path, quick: bool, calibrated: dict[int, JobRun]) -> None:
             flagged_right += right
             flagged_wrong += wrong
             print(f"  {nproc:>5} {rank:>4} {fault:<34} {'yes' if busy else 'no':<5} "
-                  f"{named:>3}/{len(windows):<3} {right:>3}/{len(windows):<3} {wrong:>10} "
+                  f"{named:>3}/{len(windows):<3} {below:>3}/{len(windows):<3} "
+                  f"{right:>3}/{len(windows):<3} {wrong:>10} "
                   f"{mid:>9.2f} {low:>5.2f} {others:>10.2f} {os.getloadavg()[0]:>5.1f}",
                   flush=True)
     for nproc, (named, n) in totals.items():
@@ -111,19 +115,20 @@ def matrix(work: Path, quick: bool, calibrated: dict[int, JobRun]) -> None:
           f"{flagged_wrong}")
 
 
-def healthy(work: Path, seconds: float, calibrated: dict[int, JobRun]) -> None:
-    print(f"\nhealthy runs of about {seconds:.0f} s (windows of {BUSY_MIN_STEPS} steps):")
+def healthy(work: Path, seconds: float) -> None:
+    print(f"\nhealthy runs of {seconds:.0f} s (windows of {BUSY_MIN_STEPS} steps):")
     for nproc in (2, 4):
-        steps = max(2 * BUSY_MIN_STEPS, int(seconds / calibrated[nproc].step_time_s))
-        run = run_job(work / f"healthy{nproc}", nproc, None, steps, BUSY_MIN_STEPS,
-                      timeout=seconds * 3 + 300)
+        run = run_for(work / f"healthy{nproc}", nproc, seconds, BUSY_MIN_STEPS)
         flags = sum(len(w.flagged) for w in run.windows)
+        low = sum(len(w.low) for w in run.windows)
+        scored = sum(s is not None for w in run.windows for s in w.scores.values())
         scores = [s for w in run.windows for s in w.scores.values() if s is not None]
         slowest = Counter(w.slowest_rank for w in run.windows)
-        print(f"  {nproc} ranks: {steps} steps in {run.seconds:.0f} s, {len(run.windows)} "
-              f"windows, rank-windows flagged: {flags}; scores {min(scores):.2f}.."
-              f"{max(scores):.2f} (flagged below {STRAGGLER_SCORE_THRESHOLD}); slowest rank "
-              f"by window {dict(sorted(slowest.items()))}; waiting for a CPU "
+        print(f"  {nproc} ranks: {run.windows[-1].step} steps in {run.seconds:.0f} s, "
+              f"{len(run.windows)} windows; rank-windows flagged by the monitor: {flags} of "
+              f"{scored} scored; scored below {STRAGGLER_SCORE_THRESHOLD} in one window: {low}; "
+              f"scores {min(scores):.2f}..{max(scores):.2f}; slowest rank by window "
+              f"{dict(sorted(slowest.items()))}; waiting for a CPU "
               f"{run.descheduled_ratio:.0%} of the step; load {os.getloadavg()[0]:.1f}",
               flush=True)
 
@@ -144,7 +149,7 @@ def main() -> None:
         if args.only != "healthy":
             matrix(work, args.quick, calibrated)
         if args.only != "matrix" and not args.quick:
-            healthy(work, args.healthy_seconds, calibrated)
+            healthy(work, args.healthy_seconds)
     print(f"\n(took {time.monotonic() - started:.0f} s; load average now "
           f"{' '.join(f'{x:.1f}' for x in os.getloadavg())})")
 

@@ -126,6 +126,11 @@ TRAIN_STRAGGLER_SCORE = Metric(
     "Median busy time of the other ranks / this rank's busy time (below the threshold: a "
     "straggler).",
     T)
+TRAIN_STRAGGLING = Metric(
+    "fsdpmon_train_straggling", Gg, "",
+    "1 while this rank is a straggler: its straggler score below the threshold in two log "
+    "windows whose busy-time medians share no step (and every window between); it clears the "
+    "same way. One low window is noise, not a straggler.", T)
 TRAIN_CHECKPOINT_SECONDS = Metric(
     "fsdpmon_train_checkpoint_seconds", Gg, "seconds",
     "Wall time of this rank's last checkpoint save.", T)
@@ -229,7 +234,7 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS, TRAIN_TOKENS_TOTAL, TRAIN_TOKENS_PER_SECOND,
     TRAIN_RESTARTS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
-    TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE,
+    TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE, TRAIN_STRAGGLING,
     TRAIN_CHECKPOINT_SECONDS, TRAIN_CHECKPOINT_OWN_SECONDS, TRAIN_CHECKPOINT_TIME_RATIO,
     TRAIN_MFU_RATIO, TRAIN_MODEL_FLOPS_PER_TOKEN, TRAIN_DEVICE_PEAK_FLOPS,
     TRAIN_MEMORY_ALLOCATED_BYTES, TRAIN_MEMORY_RESERVED_BYTES, TRAIN_MEMORY_PEAK_ACTIVE_BYTES,

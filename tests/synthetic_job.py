@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from fsdpmon import catalog
-from fsdpmon.conventions import SIMULATED_GPU_MODEL
+from fsdpmon.conventions import SIMULATED_GPU_MODEL, STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.families import Families, restrict
 
 
@@ -42,6 +42,7 @@ class RankSpec:
     busy_s: float | None = None  # None: step time x (1 - collective wait)
     collective_wait_ratio: float = 0.1
     straggler_score: float = 1.0
+    straggling: bool | None = None  # None: as the monitor settles, score below the line
     unresponsive: bool = False
     loss_nonfinite: bool = False
     checkpoint_s: float = 0.0  # per-step checkpoint phase time
@@ -161,6 +162,9 @@ def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
         return None if value is None else float(value)
     if metric is catalog.TRAIN_PHASE_SECONDS_TOTAL:
         return r.step * r.step_time_s / 5
+    if metric is catalog.TRAIN_STRAGGLING:
+        return float(r.straggling if r.straggling is not None
+                     else r.straggler_score < STRAGGLER_SCORE_THRESHOLD)
     if metric is catalog.TRAIN_BUSY_SECONDS:
         return r.busy_s if r.busy_s is not None else r.step_time_s * (1 - r.collective_wait_ratio)
     return _FIXED.get(metric.name, 1.0)

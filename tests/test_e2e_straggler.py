@@ -33,6 +33,8 @@ def windows(run: JobRun) -> tuple[list, list]:
 
 
 STEPS = HEALTHY_STEPS + SETTLE + LOG_EVERY * CHECKED_WINDOWS
+# The monitor's flag needs a second median over disjoint steps to agree: BUSY_MIN_STEPS more.
+FLAG_BY = HEALTHY_STEPS + SETTLE + BUSY_MIN_STEPS + LOG_EVERY
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def two_ranks_compute_slow_with_neighbour(tmp_path_factory) -> JobRun:
 @pytest.fixture(scope="module")
 def four_ranks_data_slow(tmp_path_factory) -> JobRun:
     fault = f"data-slow:rank=2,seconds=0.25,from_step={HEALTHY_STEPS + 1}"
-    return run_job(tmp_path_factory.mktemp("ds4"), 4, fault, STEPS, LOG_EVERY)
+    return run_job(tmp_path_factory.mktemp("ds4"), 4, fault, FLAG_BY + LOG_EVERY, LOG_EVERY)
 
 
 @pytest.mark.parametrize("job, ranks, slowed", [
@@ -75,5 +77,16 @@ def test_healthy_windows_flag_nobody(four_ranks_data_slow):
     # before the busy median spans BUSY_MIN_STEPS steps there is no score at all
     early = [w.scores for w in run.windows if w.step < BUSY_MIN_STEPS]
     assert early and all(s is None for w in early for s in w.values()), early
-    flagged = {w.step: (w.flagged, w.scores) for w in healthy if w.flagged}
-    assert not flagged, f"healthy windows flagged a straggler: {flagged}"
+    low = {w.step: (w.low, w.scores) for w in healthy if w.low}
+    assert not low, f"healthy windows scored a rank below the line: {low}"
+
+
+def test_monitor_flags_the_straggler_once_two_disjoint_medians_agree(four_ranks_data_slow):
+    run = four_ranks_data_slow
+    wrong = {w.step: w.flagged for w in run.windows if set(w.flagged) - {2}}
+    assert not wrong, f"flagged a rank that was not slowed: {wrong}"
+    early = [w.step for w in run.windows if w.flagged and w.step <= HEALTHY_STEPS]
+    assert not early, f"flagged before the fault (steps {early})"
+    late = [(w.step, w.flagged, w.scores[2]) for w in run.windows if w.step >= FLAG_BY]
+    assert late and all(f == [2] for _, f, _ in late), (
+        f"rank 2 not flagged {BUSY_MIN_STEPS} steps after its score fell: {late}")

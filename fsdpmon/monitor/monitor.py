@@ -29,7 +29,6 @@ except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) h
 from torch import nn
 
 from fsdpmon import catalog
-from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import checkpoint_time, collectives
@@ -45,9 +44,9 @@ from fsdpmon.monitor.stats import (
     JobFigures,
     WindowStats,
     job_figures,
-    straggler_scores,
     window_stats,
 )
+from fsdpmon.monitor.straggling import StragglingFlag, straggler_scores
 from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer, WindowTimes
 
 log = logging.getLogger("fsdpmon.monitor")
@@ -107,6 +106,7 @@ class Monitor:
         self._busy_history: collections.deque[float] = collections.deque(maxlen=BUSY_MIN_STEPS)
         self._window_calls = 0
         self._busy_known = False
+        self._straggling = StragglingFlag(span=BUSY_MIN_STEPS)
         self.device, self.peak_flops = "cpu", None
         self.flops_per_token = float(flops_per_token or 0.0)
         self._memory: MemoryReader | None = None
@@ -312,8 +312,9 @@ class Monitor:
                             if rows is not None and self.topo.rank == 0 else None)
         score = self._guarded("straggler score", lambda: straggler_scores(
             [r[1] for r in rows])[self.topo.rank] if rows is not None else None)
+        straggling = self._straggling.update(score, self.step_number)
         record = self._guarded("record", lambda: self._step_record(stats, quality, peak_memory,
-                                                                   job, score))
+                                                                   job, score, straggling))
         if record is None:
             return
         pub, times = self.pub, self._timer_window
@@ -365,7 +366,7 @@ class Monitor:
 
     def _step_record(self, stats: WindowStats | None, quality: dict[str, float | None],
                      peak_memory: float, job: JobFigures | None,
-                     score: float | None = None) -> dict[str, Any]:
+                     score: float | None = None, straggling: bool = False) -> dict[str, Any]:
         loss = quality.get("loss")
         record: dict[str, Any] = {
             "kind": "step", "time": time.time(), "rank": self.topo.rank,
@@ -379,7 +380,7 @@ class Monitor:
             "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
             "descheduled_ratio": stats.descheduled_ratio if stats else None,
             "straggler_score": score,
-            "straggling": score is not None and score < STRAGGLER_SCORE_THRESHOLD,
+            "straggling": straggling,
             "collective_calls": self._window_calls / stats.steps if stats and stats.steps else 0,
             "mfu": stats.mfu if stats else None,
             "peak_memory_bytes": peak_memory,

@@ -174,6 +174,8 @@ class Publication:
             catalog.TRAIN_BUSY_SECONDS.name: record.get("busy_s"),
             catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: stats.collective_wait_ratio,
             catalog.TRAIN_STRAGGLER_SCORE.name: record.get("straggler_score"),
+            catalog.TRAIN_STRAGGLING.name: (None if record.get("straggler_score") is None
+                                            else record["straggling"]),
             catalog.TRAIN_MFU_RATIO.name: stats.mfu,
             catalog.TRAIN_LOSS.name: loss,
             catalog.TRAIN_LEARNING_RATE.name: record.get("lr"),

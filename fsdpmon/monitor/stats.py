@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from fsdpmon import catalog
 from fsdpmon.monitor.flops import mfu
+from fsdpmon.monitor.straggling import straggler_scores
 from fsdpmon.monitor.timing import WindowTimes
 
 # Fewest steps the busy-time median spans (odd: a true middle). A few odd steps cannot move it.
@@ -85,25 +86,6 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
 
 # The per-rank vector each rank contributes to the one gather per log interval.
 GATHER_FIELDS = ("step_time_s", "busy_s", "peak_memory_bytes", "loss")
-
-
-def straggler_scores(busy: Sequence[float]) -> list[float | None]:
-    """Per rank: median busy time of the OTHER ranks / own busy time (NVIDIA resiliency
-    extension's score; below STRAGGLER_SCORE_THRESHOLD a rank straggles).
-
-    The median leaves the rank itself out: over all ranks, with 2 ranks the median is the mean
-    of the straggler and its peer, which halves the straggler's excess (a rank 2x slower would
-    score only 0.75); with many ranks the two medians agree. None where a rank's own or its
-    peers' figures are missing (NaN or 0, or no peers), rather than a made-up score.
-    """
-    scores: list[float | None] = []
-    for i, own in enumerate(busy):
-        others = [b for j, b in enumerate(busy) if j != i and math.isfinite(b) and b > 0]
-        if not others or not math.isfinite(own) or own <= 0:
-            scores.append(None)
-        else:
-            scores.append(statistics.median(others) / own)
-    return scores
 
 
 @dataclass(frozen=True)

@@ -51,9 +51,12 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
     flagged = [r for r in live if r.slowest and r.straggler_score is not None]
     if flagged:
         r = flagged[0]
+        # The monitor's flag clears only when two disjoint medians agree, so the score of the
+        # moment may sit just above the line while the flag still stands.
+        side = "<" if r.straggler_score < STRAGGLER_SCORE_THRESHOLD else "≥"
         out.append(Alert("straggler", Severity.WARNING,
-                            f"rank {r.rank} straggles: score {r.straggler_score:.2f} < "
-                            f"{STRAGGLER_SCORE_THRESHOLD:g} (the others wait for it)"))
+                         f"rank {r.rank} straggles: score {r.straggler_score:.2f} {side} "
+                         f"{STRAGGLER_SCORE_THRESHOLD:g} (the others wait for it)"))
     out += _memory_alerts(snap)
     lost = [f"{g.node}/{g.gpu}" for g in snap.gpus if not g.up]
     if lost:

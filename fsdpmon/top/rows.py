@@ -46,7 +46,9 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
         memory_capacity_bytes=opt(d.get("memory_capacity_bytes")), heartbeat_age_s=age,
         stall_threshold_s=threshold, stalled=stalled, busy_s=opt(d.get("busy_s")),
         collective_wait_ratio=opt(d.get("collective_wait_ratio")),
-        straggler_score=opt(d.get("straggler_score")), unresponsive=d.get("unresponsive") == 1.0,
+        straggler_score=opt(d.get("straggler_score")),
+        straggling=None if opt(d.get("straggling")) is None else d["straggling"] == 1.0,
+        unresponsive=d.get("unresponsive") == 1.0,
         loss_nonfinite=d.get("loss_nonfinite") == 1.0, checkpoint_s=opt(d.get("checkpoint_s")),
         checkpoint_seconds=opt(d.get("checkpoint_seconds")),
         checkpoint_own_seconds=opt(d.get("checkpoint_own_seconds")),
@@ -149,9 +151,11 @@ def ties(processes: Sequence[ProcessRow]) -> Ties:
 def mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
     """The job's slowest rank: its own verdict (the lowest straggler score), else the lowest
     published score, else the longest step. Its row is flagged SLOWEST only when it is a
-    straggler by the shared line (score below STRAGGLER_SCORE_THRESHOLD), so ranks equal to the
-    millisecond are never flagged and the flag does not hop between them from one refresh to
-    the next. Step time alone cannot name a compute straggler (every rank's step lasts as long
+    straggler: by the monitor's own persistent verdict (fsdpmon_train_straggling: the score
+    below STRAGGLER_SCORE_THRESHOLD in two disjoint busy-time medians) where it publishes one,
+    else by the score against the same line; so ranks equal to the millisecond, or one noisy
+    window, are never flagged and the flag does not hop between ranks from one refresh to the
+    next. Step time alone cannot name a compute straggler (every rank's step lasts as long
     as the slowest one's), so it only stands in where no score is published."""
     live = [r for r in ranks if not r.down and r.step_time_s is not None]
     if len(live) < 2:
@@ -166,7 +170,9 @@ def mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
         # without a published score: the same shape from step times, median ÷ own
         score = r.straggler_score if r.straggler_score is not None else (
             median / r.step_time_s if r.step_time_s else None)
-        if r.rank == slowest and score is not None and score < STRAGGLER_SCORE_THRESHOLD:
+        straggles = r.straggling if r.straggling is not None else (
+            score is not None and score < STRAGGLER_SCORE_THRESHOLD)
+        if r.rank == slowest and straggles:
             ranks[i] = replace(r, slowest=True)
     return slowest
 

@@ -69,6 +69,7 @@ class RankRow:
     busy_s: float | None = None  # mean per-step time not waiting in collectives
     collective_wait_ratio: float | None = None
     straggler_score: float | None = None  # median busy / own busy; low = straggler
+    straggling: bool | None = None  # the monitor's persistent verdict (None: not published)
     unresponsive: bool = False  # its monitor thread stopped: the rank that hangs
     loss_nonfinite: bool = False
     checkpoint_s: float | None = None  # mean per-step checkpoint time, last log window

@@ -30,6 +30,7 @@ RANK_METRICS = {
     catalog.TRAIN_BUSY_SECONDS.name: "busy_s",
     catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
     catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
+    catalog.TRAIN_STRAGGLING.name: "straggling",
     catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
     catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
     catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",

@@ -1,0 +1,67 @@
+"""The monitor's straggler flag: it changes state only when two busy-time medians over disjoint
+steps agree (fsdpmon.monitor.straggling), so one noisy window never flags a healthy rank and a
+true straggler's score wavering around the line does not make the flag blink."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD as LINE
+from fsdpmon.monitor.stats import BUSY_MIN_STEPS
+from fsdpmon.monitor.straggling import StragglingFlag
+
+LOW, HIGH = LINE * 0.8, LINE * 1.3
+
+
+def flags(scores: list[float | None], every: int, span: int = BUSY_MIN_STEPS) -> list[bool]:
+    """The flag after each window; windows end at steps every, 2*every, ..."""
+    flag = StragglingFlag(span=span)
+    return [flag.update(s, every * (i + 1)) for i, s in enumerate(scores)]
+
+
+def first_flag_step(scores: list[float | None], every: int) -> int | None:
+    out = flags(scores, every)
+    return every * (out.index(True) + 1) if True in out else None
+
+
+@pytest.mark.parametrize("every", [1, 2, 10, BUSY_MIN_STEPS, 50])
+def test_one_low_window_among_healthy_ones_never_flags(every):
+    for at in range(6):
+        scores = [HIGH] * 12
+        scores[at] = LOW
+        assert flags(scores, every) == [False] * 12, f"one low window at {at}, every {every}"
+
+
+@pytest.mark.parametrize("every", [1, 2, 10, BUSY_MIN_STEPS, 50])
+def test_flag_rises_once_a_disjoint_median_agrees(every):
+    # Low from the first window (step `every`): the median of a window ending BUSY_MIN_STEPS
+    # steps later shares no step with it; the first window at or past that raises the flag.
+    first = every
+    expected = first + math.ceil(BUSY_MIN_STEPS / every) * every
+    got = first_flag_step([LOW] * 40, every)
+    assert got == expected, f"flag at step {got}, expected {expected} (every {every})"
+    assert got - first >= BUSY_MIN_STEPS, f"only {got - first} steps of evidence"
+
+
+def test_a_straggler_wavering_around_the_line_stays_flagged_then_clears_the_same_way():
+    every = 10
+    scores = [LOW] * 5 + [HIGH] + [LOW] * 3 + [HIGH] * 8
+    out = flags(scores, every)
+    assert out[4] and out[5] and out[8], f"one window above the line cleared it: {out}"
+    # above the line from window 9 (step 100): cleared at the first window >= 31 steps on
+    cleared = out.index(False, 5) + 1
+    assert cleared * every == 100 + 40, f"cleared at step {cleared * every}: {out}"
+
+
+def test_no_score_means_no_flag_and_evidence_starts_over():
+    every = 10
+    out = flags([LOW] * 5 + [None] + [LOW] * 3, every)
+    assert out[:5] == [False, False, False, False, True], out
+    assert out[5:] == [False] * 4, f"the flag outlived a window without a score: {out}"
+    assert flags([LOW, math.nan, LOW, LOW, LOW], every) == [False] * 5
+
+
+def test_a_score_on_the_line_is_no_straggler():
+    assert flags([LINE] * 10, 10) == [False] * 10
