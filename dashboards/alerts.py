@@ -58,9 +58,14 @@ def _straggler(b: RuleBounds) -> Rule:
     # Step time cannot name a straggler (in synchronous training every rank's step is as long
     # as the slowest one's); the score does: the straggler is the rank that waits least at the
     # collectives, i.e. is busy longest. It covers slow compute and slow data loading alike.
+    # And only while the monitor flags it (fsdpmon_train_straggling): a score below the line
+    # in two busy-time medians over disjoint steps. One noisy median on a healthy job (a
+    # loaded host) would otherwise set the alert pending every few minutes.
     score = m(catalog.TRAIN_STRAGGLER_SCORE)
+    flag = m(catalog.TRAIN_STRAGGLING)
     return alert(
-        "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g}", b.straggler_for, "warning",
+        "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g} and {flag} == 1",
+        b.straggler_for, "warning",
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
         "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
         f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "

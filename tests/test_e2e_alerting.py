@@ -74,15 +74,16 @@ NODE = "e2e-alerting-node"
 STALL = "FsdpmonTrainingStalled"
 STRAGGLING = "FsdpmonRankStraggling"
 # Fast alerting for the test; the shipped defaults (RuleBounds()) suit real jobs. The straggler
-# alert's `for` is 15m shipped; 20 s here still asks a low score to hold over many windows (a
-# 5 s `for` fired on one transient window of the healthy run, where a rank is SIGSTOPped for the
-# stall check: CI, score 0.56 for a moment). The slowed run's score stays low through its hang.
-FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="20s")
+# alert's `for` is 15m shipped, 5 s here: the rule also needs the monitor's flag (a low score in
+# two busy medians over disjoint steps), so one transient low window (a rank SIGSTOPped for the
+# stall check gave a score of 0.56 for a moment, in a CI run) is no alert even without a `for`.
+FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="5s")
 # The faulty run: scores exist from BUSY_MIN_STEPS on; SLOW_FROM leaves healthy scored steps
-# before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the hang
-# comes some windows after that (the score stays published while the job hangs).
+# before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, the monitor
+# flags the rank BUSY_MIN_STEPS steps after that (a second, disjoint median agrees), and the
+# hang comes some windows later (score and flag stay published while the job hangs).
 SLOW_FROM = BUSY_MIN_STEPS + 60
-HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + 12
+HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + BUSY_MIN_STEPS + 12
 SLOW_FACTOR = 3.0
 FAULTS = (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM};"
           f"hang:rank=0,at_step={HANG_AT},where=data")
