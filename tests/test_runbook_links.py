@@ -131,3 +131,11 @@ def test_manifests_prometheus_rule_takes_the_same_setting(tmp_path, monkeypatch,
     out = tmp_path / "out"
     assert fsdpmon_main([*base, "--runbook-url", "runbook.md", "--out", str(out)]) == 2
     assert "--runbook-url" in capsys.readouterr().err and not out.exists()
+
+
+def test_default_runbook_is_the_runbook_page_of_the_declared_repository():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    expected = f"{urls['Repository']}/blob/main/docs/runbook.md"
+    assert expected == DEFAULT_RUNBOOK_URL, (
+        f"rules link {DEFAULT_RUNBOOK_URL}, the project declares {urls['Repository']}")
