@@ -98,6 +98,19 @@ TRAIN_TOKENS_PER_SECOND = Metric(
 TRAIN_RESTARTS = Metric(
     "fsdpmon_train_restarts", Gg, "",
     "Times the job was restarted by the elastic agent (TORCHELASTIC_RESTART_COUNT).", T)
+TRAIN_PREVIOUS_EXIT = Metric(
+    "fsdpmon_train_previous_exit", Gg, "",
+    "How this rank's previous incarnation ended, as the process the elastic agent restarted "
+    "found it (value 1; absent on a first start or when unknown): killed (it left no word: "
+    "SIGKILL, the OOM killer, a segfault), sigterm (stopped by a signal: the agent stopping the "
+    "group), error (a Python exception ended it), exit (it finished).", (*T, "how"))
+TRAIN_PREVIOUS_EXIT_STEP = Metric(
+    "fsdpmon_train_previous_exit_step", Gg, "",
+    "The step this rank's previous incarnation ended at (killed: its last log step).", T)
+TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS = Metric(
+    "fsdpmon_train_previous_exit_timestamp_seconds", Gg, "seconds",
+    "Unix time this rank's previous incarnation ended (killed: when its restarted process "
+    "found it gone).", T)
 # Speed
 TRAIN_STEP_DURATION_SECONDS = Metric(
     "fsdpmon_train_step_duration_seconds", H, "seconds",
@@ -232,7 +245,8 @@ JOB_WORLD_SIZE = Metric("fsdpmon_job_world_size", Gg, "", "Number of ranks in th
 TRAINING: tuple[Metric, ...] = (
     TRAIN_INFO, TRAIN_STEPS_TOTAL, TRAIN_STEP, TRAIN_TOTAL_STEPS,
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS, TRAIN_TOKENS_TOTAL, TRAIN_TOKENS_PER_SECOND,
-    TRAIN_RESTARTS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
+    TRAIN_RESTARTS, TRAIN_PREVIOUS_EXIT, TRAIN_PREVIOUS_EXIT_STEP,
+    TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
     TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE, TRAIN_STRAGGLING,
     TRAIN_CHECKPOINT_SECONDS, TRAIN_CHECKPOINT_OWN_SECONDS, TRAIN_CHECKPOINT_TIME_RATIO,

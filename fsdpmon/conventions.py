@@ -71,6 +71,15 @@ CHECKPOINT_SHARE_LIMIT = 0.25
 HOST_CPU_BUSY_RATIO = 0.95
 # Restarts within the history that make a crash loop (one restart is a recovered crash).
 CRASH_LOOP_RESTARTS = 2
+# How a rank's previous incarnation ended (the `how` label of fsdpmon_train_previous_exit), as
+# its process restarted by the elastic agent found it: killed (no word left: SIGKILL, the OOM
+# killer, a segfault), sigterm (stopped by a signal: the agent stopping the group), error (a
+# Python exception), exit (it finished).
+EXIT_KILLED, EXIT_SIGTERM, EXIT_ERROR, EXIT_NORMAL = "killed", "sigterm", "error", "exit"
+EXIT_HOWS = (EXIT_KILLED, EXIT_SIGTERM, EXIT_ERROR, EXIT_NORMAL)
+# A restarted rank's report that its previous incarnation died names it for this long after the
+# restart: as long as the diagnosis history keeps a restart counter's rise in view.
+CRASH_EVIDENCE_SECONDS = 12 * DIAGNOSIS_EVIDENCE_SECONDS
 # Clock-event reasons that mean a GPU runs slower than it should (NVML clock event reasons).
 # sw_power_cap is also active on healthy GPUs at full load, so it counts only on a straggler.
 GPU_THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",

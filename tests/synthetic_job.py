@@ -50,6 +50,11 @@ class RankSpec:
     checkpoint_own_seconds: float | None = None
     checkpoint_time_ratio: float | None = None
     restarts: int = 0
+    # How its previous incarnation ended ("" on a first start: no series), at which step and
+    # when (unix), as a restarted rank's monitor serves it.
+    previous_exit: str = ""
+    previous_exit_step: int | None = None
+    previous_exit_unix: float | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +121,8 @@ _RANK_FIELDS = {
     catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
     catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
     catalog.TRAIN_RESTARTS.name: "restarts",
+    catalog.TRAIN_PREVIOUS_EXIT_STEP.name: "previous_exit_step",
+    catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS.name: "previous_exit_unix",
     catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
     catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
     catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
@@ -194,7 +201,10 @@ def training_exposition(
                 fams.histogram(metric, _expand(metric, known)[0], buckets, r.step * r.step_time_s)
                 continue
             value = _rank_value(metric, r)
-            if metric is catalog.TRAIN_PHASE_DURATION_SECONDS:
+            if metric is catalog.TRAIN_PREVIOUS_EXIT:
+                if r.previous_exit:
+                    fams.add(metric, [*_expand(metric, known)[0][:-1], r.previous_exit], 1.0)
+            elif metric is catalog.TRAIN_PHASE_DURATION_SECONDS:
                 _add(fams, metric, known, r.step_time_s / 5, {"checkpoint": r.checkpoint_s})
             elif value is not None:
                 _add(fams, metric, known, value)

@@ -18,6 +18,7 @@ from fsdpmon.conventions import (
     GPU_XID_CRITICAL,
     STRAGGLER_CAUSE_SHARE,
 )
+from fsdpmon.diagnose.exits import exit_evidence, killed
 from fsdpmon.diagnose.findings import CRITICAL, WARNING, Finding, ranked, ranks_text
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
@@ -141,14 +142,27 @@ def _unresponsive(obs: Observations, places: Places,
 
 
 def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
-    """The first ranks to vanish are the culprits; those that went with them are evidence."""
+    """The first ranks to vanish are the culprits; those that went with them are evidence.
+
+    When one rank dies, torchrun's agent stops all the others and restarts the group, so every
+    rank vanishes at once and the scrapes cannot tell who went first: then the culprit is the
+    rank whose restarted process said its previous life was killed (a crash loop's rank that
+    keeps dying), else nobody yet. Once the ranks are back, a rank that says it was killed is
+    named while that report is recent (CRASH_EVIDENCE_SECONDS)."""
     if not obs.missing:
-        return []
+        return _died(obs, places)
     first = min(obs.missing_since.get(r, obs.now.time) for r in obs.missing)
     culprits = sorted(r for r in obs.missing if obs.missing_since.get(r, obs.now.time) == first)
     later = sorted(obs.missing - set(culprits))
-    row = places.rank(culprits[0])
     evidence = [f"{ranks_text(culprits)} stopped reporting {obs.now.time - first:.0f}s ago"]
+    everyone = len(culprits) > 1 and not later and all(r.down for r in obs.now.ranks)
+    if everyone:
+        evidence[0] += " all at once (the elastic agent stops every rank when one dies)"
+        evidence += exit_evidence(obs.exits) or [
+            "which rank died first cannot be told from outside: its restarted process says"]
+        culprits = [r for r in killed(obs.exits) if r in culprits] or culprits
+    rank = culprits[0] if len(culprits) == 1 or not everyone else None
+    row = places.rank(culprits[0])
     if row is not None and row.target in obs.targets_down:
         evidence.append(f"its target {row.target} does not answer")
     if later:
@@ -162,15 +176,47 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
                         + ", ".join(sorted(same_node)))
         obs.targets_down -= same_node
     obs.missing.clear()
+    text = ranks_text(culprits)
+    cause, summary = _cause(obs, evidence, f"{text} missing", f"crash loop: {text} keeps failing")
+    return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
+                    **_where_all(places, culprits, rank))]
+
+
+def _cause(obs: Observations, evidence: list[str], missing: str, loop: str) -> tuple[str, str]:
+    """crash_loop (with the restarts as evidence) when the job restarted CRASH_LOOP_RESTARTS
+    times within the history, else rank_missing."""
     restarts = obs.restarts
     if restarts is not None and restarts[1] - restarts[0] >= CRASH_LOOP_RESTARTS:
         evidence.insert(0, f"job restarted {restarts[1] - restarts[0]:.0f} times "
                            f"({restarts[0]:.0f} → {restarts[1]:.0f})")
-        cause, summary = "crash_loop", f"crash loop: {ranks_text(culprits)} keeps failing"
-    else:
-        cause, summary = "rank_missing", f"{ranks_text(culprits)} missing"
+        return "crash_loop", loop
+    return "rank_missing", missing
+
+
+def _died(obs: Observations, places: Places) -> list[Finding]:
+    """Ranks back after a restart whose previous lives were killed, while that is recent."""
+    culprits = killed(obs.exits)
+    if not culprits:
+        return []
+    evidence = exit_evidence(obs.exits)
+    if obs.restarts is not None:
+        evidence.append(f"the elastic agent restarted every rank ({obs.restarts[0]:.0f} → "
+                        f"{obs.restarts[1]:.0f} restarts)")
+    text = ranks_text(culprits)
+    cause, summary = _cause(obs, evidence, f"{text} died (killed); the job restarted",
+                            f"crash loop: {text} keeps dying (killed)")
     return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
-                    **_where(places, culprits[0]))]
+                    **_where_all(places, culprits, culprits[0] if len(culprits) == 1 else None))]
+
+
+def _where_all(places: Places, ranks: list[int], rank: int | None) -> Where:
+    """The place of one culprit rank; of several, the pod and node they share, if any."""
+    if rank is not None:
+        return _where(places, rank)
+    rows = [places.ranks[r] for r in ranks if r in places.ranks]
+    pods, nodes = {r.pod for r in rows}, {r.node for r in rows}
+    return {"rank": None, "pod": pods.pop() or None if len(pods) == 1 else None,
+            "node": nodes.pop() or None if len(nodes) == 1 else None, "gpu": None}
 
 
 def _hang_culprit(obs: Observations, places: Places,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections import deque
 
-from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
+from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS
 from fsdpmon.top.snapshot import JobSnapshot
 
-# Counter rises (XIDs, ECC, restarts) stay in view this long; stall and straggler evidence
-# needs only DIAGNOSIS_EVIDENCE_SECONDS of it.
-HISTORY_SECONDS = 12 * DIAGNOSIS_EVIDENCE_SECONDS
+# Counter rises (XIDs, ECC, restarts) stay in view this long, as a restarted rank's report of
+# its death does; stall and straggler evidence needs only DIAGNOSIS_EVIDENCE_SECONDS of it.
+HISTORY_SECONDS = CRASH_EVIDENCE_SECONDS
 
 
 class SnapshotHistory:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
+    CRASH_EVIDENCE_SECONDS,
     GPU_POWER_CAP_REASON,
     GPU_THROTTLE_REASONS,
     HOST_CPU_BUSY_RATIO,
@@ -123,6 +124,15 @@ def _restarts(snap: JobSnapshot) -> dict[str, float]:
     return {"job": float(snap.restarts)} if snap.restarts is not None else {}
 
 
+def _exits(snap: JobSnapshot) -> dict[int, tuple[str, int | None]]:
+    """rank → (how, step) for ranks whose previous incarnation ended within
+    CRASH_EVIDENCE_SECONDS, as their restarted processes reported it (rows of ranks gone since
+    keep what they said)."""
+    return {r.rank: (r.previous_exit, r.previous_exit_step) for r in snap.ranks
+            if r.previous_exit and r.previous_exit_unix is not None
+            and snap.time - r.previous_exit_unix <= CRASH_EVIDENCE_SECONDS}
+
+
 @dataclass
 class Observations:
     """Facts that held over the window; findings consume them, so each is explained once."""
@@ -145,6 +155,9 @@ class Observations:
     xids: dict[tuple[str, str, str], tuple[float, float]] = field(default_factory=dict)
     ecc: dict[GpuKey, tuple[float, float]] = field(default_factory=dict)
     restarts: tuple[float, float] | None = None
+    # How each rank's previous incarnation ended, when it did recently: a record, not a
+    # sample, so it is read from the newest snapshot.
+    exits: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     loss_spike: tuple[float, float] | None = None
     checkpoint_heavy: bool = False
     checkpoint_holdups: set[int] = field(default_factory=set)
@@ -171,6 +184,7 @@ def observe(window: Window) -> Observations:
     obs.xids = window.rise(_xids)
     obs.ecc = window.rise(_ecc)
     obs.restarts = window.rise(_restarts).get("job")
+    obs.exits = _exits(window.now)
     obs.loss_spike = _loss_spike(window)
     obs.checkpoint_heavy = bool(window.lasting(_checkpoint_heavy))
     obs.checkpoint_holdups = window.lasting(_checkpoint_holdups)

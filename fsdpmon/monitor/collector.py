@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 
 from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME, Kind
-from fsdpmon.conventions import UNRESPONSIVE_AFTER_SECONDS
+from fsdpmon.conventions import EXIT_HOWS, UNRESPONSIVE_AFTER_SECONDS
 from fsdpmon.families import Families
 from fsdpmon.monitor.state import RankState, read_job_states
 
@@ -92,6 +92,9 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
                       ("phase_means", catalog.TRAIN_PHASE_DURATION_SECONDS.name)):
         for phase, value in _mapping(snap.get(key)).items():
             _add(builder, name, (*labels, str(phase)), value)
+    how = snap.get("previous_exit")
+    if how in EXIT_HOWS:  # a bounded label: anything else in the file is not served
+        _add(builder, catalog.TRAIN_PREVIOUS_EXIT.name, (*labels, how), 1.0)
     hist = snap.get("histogram")
     if isinstance(hist, dict):
         _histogram(builder, labels, hist)

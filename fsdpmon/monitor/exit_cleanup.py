@@ -28,6 +28,7 @@ _lock = threading.Lock()
 _cleanups: list[Callable[[], None]] = []
 _installed = False
 _dying = threading.Lock()
+_ending: str | None = None  # "sigterm" once the signal arrived (what the clean-ups report)
 # How long the watcher thread leaves the main thread to end the process itself (with the
 # signal's own exit status) before it ends it with 128 + SIGTERM.
 MAIN_THREAD_GRACE_SECONDS = 2.0
@@ -59,14 +60,21 @@ def run_all() -> None:
             log.debug("fsdpmon: clean-up failed", exc_info=True)
 
 
-def _cleanup_once() -> None:
+def ending() -> str | None:
+    """Why the clean-ups ran: "sigterm" once SIGTERM arrived, else None (the process exits)."""
+    return _ending
+
+
+def _cleanup_once(reason: str | None = None) -> None:
+    global _ending
+    _ending = _ending or reason
     with _dying:  # the thread and the handler may both get here: the second waits
         run_all()
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     """Main thread: clean up, then die of SIGTERM as if we had never handled it."""
-    _cleanup_once()
+    _cleanup_once("sigterm")
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -103,6 +111,6 @@ def _watch(read_fd: int) -> None:
         if signal.SIGTERM in data:
             # Only the main thread may reset a handler; if it is stuck in C (a collective),
             # it never will, so this thread ends the process after its grace period.
-            _cleanup_once()
+            _cleanup_once("sigterm")
             time.sleep(MAIN_THREAD_GRACE_SECONDS)
             os._exit(128 + signal.SIGTERM)

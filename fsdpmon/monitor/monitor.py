@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -424,10 +425,17 @@ class Monitor:
         if self.pub is not None:
             self.pub.count_errors(self.internal_errors)
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
+        """``error``: the exception that ended training; by default the one propagating where
+        close is called (a ``finally`` around the loop), if any. The restarted rank reports it
+        (``fsdpmon_train_previous_exit``)."""
         if self._closed:
             return
         self._closed = True
+        if error is None:
+            error = sys.exc_info()[1]
+            if isinstance(error, SystemExit) and error.code in (None, 0):
+                error = None
         if self._collectives is not None:
             if collectives.active() is self._collectives:
                 collectives.activate(None)
@@ -436,15 +444,18 @@ class Monitor:
             if part is None:
                 continue
             try:
-                part.close()
+                if isinstance(part, Publication):
+                    part.close(error)
+                else:
+                    part.close()
             except Exception as exc:
                 self._fail("close", exc)
 
     def __enter__(self) -> Monitor:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
+        self.close(error)
 
 
 @contextlib.contextmanager

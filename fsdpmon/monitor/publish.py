@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from fsdpmon import catalog
+from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.monitor import collectives, exit_cleanup, statedir
+from fsdpmon.monitor import collectives, exit_cleanup, exit_record, statedir
 from fsdpmon.monitor.checkpoint_time import SaveTimes
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.server import PortKeeper
@@ -44,6 +47,7 @@ class Publication:
         self._stall = (0.0, config.stall_floor_seconds)
         self._watchdog_seen = 0.0
         self.writer: RankStateWriter | None = None
+        self.exit_record: exit_record.ExitRecord | None = None
         self.keeper: PortKeeper | None = None
         self.stacks: StackPublisher | None = None
         self.phase = ""  # the phase the training thread is in ("" between phases)
@@ -82,6 +86,7 @@ class Publication:
         except OSError as exc:
             self._fail("state directory", exc)
             return
+        self._keep_exit_record(directory, topo)
         exit_cleanup.register(self.writer.close)  # SIGTERM too, not only a normal exit
         self.stacks = StackPublisher(directory, topo.rank, topo.local_rank,
                                      self._training_thread, self._stack_context)
@@ -97,6 +102,39 @@ class Publication:
                                  max_per_second=config.max_scrapes_per_second,
                                  routes={"/stacks": stacks_app(directory, config.job_name)})
         self.keeper.start()
+
+    def _keep_exit_record(self, directory: Path, topo: DistEnv) -> None:
+        """Publish how this rank's previous incarnation ended (after a restart), then keep this
+        one's record (see exit_record); its ending is written before the state files go."""
+        try:
+            previous = exit_record.read_previous(directory, topo.rank, topo.restart_count,
+                                                 time.time())
+            if previous is not None:
+                self.snapshot["previous_exit"] = previous.how
+                self._set_values({
+                    catalog.TRAIN_PREVIOUS_EXIT_STEP.name: previous.step,
+                    catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS.name: previous.unix})
+            self.exit_record = exit_record.ExitRecord(directory, topo.rank, topo.restart_count)
+        except OSError as exc:
+            self._fail("exit record", exc)
+            return
+        exit_cleanup.register(self._end_at_exit)
+
+    def _end_at_exit(self) -> None:
+        """Clean-up at SIGTERM or interpreter exit (the loop never closed the monitor)."""
+        self._end_record(self.exit_record, getattr(sys, "last_value", None))  # uncaught
+
+    def _end_record(self, record: exit_record.ExitRecord | None,
+                    error: BaseException | None) -> None:
+        if record is None:
+            return
+        step = self._progress[1]
+        if exit_cleanup.ending() is not None:
+            record.end(EXIT_SIGTERM, step)
+        elif error is not None:
+            record.end(EXIT_ERROR, step, type(error).__name__)
+        else:
+            record.end(EXIT_NORMAL, step)
 
     # ---- per step (training thread) -----------------------------------------------------
 
@@ -187,6 +225,8 @@ class Publication:
         if job is not None:
             self.snapshot["job"] = job.as_metrics()
         self._write()
+        if self.exit_record is not None:
+            self.exit_record.progress(self._progress[1])
 
     def checkpoint_saved(self, times: SaveTimes) -> None:
         """A save finished (training thread, once per checkpoint): its times, served until the
@@ -217,7 +257,12 @@ class Publication:
         if self.writer is not None:
             self.writer.snapshot(self.snapshot)
 
-    def close(self) -> None:
+    def close(self, error: BaseException | None = None) -> None:
+        """Stop publishing; ``error``: the exception that ended the training loop, if any."""
+        record, self.exit_record = self.exit_record, None
+        if record is not None:
+            exit_cleanup.unregister(self._end_at_exit)
+            self._end_record(record, error)
         self.watchdog.close()
         if self.stacks is not None:
             self.stacks.clear()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fsdpmon.monitor import statedir
+from fsdpmon.monitor import exit_record, statedir
 
 # seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
 # watchdog_unix, seq
@@ -119,6 +119,7 @@ class RankStateWriter:
                     if _owner_pid(path) in (self.pid, None):
                         path.unlink()
             read_job_states(self.directory)  # clears out ranks that died without closing
+            exit_record.sweep(self.directory)  # unless a record tells of a rank killed
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # the last rank out removes the (then empty) directory
 

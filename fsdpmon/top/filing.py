@@ -25,6 +25,7 @@ from fsdpmon.top.wanted import (
     HOST_CPU,
     HOST_METRICS,
     JOB_METRICS,
+    PREVIOUS_EXIT,
     PROCESS_INFO,
     PROCESS_METRICS,
     PROCESS_STATE,
@@ -78,14 +79,15 @@ def as_int(text: str) -> int | None:
 
 
 # The kinds of row a series fills; the table gives (kind, field) for every name top reads.
-# The three of a rank's row come first (file_result tests ``kind <= _INFO``), a name top does
+# The four of a rank's row come first (file_result tests ``kind <= _EXIT``), a name top does
 # not read last.
-_RANK, _PHASE, _INFO, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER = range(1, 10)
+_RANK, _PHASE, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER = range(1, 11)
 _KIND: dict[str, tuple[int, str]] = {
     **{name: (_RANK, key) for name, key in RANK_METRICS.items()},
     # served per phase; REQUIRE keeps only the checkpoint phase's series
     **{name: (_PHASE, key) for name, key in RANK_METRICS.items() if key == "checkpoint_s"},
     TRAIN_INFO: (_INFO, ""),
+    PREVIOUS_EXIT: (_EXIT, "previous_exit"),  # how a restarted rank's previous life ended
     **{name: (_JOB, key) for name, key in JOB_METRICS.items()},
     **{name: (_GPU, key) for name, key in GPU_METRICS.items()},
     **{name: (_EVENT, "") for name in GPU_EVENTS},
@@ -196,7 +198,7 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     samples = result.samples or ()
     for name, labels, value in samples:
         kind, key = kinds.get(name, _NONE)
-        if kind <= _INFO:  # a rank's series: _RANK, _PHASE or _INFO
+        if kind <= _EXIT:  # a rank's series: _RANK, _PHASE, _INFO or _EXIT
             train = True
             if kind == _PHASE and labels.get("phase") != "checkpoint":
                 continue  # (a parser without REQUIRE passes every phase)
@@ -207,6 +209,9 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
                 continue
             if kind == _INFO:
                 _add_info(acc, row, labels)
+            elif kind == _EXIT:
+                if value == 1.0:
+                    row[key] = labels.get("how", "")
             else:
                 row[key] = value
         elif kind == _GPU:

@@ -54,6 +54,9 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
         checkpoint_own_seconds=opt(d.get("checkpoint_own_seconds")),
         checkpoint_time_ratio=opt(d.get("checkpoint_time_ratio")),
         restarts=opt_int(d.get("restarts")), seen_at=now, gpus=gpus,
+        previous_exit=str(d.get("previous_exit", "")),
+        previous_exit_step=opt_int(d.get("previous_exit_step")),
+        previous_exit_unix=opt(d.get("previous_exit_unix")),
     )
 
 

@@ -77,6 +77,11 @@ class RankRow:
     checkpoint_own_seconds: float | None = None  # of which not waiting for other ranks
     checkpoint_time_ratio: float | None = None  # the last save's share of wall time
     restarts: int | None = None
+    # How its previous incarnation ended (a restarted rank says: killed, sigterm, error,
+    # exit; "" on a first start), at which step and when.
+    previous_exit: str = ""
+    previous_exit_step: int | None = None
+    previous_exit_unix: float | None = None
     gpus: tuple[str, ...] = ()  # "node/gpu" of the GPUs its process holds (exporter's NVML view)
     down: bool = False  # its series vanished or its target stopped answering; last figures kept
     seen_at: float | None = None  # when a refresh last found it

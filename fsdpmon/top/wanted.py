@@ -27,6 +27,8 @@ RANK_METRICS = {
     catalog.TRAIN_STALL_THRESHOLD_SECONDS.name: "stall_threshold_s",
     catalog.TRAIN_STALLED.name: "stalled",
     catalog.TRAIN_RESTARTS.name: "restarts",
+    catalog.TRAIN_PREVIOUS_EXIT_STEP.name: "previous_exit_step",
+    catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS.name: "previous_exit_unix",
     catalog.TRAIN_BUSY_SECONDS.name: "busy_s",
     catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
     catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
@@ -39,6 +41,8 @@ RANK_METRICS = {
     catalog.TRAIN_PHASE_DURATION_SECONDS.name: "checkpoint_s",
 }
 TRAIN_INFO = catalog.TRAIN_INFO.name
+# How a restarted rank's previous incarnation ended: the `how` label of its one series.
+PREVIOUS_EXIT = catalog.TRAIN_PREVIOUS_EXIT.name
 JOB_METRICS = {
     catalog.JOB_STEP_TIME_MEDIAN_SECONDS.name: "step_time_median_s",
     catalog.JOB_STEP_TIME_MAX_SECONDS.name: "step_time_max_s",
@@ -77,8 +81,8 @@ PROCESS_METRICS = {
 
 # Everything top reads; sources pass it to the parser so that other series are never built.
 WANTED: frozenset[str] = frozenset(
-    [*RANK_METRICS, TRAIN_INFO, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY, EXPORTER_INFO,
-     *GPU_EVENTS,
+    [*RANK_METRICS, TRAIN_INFO, PREVIOUS_EXIT, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY,
+     EXPORTER_INFO, *GPU_EVENTS,
      *HOST_METRICS, HOST_CPU, PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS]
 )
 

@@ -39,13 +39,14 @@ from fsdpmon.top.wanted import (
     GPU_ECC,
     HOST_CPU,
     JOB_METRICS,
+    PREVIOUS_EXIT,
     RANK_METRICS,
     TRAIN_INFO,
     WANTED,
 )
 
 LOOKBACK = "10m"  # a target seen within this window and silent now is reported down
-TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO})
+TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO, PREVIOUS_EXIT})
 NODE_NAMES = sorted(WANTED - set(TRAINING_NAMES))
 Key = tuple[str, str]  # (scrape job, instance): one scrape target in Prometheus
 

@@ -1,0 +1,104 @@
+"""The diagnosis of a rank that dies under torchrun's elastic agent, on built snapshots.
+
+The agent stops every rank when one dies and restarts them all, so every rank vanishes at once:
+which one died is only known from the restarted ranks' report of how their previous lives
+ended (``fsdpmon_train_previous_exit``). Each phase is checked: all gone (no culprit can be told
+yet, unless a previous restart said who keeps dying), back after the restart (the killed rank
+named), the report gone stale (cleared), and restarts where nobody was killed (nobody named).
+"""
+
+from __future__ import annotations
+
+from top_snapshots import REFRESH_S, T0, diagnosis_history
+
+from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, DIAGNOSIS_EVIDENCE_SECONDS
+from fsdpmon.diagnose import Finding, diagnose
+
+WORLD = 4  # two pods of two ranks (top_snapshots' default job)
+HEALTHY, DOWN = 6, 8  # refreshes before the crash, refreshes with every rank gone (16 s)
+BACK = HEALTHY + DOWN  # the first refresh after the restart
+STEP = 60
+
+
+def _restarted(restarts: int, ended: dict[int, str], at: int) -> dict:
+    """Every rank up again after ``restarts`` restarts, the last at refresh ``at``; ``ended``:
+    how each rank's previous life ended."""
+    return {"specs": {f"r{r}": {"restarts": restarts, "previous_exit": how,
+                                "previous_exit_step": STEP + (how != "killed"),
+                                "previous_exit_unix": T0 + REFRESH_S * at}
+                      for r, how in ended.items()}}
+
+
+def crash(ended: dict[int, str], n: int, restarts_before: int = 0,
+          before: dict[int, str] | None = None) -> list:
+    """Healthy (after ``restarts_before`` restarts, ``before`` saying how those ended), every
+    rank gone for DOWN refreshes, then back with one restart more."""
+    def at(i: int) -> dict:
+        if i < HEALTHY:
+            return _restarted(restarts_before, before or {}, 0) if restarts_before else {}
+        if i < BACK:
+            return {**(_restarted(restarts_before, before or {}, 0) if restarts_before else {}),
+                    "down": (0, 1)}
+        return _restarted(restarts_before + 1, ended, BACK)
+    return diagnosis_history(at, n)
+
+
+def crashes(findings: list[Finding]) -> list[tuple[str, int | None]]:
+    return [(f.cause, f.rank) for f in findings if f.cause in ("rank_missing", "crash_loop")]
+
+
+KILLED_1 = {0: "sigterm", 1: "killed", 2: "sigterm", 3: "error"}
+
+
+def test_every_rank_gone_at_once_names_no_rank_before_the_restart():
+    """The old rule named the smallest rank (0) of the tie: a false culprit."""
+    snaps = crash(KILLED_1, BACK)
+    assert snaps[-1].time - snaps[HEALTHY].time >= DIAGNOSIS_EVIDENCE_SECONDS
+    found = [f for f in diagnose(snaps) if f.cause == "rank_missing"]
+    assert [(f.rank, f.summary) for f in found] == [(None, "ranks 0, 1, 2, 3 missing")], found
+    assert any("cannot be told from outside" in e for e in found[0].evidence), found[0].evidence
+
+
+def test_the_killed_rank_is_named_once_the_ranks_are_back():
+    snaps = crash(KILLED_1, BACK + 1)
+    found = diagnose(snaps)
+    assert crashes(found) == [("rank_missing", 1)], found
+    f = found[0]
+    assert (f.pod, f.node) == ("llama-worker-0", "node-0"), f
+    assert f.evidence[:3] == (
+        f"rank 1 died without exiting (killed: SIGKILL, the OOM killer or a segfault) after "
+        f"step {STEP} (its last log step)",
+        f"ranks 0, 2 stopped by a signal (the agent's SIGTERM) after step {STEP + 1}",
+        f"rank 3 exited on an error after step {STEP + 1}"), f.evidence
+    assert "restarted every rank (0 → 1 restarts)" in f.evidence[3], f.evidence
+
+
+def test_the_finding_clears_when_the_report_is_no_longer_recent():
+    last = BACK + int(CRASH_EVIDENCE_SECONDS // REFRESH_S)
+    snaps = crash(KILLED_1, last + 2)
+    assert crashes(diagnose(snaps[:last])) == [("rank_missing", 1)]
+    age = snaps[-1].time - snaps[BACK].time
+    assert age > CRASH_EVIDENCE_SECONDS, age
+    assert diagnose(snaps) == [], f"{age - CRASH_EVIDENCE_SECONDS:.0f}s past the evidence"
+
+
+def test_a_restart_nobody_was_killed_in_names_nobody():
+    """A restart after a normal finish, a SIGTERM to torchrun, or an error: no culprit."""
+    for ended in ({r: "sigterm" for r in range(WORLD)}, {r: "exit" for r in range(WORLD)},
+                  {0: "error", 1: "sigterm", 2: "sigterm", 3: "sigterm"}):
+        found = diagnose(crash(ended, BACK + 1))
+        assert found == [], (ended, found)
+
+
+def test_a_crash_loop_names_the_rank_that_keeps_dying():
+    """The second crash: while every rank is gone, the first restart's report already names
+    rank 1; after the second restart, two restarts in view make it a crash loop."""
+    snaps = crash(KILLED_1, BACK, restarts_before=1, before=KILLED_1)
+    found = [f for f in diagnose(snaps) if f.cause in ("rank_missing", "crash_loop")]
+    assert [(f.rank, f.summary) for f in found] == [(1, "rank 1 missing")], found
+    early = crash(KILLED_1, HEALTHY, restarts_before=0)  # restarts 0 seen, then 1, then 2
+    loop = early + [s for s in crash(KILLED_1, BACK + 1, restarts_before=1, before=KILLED_1)
+                    [HEALTHY:] if s.time > early[-1].time]
+    found = diagnose(loop)
+    assert crashes(found) == [("crash_loop", 1)], found
+    assert found[0].evidence[0] == "job restarted 2 times (0 → 2)", found[0].evidence
