@@ -55,7 +55,7 @@ MATRIX = [
     ("hang (host)", f"hang:rank=1,at_step={S},where=host", "", "hang", 1, None),
     ("nonfinite-loss", f"nonfinite-loss:rank=1,from_step={S}", "", "loss_nonfinite", 1, None),
     ("checkpoint-slow", "checkpoint-slow:rank=1,seconds=4", "", "checkpoint_slow", 1, None),
-    ("crash", f"crash:rank=1,at_step={S}", "", "rank_missing", None, None),
+    ("crash", f"crash:rank=1,at_step={S}", "", "rank_missing", 1, None),
     ("gpu-throttle", "", "gpu-throttle:gpu=1,after={after},reason=thermal", "gpu_throttled", 1,
      "1"),
     ("xid", "", "xid:gpu=1,code=79,after={after}", "gpu_xid", 1, "1"),
@@ -63,6 +63,9 @@ MATRIX = [
     ("ecc-uncorrected", "", "ecc-uncorrected:gpu=1,after={after}", "gpu_ecc", 1, "1"),
 ]
 ALSO = {"hang (host)": ("rank_unresponsive",)}  # a rank stopped in host code is that, too
+# The crash is SIGKILL on the first attempt: torchrun's agent stops the other ranks and restarts
+# the group, whose restarted rank 1 says it was killed (while all are gone, none is named).
+RESTARTS = {"crash": 1}
 
 
 def _fault_started(job, name: str, gpu_spec: str, after: float):
@@ -83,7 +86,7 @@ def run_fault(row, ranks: int) -> str:
         if name == "checkpoint-slow" else ()
     with tempfile.TemporaryDirectory() as tmp:
         extra = tuple(a.replace("{tmp}", tmp) for a in extra)
-        with faulty_job(Path(tmp), ranks, train_spec, extra) as job:
+        with faulty_job(Path(tmp), ranks, train_spec, extra, RESTARTS.get(name, 0)) as job:
             job.wait("stepping", stepping(ranks), 300)
             job.start_exporter(gpu_spec.format(after=after))
             started = _fault_started(job, name, gpu_spec, after)

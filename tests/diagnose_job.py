@@ -92,9 +92,10 @@ def stepping(ranks: int, gpus: bool = False):
 
 @contextlib.contextmanager
 def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
-               extra: tuple[str, ...] = ()) -> Iterator[Job]:
+               extra: tuple[str, ...] = (), max_restarts: int = 0) -> Iterator[Job]:
     """A running training (killed, with every child and the exporter, on exit); the exporter
-    starts when the caller says, so GPU faults count from a known moment."""
+    starts when the caller says, so GPU faults count from a known moment. ``max_restarts``:
+    torchrun's, for a crash the elastic agent restarts the group after."""
     train_port, exporter_port = free_port(), free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
            "FSDPMON_STALL_FLOOR_SECONDS": str(STALL_FLOOR_S), "PYTHONUNBUFFERED": "1"}
@@ -103,7 +104,8 @@ def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
                      str(exporter_port), "--listen-address", "127.0.0.1", "--interval", "1",
                      "--simulate-gpus", str(ranks)]
     train_args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                  f"--nproc_per_node={ranks}", "--max-restarts", "0", "-m", "trainer.train",
+                  f"--nproc_per_node={ranks}", "--max-restarts", str(max_restarts),
+                  "-m", "trainer.train",
                   "--model", "tiny", "--max-steps", "1000000", "--batch-size", "2",
                   "--seq-len", "32", "--log-every", "5", "--metrics-port", str(train_port),
                   "--job-name", "e2e-diagnose", *extra,

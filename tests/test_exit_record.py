@@ -1,0 +1,136 @@
+"""How a rank's previous life ended, told by its restarted process: real monitor processes in
+a torchrun worker's environment (RANK, LOCAL_RANK, TORCHELASTIC_RESTART_COUNT), two ranks of a
+node sharing one state directory.
+
+- rank 1 SIGKILLed and rank 0 stopped with SIGTERM (what torchrun's agent does when a worker
+  dies): both restarted processes publish how their previous lives ended (killed, sigterm, with
+  the step), and once they finish normally nothing is left behind;
+- the whole group stopped with SIGTERM (`kill -TERM` of torchrun) leaves nothing behind either;
+- a loop that raises ends its record as an error; a first start reads no record.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from support import free_port
+
+from fsdpmon import catalog
+from fsdpmon.monitor import Monitor, MonitorConfig
+from fsdpmon.monitor.exit_record import ExitRecord, read_previous, record_path
+from fsdpmon.monitor.state import job_state_dir
+
+REPO = Path(__file__).resolve().parents[1]
+JOB = "exits"
+
+
+def _rank(base: Path, port: int, rank: int, restart: int, seconds: float) -> subprocess.Popen:
+    env = {**os.environ, "FSDPMON_STATE_DIR": str(base), "FSDPMON_PORT": str(port),
+           "FSDPMON_JOB_NAME": JOB, "FSDPMON_LISTEN_ADDRESS": "127.0.0.1",
+           "FSDPMON_LOG_INTERVAL": "5", "FSDPMON_SERVER_RETRY_SECONDS": "0.2",
+           "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+           "TORCHELASTIC_RESTART_COUNT": str(restart), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
+    return subprocess.Popen([sys.executable, str(REPO / "tests" / "monitor_idle.py"),
+                             str(seconds)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _group(base: Path, port: int, restart: int, seconds: float = 60.0) -> list[subprocess.Popen]:
+    procs = [_rank(base, port, r, restart, seconds) for r in (0, 1)]
+    for p in procs:
+        line = p.stdout.readline()
+        assert line.strip() == "ready", (line, p.stderr.read() if p.poll() is not None else "")
+    return procs
+
+
+def _exits(port: int, timeout_s: float = 15.0) -> dict[str, tuple[str, float]]:
+    """rank → (how, step) from the node's endpoint, once both ranks' series are served."""
+    name = catalog.TRAIN_PREVIOUS_EXIT.name
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:  # the port changing hands as the ranks start: ask again
+            pass
+        how = {labels["rank"]: labels["how"] for labels, _ in _series(text, name)}
+        step = {labels["rank"]: value
+                for labels, value in _series(text, catalog.TRAIN_PREVIOUS_EXIT_STEP.name)}
+        if len(how) == 2 or time.monotonic() > deadline:
+            return {r: (h, step.get(r, -1.0)) for r, h in how.items()}
+        time.sleep(0.3)
+
+
+def _series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith(name + "{"):
+            block, value = line[len(name) + 1:].rsplit("} ", 1)
+            out.append((dict(re.findall(r'(\w+)="([^"]*)"', block)), float(value)))
+    return out
+
+
+@pytest.mark.slow
+def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(tmp_path):
+    port = free_port()
+    directory = job_state_dir(JOB, port, str(tmp_path))
+    procs = _group(tmp_path, port, restart=0)
+    try:
+        time.sleep(0.5)  # a few log steps: the records hold a step
+        procs[1].send_signal(signal.SIGKILL)
+        assert procs[1].wait(timeout=20) == -signal.SIGKILL
+        procs[0].send_signal(signal.SIGTERM)
+        assert procs[0].wait(timeout=20) == -signal.SIGTERM, procs[0].stderr.read()
+        # a first start (a new launcher) reads none of it
+        assert read_previous(directory, 1, 0, time.time()) is None
+        procs = _group(tmp_path, port, restart=1, seconds=3.0)
+        said = _exits(port)
+        assert {r: how for r, (how, _) in said.items()} == {"0": "sigterm", "1": "killed"}, said
+        assert all(step >= 5 for _, step in said.values()), f"steps before the end: {said}"
+        for p in procs:  # they finish normally: their records go, and so does the directory
+            assert p.wait(timeout=30) == 0, p.stderr.read()
+        assert not directory.exists(), list(directory.iterdir())
+
+        procs = _group(tmp_path, port, restart=0)  # `kill -TERM` of the launcher: all stopped
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+        for p in procs:
+            assert p.wait(timeout=20) == -signal.SIGTERM, p.stderr.read()
+        assert not directory.exists(), list(directory.iterdir())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_loop_that_raises_ends_its_record_as_an_error(tmp_path):
+    port = free_port()
+    config = MonitorConfig(port=port, job_name=JOB, state_dir=str(tmp_path),
+                           listen_address="127.0.0.1")
+    directory = job_state_dir(JOB, port, str(tmp_path))
+    killed = None
+    with pytest.raises(RuntimeError):
+        mon = Monitor(config, tokens_per_step=1)
+        killed = ExitRecord(directory, 1, 0)  # a peer still "running": the records stay
+        try:
+            for _ in range(3):
+                with mon.step():
+                    pass
+            raise RuntimeError("Connection closed by peer")
+        finally:
+            mon.close()
+    assert killed is not None
+    ended = read_previous(directory, 0, 1, time.time())
+    assert ended is not None and (ended.how, ended.step, ended.detail) == (
+        "error", 3.0, "RuntimeError"), ended
+    record_path(directory, 1).unlink()
