@@ -102,3 +102,19 @@ def test_a_crash_loop_names_the_rank_that_keeps_dying():
     found = diagnose(loop)
     assert crashes(found) == [("crash_loop", 1)], found
     assert found[0].evidence[0] == "job restarted 2 times (0 → 2)", found[0].evidence
+
+
+def test_ranks_slow_to_come_back_are_not_the_culprit():
+    """Pod 1 (ranks 2, 3) is still restarting 20 s after pod 0 is back: the old rule named
+    rank 2, the first of the ranks still missing."""
+    def at(i: int) -> dict:
+        if i < HEALTHY:
+            return {}
+        if i < BACK:
+            return {"down": (0, 1)}
+        return {**_restarted(1, {0: "sigterm", 1: "killed"}, BACK), "down": (1,)}
+    found = diagnose(diagnosis_history(at, BACK + 10))
+    assert crashes(found) == [("rank_missing", 1)], found
+    assert "ranks 2, 3 not back yet" in found[0].evidence, found[0].evidence
+    # pod 1's training target is evidence (its exporter, down too here, is a target_down)
+    assert not [f for f in found if f.cause == "target_down" and f.pod == "llama-worker-1"], found

@@ -147,10 +147,12 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
     When one rank dies, torchrun's agent stops all the others and restarts the group, so every
     rank vanishes at once and the scrapes cannot tell who went first: then the culprit is the
     rank whose restarted process said its previous life was killed (a crash loop's rank that
-    keeps dying), else nobody yet. Once the ranks are back, a rank that says it was killed is
-    named while that report is recent (CRASH_EVIDENCE_SECONDS)."""
-    if not obs.missing:
-        return _died(obs, places)
+    keeps dying), else nobody yet. Once ranks are back (those slow to restart are evidence, not
+    culprits), a rank that says it was killed is named while that report is recent
+    (CRASH_EVIDENCE_SECONDS)."""
+    if not obs.missing or (obs.restarts is not None and killed(obs.exits)
+                           and any(not r.down for r in obs.now.ranks)):
+        return _died(obs, places)  # (ranks still missing are being restarted: evidence)
     first = min(obs.missing_since.get(r, obs.now.time) for r in obs.missing)
     culprits = sorted(r for r in obs.missing if obs.missing_since.get(r, obs.now.time) == first)
     later = sorted(obs.missing - set(culprits))
@@ -199,6 +201,10 @@ def _died(obs: Observations, places: Places) -> list[Finding]:
     if not culprits:
         return []
     evidence = exit_evidence(obs.exits)
+    if obs.missing:
+        evidence.append(f"{ranks_text(sorted(obs.missing))} not back yet")
+        obs.targets_down -= {places.ranks[r].target for r in obs.missing if r in places.ranks}
+        obs.missing.clear()
     if obs.restarts is not None:
         evidence.append(f"the elastic agent restarted every rank ({obs.restarts[0]:.0f} → "
                         f"{obs.restarts[1]:.0f} restarts)")
