@@ -19,6 +19,7 @@ Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import statistics
@@ -113,13 +114,17 @@ HEALTHY_CKPT_EVERY = 50  # healthy runs save too: cheap saves must not be checkp
 HEALTHY_LOG_EVERY = 5  # faulty_job's log window: a straggler score every 5 steps
 
 
-def run_healthy(ranks: int, seconds: float) -> list[str]:
+def run_healthy(ranks: int, seconds: float, keep: Path | None = None) -> list[str]:
     """One healthy run watched three ways over ``seconds`` of wall time once every rank steps
     and the exporter's GPUs are tied to them (time-bound: the job trains until killed):
     `fsdpmon diagnose`'s engine every ~0.5 s; a real Prometheus with the shipped rules (every
     alert pending or firing since it started, before the job's first step); and the monitor's
-    straggler flags in every rank's JSONL, every window of the run."""
-    with tempfile.TemporaryDirectory() as tmp:
+    straggler flags in every rank's JSONL, every window of the run. With ``keep``, the run's
+    files (JSONL, Prometheus' TSDB, logs) stay in keep/healthy<ranks>."""
+    where = keep / f"healthy{ranks}" if keep else None
+    if where:
+        where.mkdir(parents=True, exist_ok=False)
+    with contextlib.nullcontext(where) if where else tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         extra = ("--checkpoint-every", str(HEALTHY_CKPT_EVERY), "--checkpoint-dir",
                  str(work / "ckpt"), "--log-jsonl", str(work / "log.jsonl"))
@@ -146,6 +151,7 @@ def run_healthy(ranks: int, seconds: float) -> list[str]:
             n_alerting, n_recording = watch.rule_count()
             down, prom_low = watch.targets_down(window_start), watch.lowest_score()
             notes = len(watch.hook.received())
+            exprs = watch.expressions()
         run = read_windows(work, ranks, HEALTHY_LOG_EVERY, watched_s)
     flags = sum(len(w.flagged) for w in run.windows)
     scored = [s for w in run.windows for s in w.scores.values() if s is not None]
@@ -172,7 +178,8 @@ def run_healthy(ranks: int, seconds: float) -> list[str]:
                   a.labels.get("rank")]
         lines.append(f"  {a.name} {a.state} {a.labels}: {a.first - window_start:+.0f}.."
                      f"{a.last - window_start:+.0f} s from the watch's start, {a.samples} "
-                     f"evaluations; values {[round(float(v[0]), 3) for v in values][:5]}")
+                     f"evaluations; values {[round(float(v[0]), 3) for v in values][:5]}; "
+                     f"expr: {exprs.get(a.name)}")
     return lines
 
 
@@ -253,6 +260,9 @@ def main() -> None:
     parser.add_argument("--healthy-ranks", type=int, nargs="*", default=[2, 4],
                         help="world sizes of the healthy runs (none: skip them)")
     parser.add_argument("--healthy-seconds", type=float, default=300.0)
+    parser.add_argument("--healthy-keep", type=Path, default=None, metavar="DIR",
+                        help="keep each healthy run's files (JSONL, Prometheus TSDB, logs) in "
+                             "DIR/healthy<ranks> (DIR/healthy<ranks> must not exist)")
     parser.add_argument("--only", nargs="*", choices=[row[0] for row in MATRIX],
                         help="fault names to run (default: all)")
     parser.add_argument("--wide-only", nargs="*", choices=[row[0] for row in MATRIX],
@@ -277,7 +287,7 @@ def main() -> None:
                         wide and args.wide_only is not None and row[0] not in args.wide_only):
                     print("  " + run_fault(row, ranks), flush=True)
         for ranks in args.healthy_ranks:
-            for line in run_healthy(ranks, args.healthy_seconds):
+            for line in run_healthy(ranks, args.healthy_seconds, args.healthy_keep):
                 print("  " + line, flush=True)
     print("load average at end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
 

@@ -78,6 +78,12 @@ class Watch:
         return [f"{r['name']}: {r.get('lastError')}" for g in groups for r in g["rules"]
                 if r.get("health") != "ok"]
 
+    def expressions(self) -> dict[str, str]:
+        """Alert name -> its expression, as Prometheus loaded it."""
+        groups = get_json(f"{self.prom.url}/api/v1/rules")["data"]["groups"]
+        return {r["name"]: " ".join(r["query"].split()) for g in groups for r in g["rules"]
+                if r["type"] == "alerting"}
+
     def rule_count(self) -> tuple[int, int]:
         """(alerting rules, recording rules) loaded."""
         groups = get_json(f"{self.prom.url}/api/v1/rules")["data"]["groups"]
