@@ -10,7 +10,8 @@ Prints, from one run:
     steps), each watched three ways: the findings the engine raised, every alert that went
     pending or firing in a real Prometheus loaded with the shipped rules as generated
     (tests/shipped_alerts.py), and the monitor's straggler flags in every rank's JSONL (all
-    should be none); then each alert seen, with its labels, times and values;
+    should be none); then each alert seen, with its labels, times, values and expression
+    (healthy_runs.py);
   - the engine on a 256 x 8 job (2048 ranks, a hang with 2048 published stacks) against one
     `top` refresh of the same job (fetch + parse + aggregate + render), measured side by side.
 Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose.py`.
@@ -19,8 +20,6 @@ Not a test: figures depend on the machine. Run `python benchmarks/bench_diagnose
 from __future__ import annotations
 
 import argparse
-import contextlib
-import math
 import os
 import statistics
 import sys
@@ -35,14 +34,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 import bench_top  # noqa: E402
 from bench_top import timed_refresh  # noqa: E402
 from diagnose_job import faulty_job, named, stepping  # noqa: E402
+from healthy_runs import run_healthy  # noqa: E402
 from rich.console import Console  # noqa: E402
-from shipped_alerts import EVAL_INTERVAL_S, TRAINING_SCRAPE, shipped_alerting  # noqa: E402
-from straggler_runs import read_windows  # noqa: E402
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS  # noqa: E402
 from fsdpmon.diagnose import RankStack, diagnose  # noqa: E402
 from fsdpmon.diagnose.stacks import Frame  # noqa: E402
-from fsdpmon.monitor.stats import BUSY_MIN_STEPS  # noqa: E402
 from fsdpmon.top.sources.targets import TargetsSource  # noqa: E402
 
 BOUND_S = 30.0  # max(3 log windows, 30 s); a log window here (5 steps) is well under 10 s
@@ -108,79 +105,6 @@ def run_fault(row, ranks: int) -> str:
                 said = [f"{f.cause}(rank {f.rank}, gpu {f.gpu})" for f in verdict.findings]
                 time.sleep(0.5)
             return f"{name:<16} NOT NAMED as {cause}; said: {', '.join(said) or 'nothing'}"
-
-
-HEALTHY_CKPT_EVERY = 50  # healthy runs save too: cheap saves must not be checkpoint_slow
-HEALTHY_LOG_EVERY = 5  # faulty_job's log window: a straggler score every 5 steps
-
-
-def run_healthy(ranks: int, seconds: float, keep: Path | None = None) -> list[str]:
-    """One healthy run watched three ways over ``seconds`` of wall time once every rank steps
-    and the exporter's GPUs are tied to them (time-bound: the job trains until killed):
-    `fsdpmon diagnose`'s engine every ~0.5 s; a real Prometheus with the shipped rules (every
-    alert pending or firing since it started, before the job's first step); and the monitor's
-    straggler flags in every rank's JSONL, every window of the run. With ``keep``, the run's
-    files (JSONL, Prometheus' TSDB, logs) stay in keep/healthy<ranks>."""
-    where = keep / f"healthy{ranks}" if keep else None
-    if where:
-        where.mkdir(parents=True, exist_ok=False)
-    with contextlib.nullcontext(where) if where else tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        extra = ("--checkpoint-every", str(HEALTHY_CKPT_EVERY), "--checkpoint-dir",
-                 str(work / "ckpt"), "--log-jsonl", str(work / "log.jsonl"))
-        with faulty_job(work, ranks, "", extra) as job, shipped_alerting(
-                work / "prom", *(u.removeprefix("http://") for u in job.urls)) as watch:
-            job.wait("stepping", stepping(ranks), 300)
-            job.start_exporter()
-            job.wait("GPUs tied", stepping(ranks, gpus=True), 120)
-            seen: set[str] = set()
-            refreshes, loads = 0, []
-            first = min(r.step or 0 for r in job.refresh()[0].ranks)
-            began = time.monotonic()
-            window_start, end = time.time(), began + seconds
-            while time.monotonic() < end:
-                snap, verdict = job.refresh()
-                refreshes += 1
-                seen |= {f"{f.cause}(rank {f.rank}, gpu {f.gpu})" for f in verdict.findings}
-                loads.append(os.getloadavg()[0])
-                watch.poll_values()
-                time.sleep(0.5)
-            watched_s = time.monotonic() - began
-            steps = min(r.step or 0 for r in snap.ranks) - first
-            alerts, problems = watch.alerts(), watch.rule_problems()
-            n_alerting, n_recording = watch.rule_count()
-            down, prom_low = watch.targets_down(window_start), watch.lowest_score()
-            notes = len(watch.hook.received())
-            exprs = watch.expressions()
-        run = read_windows(work, ranks, HEALTHY_LOG_EVERY, watched_s)
-    flags = sum(len(w.flagged) for w in run.windows)
-    scored = [s for w in run.windows for s in w.scores.values() if s is not None]
-    names = sorted({f"{a.name} {a.state}" for a in alerts})
-    lines = [
-        f"healthy {ranks} ranks: {watched_s:.0f} s watched, {steps} steps, load average "
-        f"{statistics.fmean(loads):.1f} (max {max(loads):.1f}); findings {len(seen)} "
-        f"{sorted(seen) or ''}; alerts pending/firing {len(alerts)} {names or ''}; "
-        f"rank-windows flagged {flags}/{len(scored)}, lowest score "
-        f"{min(scored, default=math.nan):.3f}",
-        f"  diagnose: {refreshes} refreshes; Prometheus: shipped rules ({n_alerting} alerts, "
-        f"{n_recording} recording), scrape {TRAINING_SCRAPE} training / {EVAL_INTERVAL_S}s "
-        f"exporter, evaluation {EVAL_INTERVAL_S}s, failed scrapes while watched {down}, rules "
-        f"in error {problems or 0}, notifications {notes}, lowest score scraped "
-        f"{prom_low if prom_low is None else round(prom_low, 3)}; straggler windows every "
-        f"{HEALTHY_LOG_EVERY} steps (score over the last {BUSY_MIN_STEPS}), a save every "
-        f"{HEALTHY_CKPT_EVERY} steps"]
-    flagged = [f"step {w.step} rank {r} score {w.scores[r]:.3f}" for w in run.windows
-               for r in w.flagged]
-    if flagged:
-        lines.append(f"  flagged windows: {'; '.join(flagged[:10])}")
-    for a in alerts:
-        values = [v for v in watch.values.get(a.name, []) if v[2].get("rank") ==
-                  a.labels.get("rank")]
-        lines.append(f"  {a.name} {a.state} {a.labels}: {a.first - window_start:+.0f}.."
-                     f"{a.last - window_start:+.0f} s from the watch's start, {a.samples} "
-                     f"evaluations; values {[round(float(v[0]), 3) for v in values][:5]}; "
-                     f"expr: {exprs.get(a.name)}")
-    return lines
 
 
 def _stacks(world: int, odd: int) -> list[RankStack]:

@@ -8,8 +8,8 @@ A 15m ``for`` cannot fire within a few minutes, so what is counted is every raw 
 sample (Prometheus writes one per rule evaluation for each pending or firing alert), read as a
 range vector over the whole life of this Prometheus: nothing can fall between two queries.
 Rule evaluation every EVAL_INTERVAL_S, stricter than the operator's default (30 s): a condition
-that holds for one evaluation shows as pending. Used by benchmarks/bench_diagnose.py's healthy
-runs.
+that holds for one evaluation shows as pending. Used by bench_diagnose.py's healthy runs
+(benchmarks/healthy_runs.py).
 """
 
 from __future__ import annotations
