@@ -4,6 +4,7 @@ answering shown as down."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -13,7 +14,14 @@ import time
 
 import pytest
 import yaml
-from synthetic_job import GpuSpec, PayloadServer, exporter_exposition, job_expositions
+from synthetic_job import (
+    GpuSpec,
+    PayloadServer,
+    RankSpec,
+    exporter_exposition,
+    job_expositions,
+    training_exposition,
+)
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.top.snapshot import JobState
@@ -38,6 +46,13 @@ def stack(tmp_path_factory):
     pods.payloads["/node/node-001"] = exporter_exposition("node-001", [
         GpuSpec(gpu=0, pod="llama-worker-1", pid=1000, rank=2, clock_events=("hw_slowdown",)),
         GpuSpec(gpu=1, pod="llama-worker-1", pid=1001, rank=3)])
+    # rank 3 restarted by the agent, its previous life killed: the labelled series comes through
+    everyone = [RankSpec(rank=r, local_rank=r % 2, world_size=4, nodes=2,
+                         node=f"node-{r // 2:03d}", step_time_s=0.5 + 0.001 * (r % 2))
+                for r in range(4)]
+    everyone[3] = dataclasses.replace(everyone[3], restarts=1, previous_exit="killed",
+                                      previous_exit_step=60, previous_exit_unix=1.7e9)
+    pods.payloads["/train/node-001"] = training_exposition("llama", everyone[2:], everyone)
     scrape = [{"job_name": path.strip("/").replace("/", "-"), "honor_labels": True,
                "scrape_interval": "1s", "scrape_timeout": "1s", "metrics_path": path,
                "static_configs": [{"targets": [f"127.0.0.1:{pods.port}"]}]}
@@ -90,6 +105,10 @@ def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
                       ("node-001", "0"): ("hw_slowdown",), ("node-001", "1"): ()}, events
     assert [g.ecc_uncorrected for g in snap.gpus] == [0.0] * 4  # one ECC series per GPU
     assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)  # the node total
+    exits = {r.rank: (r.previous_exit, r.previous_exit_step, r.previous_exit_unix)
+             for r in snap.ranks}
+    assert exits == {0: ("", None, None), 1: ("", None, None), 2: ("", None, None),
+                     3: ("killed", 60, 1.7e9)}, exits
 
 
 def test_other_job_names_find_nothing(stack):
