@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,8 +53,9 @@ def _group(base: Path, port: int, restart: int, seconds: float = 60.0) -> list[s
     return procs
 
 
-def _exits(port: int, timeout_s: float = 15.0) -> dict[str, tuple[str, float]]:
-    """rank → (how, step) from the node's endpoint, once both ranks' series are served."""
+def _exits(port: int, timeout_s: float = 15.0) -> tuple[dict[str, tuple[str, float]], str]:
+    """rank → (how, step) from the node's endpoint, once both ranks' series are served, and
+    the exposition."""
     name = catalog.TRAIN_PREVIOUS_EXIT.name
     deadline = time.monotonic() + timeout_s
     text = ""
@@ -67,7 +69,7 @@ def _exits(port: int, timeout_s: float = 15.0) -> dict[str, tuple[str, float]]:
         step = {labels["rank"]: value
                 for labels, value in _series(text, catalog.TRAIN_PREVIOUS_EXIT_STEP.name)}
         if len(how) == 2 or time.monotonic() > deadline:
-            return {r: (h, step.get(r, -1.0)) for r, h in how.items()}
+            return {r: (h, step.get(r, -1.0)) for r, h in how.items()}, text
         time.sleep(0.3)
 
 
@@ -94,7 +96,11 @@ def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(t
         # a first start (a new launcher) reads none of it
         assert read_previous(directory, 1, 0, time.time()) is None
         procs = _group(tmp_path, port, restart=1, seconds=3.0)
-        said = _exits(port)
+        said, text = _exits(port)
+        if shutil.which("promtool"):
+            check = subprocess.run(["promtool", "check", "metrics"], input=text.encode(),
+                                   capture_output=True, timeout=30)
+            assert check.returncode == 0, check.stdout + check.stderr
         assert {r: how for r, (how, _) in said.items()} == {"0": "sigterm", "1": "killed"}, said
         assert all(step >= 5 for _, step in said.values()), f"steps before the end: {said}"
         for p in procs:  # they finish normally: their records go, and so does the directory
