@@ -32,3 +32,23 @@ def test_frozen_and_derived_fields():
     assert snap.progress == 0.25 and snap.stalled_ranks == (0,)
     assert snap.state is JobState.DOWN and snap.targets_up == 0
     assert RankRow(rank=2, down=True, stalled=True, slowest=True).flags == "DOWN STALLED SLOWEST"
+
+
+def test_rows_built_without_init_equal_those_built_with_it():
+    """rows.maker fills a frozen row's __dict__ directly (the generated __init__ was most of a
+    2048-rank refresh's row building): the rows are the same objects as the classes' own."""
+    from fsdpmon.top.rows import maker
+    from fsdpmon.top.snapshot import GpuRow, NodeRow, ProcessRow
+
+    for cls, required in ((RankRow, {"rank": 7}), (GpuRow, {"node": "n", "gpu": "1"}),
+                          (NodeRow, {"node": "n"}), (ProcessRow, {"node": "n", "pid": 9})):
+        values = {**required, dataclasses.fields(cls)[-1].name: None}  # a default overridden too
+        for given in (required, values):
+            made, built = maker(cls)(**given), cls(**given)
+            assert made == built and hash(made) == hash(built) and repr(made) == repr(built), \
+                f"{cls.__name__}: {made!r} != {built!r}"
+            assert list(vars(made)) == list(vars(built)), f"{cls.__name__}: field order"
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                made.node = "other"  # type: ignore[misc, union-attr]
+    with pytest.raises(TypeError, match="JobSnapshot"):
+        maker(JobSnapshot)  # a default_factory field: not for the maker

@@ -213,3 +213,36 @@ def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refr
     assert cadence.names() != WANTED
     cadence.complete(ScrapeResult(target, None))  # down
     assert cadence.names() == WANTED, "after a target was down, the next refresh asks for all"
+
+
+def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_one_refresh():
+    """A large job's targets are split with a helper process (two cores): every refresh, the
+    cadence's light ones and the Processes view included, equals the one-process scrape; when
+    the helper dies, only its targets are down for that refresh, then a new one takes over."""
+    import os
+    import signal
+
+    payloads = job_expositions("llama", 4, 2)
+    srv = PayloadServer(payloads)
+    urls = [srv.url(p) for p in sorted(payloads)]
+    split, alone = (TargetsSource(urls, timeout_s=5.0, split=s) for s in (True, False))
+    try:
+        for view in ("ranks", "ranks", "processes", "gpus", "ranks"):
+            for source in (split, alone):
+                source.showing(view)
+            a, b = split.fetch(), alone.fetch()
+            assert _rows(a) == _rows(b), f"{view}: the split scrape's rows differ"
+            assert [(t.url, t.kind, t.samples) for t in a.targets] == \
+                [(t.url, t.kind, t.samples) for t in b.targets], f"{view}: targets differ"
+            assert split.bytes_received == alone.bytes_received
+            assert split.helper_pid is not None and split.helper_cpu_s > 0
+        os.kill(split.helper_pid, signal.SIGKILL)
+        hit = split.fetch()
+        down = [t.url for t in hit.targets if not t.up]
+        assert down == urls[1::2], f"down after the helper died: {down}"
+        assert all("helper process failed" in t.error for t in hit.targets if not t.up)
+        assert _rows(split.fetch()) == _rows(alone.fetch()), "a new helper did not take over"
+    finally:
+        split.close()
+        alone.close()
+        srv.close()

@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result  # noqa: F401 - Target re-exported
+from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result, merge  # noqa: F401 - Target re-exported
 from fsdpmon.top.health import alerts, settle
 from fsdpmon.top.rows import (
     carry_down_ranks,
@@ -39,14 +39,23 @@ class JobAggregator:
 
     def __init__(self) -> None:
         self._acc = Acc()
-        self._results: dict[int, ScrapeResult] = {}
+        self._down: dict[int, ScrapeResult] = {}
         self._statuses: dict[int, TargetStatus] = {}
 
     def add(self, index: int, result: ScrapeResult) -> None:
         """Files the result of target number ``index``."""
-        self._results[index] = result
-        if result.samples is not None:
+        if result.samples is None:
+            self._down[index] = result
+        else:
             self._statuses[index] = file_result(self._acc, result)
+
+    def add_filed(self, acc: Acc, statuses: dict[int, TargetStatus],
+                  down: dict[int, ScrapeResult]) -> None:
+        """Targets filed by another process: its accumulators (memos empty), the statuses of
+        those that answered and the results of those that did not, by target number."""
+        merge(self._acc, acc)
+        self._statuses.update(statuses)
+        self._down.update(down)
 
     def snapshot(
         self, *, now: float, source: str, previous: JobSnapshot | None = None,
@@ -54,8 +63,8 @@ class JobAggregator:
     ) -> JobSnapshot:
         acc = self._acc
         last_node = {t.url: t.node for t in previous.targets} if previous else {}
-        targets = [self._statuses.get(i) or _down_status(r, last_node)
-                   for i, r in sorted(self._results.items())]
+        targets = [self._statuses.get(i) or _down_status(self._down[i], last_node)
+                   for i in sorted(self._statuses.keys() | self._down.keys())]
         processes = process_rows(acc)
         gpus_of, ranks_on = ties(processes)
         rank_rows = {r: rank_row(r, d, now, gpus_of.get(r, ())) for r, d in acc.ranks.items()}

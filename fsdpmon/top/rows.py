@@ -7,10 +7,12 @@ the exporter's process table, as the rows are built.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.top.filing import Acc, as_int
@@ -18,6 +20,35 @@ from fsdpmon.top.snapshot import GpuRow, JobSnapshot, NodeRow, ProcessRow, RankR
 
 HISTORY_LEN = 60
 Ties = tuple[dict[int, tuple[str, ...]], dict[tuple[str, str], tuple[int, ...]]]
+R = TypeVar("R")
+
+
+def maker(cls: type[R]) -> Callable[..., R]:
+    """``cls(**values)`` for a frozen row dataclass, built without its generated __init__: that
+    sets each field through ``object.__setattr__`` (the frozen guard), most of the time spent
+    building a 2048-rank job's rows; this fills the new instance's ``__dict__`` at once, in field
+    order. The same object (==, hash, repr, asdict) as ``cls(**values)`` for the same fields,
+    which callers must all name when they have no default (test_snapshot checks each class)."""
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+    if any(f.default_factory is not dataclasses.MISSING or not f.init for f in fields) or \
+            hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__}: only plain fields with plain defaults")
+    defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in fields}
+    new = object.__new__
+
+    def make(**values: object) -> R:
+        row = new(cls)
+        slots = row.__dict__
+        slots.update(defaults)
+        slots.update(values)
+        return row
+
+    return make
+
+
+new_rank_row, new_gpu_row = maker(RankRow), maker(GpuRow)
+new_node_row, new_process_row = maker(NodeRow), maker(ProcessRow)
+
 
 def opt(value: object) -> float | None:
     return None if value is None else float(value)  # type: ignore[arg-type]
@@ -36,7 +67,7 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
         age is not None and threshold is not None and threshold > 0 and age > threshold
     )
     peak = d.get("peak_memory_bytes", d.get("rss_bytes"))
-    return RankRow(
+    return new_rank_row(
         rank=rank, local_rank=opt_int(d.get("local_rank")), pod=str(d.get("pod", "")),
         node=str(d.get("node", "")), target=str(d.get("target", "")),
         step=opt_int(d.get("step")), step_time_s=opt(d.get("step_time_s")),
@@ -75,7 +106,7 @@ def gpu_rows(acc: Acc, previous: JobSnapshot | None, down_nodes: set[str],
         util, mem_used = opt(d.get("utilization_ratio")), opt(d.get("memory_used_bytes"))
         mem_total = opt(d.get("memory_total_bytes"))
         mem_ratio = mem_used / mem_total if mem_used is not None and mem_total else None
-        rows.append(GpuRow(
+        rows.append(new_gpu_row(
             node=node, gpu=gpu, model=str(d.get("model", "")), uuid=str(d.get("uuid", "")),
             up=d.get("up", 1.0) == 1.0, utilization_ratio=util, memory_used_bytes=mem_used,
             memory_total_bytes=mem_total, temperature_celsius=opt(d.get("temperature_celsius")),
@@ -101,7 +132,7 @@ def node_rows(acc: Acc, gpus: Sequence[GpuRow]) -> list[NodeRow]:
     for g in gpus:
         counts[g.node] = counts.get(g.node, 0) + 1
     names = sorted(set(acc.nodes) | set(counts))
-    return [NodeRow(
+    return [new_node_row(
         node=n, gpus=counts.get(n, 0),
         cpu_utilization_ratio=opt(acc.nodes.get(n, {}).get("cpu_utilization_ratio")),
         memory_used_bytes=opt(acc.nodes.get(n, {}).get("memory_used_bytes")),
@@ -112,7 +143,7 @@ def node_rows(acc: Acc, gpus: Sequence[GpuRow]) -> list[NodeRow]:
 
 
 def process_rows(acc: Acc) -> list[ProcessRow]:
-    rows = [ProcessRow(
+    rows = [new_process_row(
         node=node, pid=pid, namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
         container=str(d.get("container", "")), command=str(d.get("command", "")),
         user=str(d.get("user", "")), state=str(d.get("state", "")),

@@ -50,11 +50,28 @@ class Cadence:
 
     def names(self) -> frozenset[str]:
         """The names this refresh asks for (call once per refresh)."""
-        self._full = (self.processes_open or self._lacking
-                      or self._refreshes % self.every == 0)
-        self._lacking = False
+        self.begin(self.processes_open or self._lacking or self._refreshes % self.every == 0)
         self._refreshes += 1
         return WANTED if self._full else WANTED - SLOW_NAMES
+
+    @property
+    def full(self) -> bool:
+        """Whether this refresh asks for the slow families too."""
+        return self._full
+
+    def begin(self, full: bool) -> None:
+        """A refresh that asks for the slow families (``full``) or not: what ``names()`` does,
+        and all a helper process's cadence is told (its targets' carry lives with it)."""
+        self._full, self._lacking = full, False
+
+    @property
+    def lacking(self) -> bool:
+        """A target was down or had no slow samples this refresh: the next asks for all."""
+        return self._lacking
+
+    def note_lacking(self) -> None:
+        """A helper process's target lacked its slow samples: the next refresh asks for all."""
+        self._lacking = True
 
     def complete(self, result: ScrapeResult) -> ScrapeResult:
         """``result`` with its target's carried slow samples, or keeps its fresh ones."""

@@ -9,8 +9,10 @@ sends too much is reported down with the reason; the rest go on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +24,7 @@ from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.cadence import Cadence
+from fsdpmon.top.sources.helper import SPLIT_MIN_TARGETS, Helper
 from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
 from fsdpmon.top.wanted import new_parser
 
@@ -156,11 +159,16 @@ def _timed_get(url: str, timeout_s: float) -> tuple[bytes | None, str, float]:
 
 
 class TargetsSource:
-    """Scrapes fixed URLs; ``fetch()`` returns a fresh JobSnapshot each call."""
+    """Scrapes fixed URLs; ``fetch()`` returns a fresh JobSnapshot each call.
+
+    With ``split`` (the default: when there are SPLIT_MIN_TARGETS plain-HTTP targets or more and
+    a second CPU), every other plain-HTTP target is scraped, parsed and filed by a helper process
+    (helper.py) while this one does the rest: a refresh then uses two cores.
+    """
 
     def __init__(
         self, urls: Sequence[str], timeout_s: float = 2.0, max_workers: int = 16,
-        job_name: str = "",
+        job_name: str = "", split: bool | None = None,
     ) -> None:
         if not urls:
             raise ConfigError("--targets", "give at least one URL")
@@ -175,11 +183,24 @@ class TargetsSource:
         self._pool = ThreadPoolExecutor(max_workers=self._limit) if tls else None
         self._previous: JobSnapshot | None = None
         self.bytes_received = 0  # by the last refresh
+        self.helper_cpu_s = 0.0  # the helper process's CPU time in the last refresh
         self.cadence = Cadence()
+        plain = [i for i, t in enumerate(self.targets) if t.url.startswith("http:")]
+        if split is None:
+            split = len(plain) >= SPLIT_MIN_TARGETS and (os.cpu_count() or 1) >= 2
+        self._theirs = plain[1::2] if split else []  # the helper's targets
+        theirs = set(self._theirs)
+        self._own = [i for i in range(len(self.targets)) if i not in theirs]
+        self._helper: Helper | None = None
 
     @property
     def description(self) -> str:
         return f"{len(self.targets)} target(s)"
+
+    @property
+    def helper_pid(self) -> int | None:
+        """The helper process's id while one runs."""
+        return self._helper.process.pid if self._helper is not None else None
 
     def showing(self, view: str) -> None:
         """The view on screen: the Processes view gets its families on every refresh."""
@@ -196,12 +217,46 @@ class TargetsSource:
         aggregator = JobAggregator()
         cadence = self.cadence
         names = cadence.names()
+        helper = self._ask_helper(names, cadence.full)
+        own = self._own
         self.bytes_received = scrape_urls(
-            self.targets, self._parser, self.timeout_s, self._limit, self._pool,
-            lambda i, result: aggregator.add(i, cadence.complete(result)), names)
+            [self.targets[i] for i in own], self._parser, self.timeout_s,
+            max(1, self._limit // 2) if helper else self._limit, self._pool,
+            lambda i, result: aggregator.add(own[i], cadence.complete(result)), names)
+        if helper is not None:
+            self._take_share(helper, aggregator)
         return aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
                                    job_name=self.job_name)
 
+    def _ask_helper(self, names: frozenset[str], full: bool) -> Helper | None:
+        if not self._theirs:
+            return None
+        if self._helper is None:
+            self._helper = Helper([self.targets[i].url for i in self._theirs], self.timeout_s,
+                                  max(1, self._limit - self._limit // 2))
+        with contextlib.suppress(OSError, ValueError):  # it exited: _take_share says why
+            self._helper.ask(names, full)
+        return self._helper
+
+    def _take_share(self, helper: Helper, aggregator: JobAggregator) -> None:
+        share = helper.answer()
+        theirs = self._theirs
+        if isinstance(share, str):  # its targets are down for this refresh; next, a new one
+            self._helper = None
+            self.cadence.note_lacking()
+            for i in theirs:
+                aggregator.add(i, ScrapeResult(self.targets[i], None, share))
+            return
+        aggregator.add_filed(share.acc, {theirs[j]: s for j, s in share.statuses.items()},
+                             {theirs[j]: r for j, r in share.down.items()})
+        self.bytes_received += share.received
+        self.helper_cpu_s = share.cpu_s
+        if share.lacking:
+            self.cadence.note_lacking()
+
     def close(self) -> None:
+        if self._helper is not None:
+            self._helper.close()
+            self._helper = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
