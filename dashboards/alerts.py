@@ -121,7 +121,7 @@ def training_alerts(b: RuleBounds) -> list[Rule]:
 
 def _quality_alerts(b: RuleBounds) -> list[Rule]:
     job_tps = m(catalog.REC_JOB_TOKENS_PER_SECOND_SUM)
-    loss = m(catalog.REC_JOB_LOSS_AVG)
+    smooth = f"avg_over_time({m(catalog.REC_JOB_LOSS_AVG)}[{b.divergence_smoothing}])"
     return [
         alert(
             "FsdpmonLossNonFinite", f"{m(catalog.TRAIN_LOSS_NONFINITE)} == 1",
@@ -135,11 +135,14 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonLossDiverging",
-            f"{loss}\n  > {b.divergence_factor:g} * min_over_time({loss}[{b.divergence_window}])",
+            f"{smooth}\n  > {b.divergence_factor:g} * min_over_time({smooth}"
+            f"[{b.divergence_window}:1m])",
             b.divergence_for, "warning",
             "Loss of {{ $labels.job_name }} is diverging",
-            "The mean loss is {{ $value | printf \"%.3g\" }}, more than "
-            f"{b.divergence_factor:g} x its minimum over the last {b.divergence_window}.",
+            "The mean loss averaged over " + b.divergence_smoothing + " is "
+            "{{ $value | printf \"%.3g\" }}, more than "
+            f"{b.divergence_factor:g} x its lowest {b.divergence_smoothing} average over the "
+            f"last {b.divergence_window}.",
             "Look for grad-norm spikes and LR schedule changes on the Job overview dashboard; "
             "a restart from a checkpoint with new data order or lower LR usually helps.",
         ),

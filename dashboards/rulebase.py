@@ -62,7 +62,12 @@ class RuleBounds:
     throttle_share: float = 0.25
     throttle_window: str = "5m"
     nonfinite_for: str = "1m"
-    divergence_factor: float = 1.5  # loss above factor x its minimum over divergence_window
+    # The loss averaged over divergence_smoothing above factor x the lowest such average over
+    # divergence_window. Both sides averaged: a logged loss is one step's, and the minimum of
+    # raw samples is the noise's lowest dip (a healthy tiny job's 0.7 against a level of
+    # 1.2-1.9 kept the raw rule pending for minutes on end).
+    divergence_factor: float = 1.5
+    divergence_smoothing: str = "10m"
     divergence_window: str = "1h"
     divergence_for: str = "15m"
     throughput_drop_ratio: float = 0.6  # tokens/s below ratio x its own recent average
