@@ -11,14 +11,23 @@ Diagnosis view in tmux.
    `checkpoint_slow` on rank 1 (the rank the other waited for).
 3. Then `fsdpmon diagnose --json` names the trainer faults with their ranks too, and top's
    Diagnosis view (tmux, started before the faults) shows the GPU findings.
+4. Rank 1's worker is SIGKILLed (as the OOM killer or `crash:rank=1` kill it); torchrun's agent
+   (one restart allowed) stops rank 0 and restarts both, so both vanish at once. The engine, fed
+   from the real endpoints, names rank 1 (`rank_missing`; the old rule named rank 0, the
+   smallest of the tie) within BOUND_S, never rank 0: the restarted rank 1 says it was killed,
+   rank 0 that it was stopped (SIGTERM, or gloo's error when its peer vanished).
 One job for all of it keeps the suite's cost to one torchrun start-up.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import sys
 import time
 
+import psutil
 import pytest
 from diagnose_job import REPO, Job, cli_findings, diagnose_cli, faulty_job, named, stepping
 from test_e2e_top import Tmux, _wait
@@ -45,7 +54,7 @@ TRAIN_FAULTS = f"compute-slow:rank=0,factor=3,after={TRAIN_AFTER_S:g};" \
 def test_faults_named_with_their_rank_by_diagnose_and_in_top(tmp_path):
     t0 = time.monotonic()
     extra = ("--checkpoint-every", str(CKPT_EVERY), "--checkpoint-dir", str(tmp_path / "ckpt"))
-    with faulty_job(tmp_path, 2, TRAIN_FAULTS, extra) as job:
+    with faulty_job(tmp_path, 2, TRAIN_FAULTS, extra, max_restarts=1) as job:
         job.wait("both ranks stepping", stepping(2))
         print(f"stepping after {time.monotonic() - t0:.1f}s")
         job.start_exporter(FAULTS)
@@ -59,6 +68,7 @@ def test_faults_named_with_their_rank_by_diagnose_and_in_top(tmp_path):
             seen, findings, code = faults_named(job, tmux)
         finally:
             tmux.kill()
+        crash_named(job)
     late = {k: round(t, 1) for k, t in seen.items() if t > BOUND_S}
     assert not late, f"named later than {BOUND_S}s after the fault started: {late}"
     said = [(f["cause"], f["rank"]) for f in findings]
@@ -146,3 +156,38 @@ def faults_named(job: Job, tmux: Tmux) -> tuple[dict[str, float], list[dict], in
     assert "! gpu_xid:" in screen.split(" 1 Ranks")[0], screen  # the header's line
     code, findings = cli_findings(proc)
     return seen, findings, code
+
+
+def _worker_pids(job: Job) -> dict[int, int]:
+    """RANK -> pid of torchrun's worker processes."""
+    out = {}
+    for proc in psutil.Process(job.train.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            rank = proc.environ().get("RANK")
+            if rank is not None and "trainer.train" in " ".join(proc.cmdline()):
+                out[int(rank)] = proc.pid
+    return out
+
+
+def crash_named(job: Job) -> None:
+    """SIGKILL rank 1; the engine names it (not rank 0) once the agent has restarted both."""
+    pids = _worker_pids(job)
+    assert set(pids) == {0, 1}, pids
+    os.kill(pids[1], signal.SIGKILL)
+    killed_at = time.monotonic()
+    found, said = None, set()
+    while found is None and time.monotonic() < killed_at + BOUND_S + 30:
+        snap, verdict = job.refresh()
+        said |= {(f.cause, f.rank) for f in verdict.findings
+                 if f.cause in ("rank_missing", "crash_loop")}
+        found = named(verdict.findings, "rank_missing", 1)
+        time.sleep(0.5)
+    took = time.monotonic() - killed_at
+    assert found is not None, (said, job.log_tail())
+    print(f"crash: rank 1 named {took:.1f}s after its SIGKILL: {found.evidence}")
+    assert took <= BOUND_S, f"named {took - BOUND_S:.1f}s past the {BOUND_S:.0f}s bound"
+    assert (("rank_missing", 0) not in said and ("crash_loop", 0) not in said), said
+    rows = {r.rank: r for r in snap.ranks}
+    assert (rows[1].previous_exit, rows[1].restarts) == ("killed", 1), rows[1]
+    assert rows[0].previous_exit in ("sigterm", "error"), rows[0]
+    assert any("rank 1 died without exiting" in e for e in found.evidence), found.evidence
