@@ -23,6 +23,7 @@ from pathlib import Path
 
 from prometheus_stack import Prometheus, Webhook, alertmanager, get_json, run_prometheus
 
+from fsdpmon import catalog
 from fsdpmon.manifests.config import ManifestConfig
 from fsdpmon.manifests.exporter import SCRAPE_INTERVAL_S as EXPORTER_SCRAPE_S
 
@@ -31,7 +32,7 @@ SHIPPED_RULES = REPO / "dashboards" / "generated" / "fsdpmon-rules.yaml"
 # the PodMonitor's interval by default (15s)
 TRAINING_SCRAPE = ManifestConfig.__dataclass_fields__["scrape_interval"].default
 EVAL_INTERVAL_S = EXPORTER_SCRAPE_S
-SCORE = "fsdpmon_train_straggler_score"
+SCORE = catalog.TRAIN_STRAGGLER_SCORE.name
 
 
 @dataclass(frozen=True)
