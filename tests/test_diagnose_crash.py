@@ -118,3 +118,15 @@ def test_ranks_slow_to_come_back_are_not_the_culprit():
     assert "ranks 2, 3 not back yet" in found[0].evidence, found[0].evidence
     # pod 1's training target is evidence (its exporter, down too here, is a target_down)
     assert not [f for f in found if f.cause == "target_down" and f.pod == "llama-worker-1"], found
+
+
+def test_a_job_that_finished_names_nobody():
+    """Every rank gone at once after its last step (a normal finish: top says DONE) is not a
+    crash: no rank_missing (the old rule named rank 0), no training target down."""
+    done = {f"r{r}": {"step": 1000, "total_steps": 1000} for r in range(WORLD)}
+    snaps = diagnosis_history(lambda i: {"specs": done, "down": () if i < HEALTHY else (0, 1)},
+                              BACK)
+    assert snaps[-1].state.value == "DONE", snaps[-1].state
+    found = diagnose(snaps)
+    assert crashes(found) == [], found
+    assert not [f for f in found if f.cause == "target_down" and "worker" in (f.pod or "")], found

@@ -40,9 +40,10 @@ def _unresponsive(snap: JobSnapshot) -> list[int]:
 
 
 def _missing(snap: JobSnapshot) -> list[int]:
-    """Ranks that went away, and ranks of the world size that never reported at all."""
+    """Ranks that went away before their last step, and ranks of the world size that never
+    reported at all (a rank gone after its last step finished: DONE, nothing is missing)."""
     never = set(snap.unseen_ranks())
-    return sorted({r.rank for r in snap.ranks if r.down} | never)
+    return sorted({r.rank for r in snap.ranks if r.down and not r.finished} | never)
 
 
 def _lost(snap: JobSnapshot) -> list[GpuKey]:
@@ -108,7 +109,11 @@ def _checkpoint_holdups(snap: JobSnapshot) -> list[int]:
 
 
 def _targets_down(snap: JobSnapshot) -> list[str]:
-    return [t.url for t in snap.targets if not t.up]
+    """Targets not answering, but for the training endpoints of ranks that finished (a
+    finished job's endpoints go away with it)."""
+    done = {r.target for r in snap.ranks if r.finished} - {
+        r.target for r in snap.ranks if not r.finished}
+    return [t.url for t in snap.targets if not t.up and t.url not in done]
 
 
 def _xids(snap: JobSnapshot) -> dict[tuple[str, str, str], float]:
