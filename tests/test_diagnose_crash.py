@@ -96,6 +96,8 @@ def test_a_crash_loop_names_the_rank_that_keeps_dying():
     snaps = crash(KILLED_1, BACK, restarts_before=1, before=KILLED_1)
     found = [f for f in diagnose(snaps) if f.cause in ("rank_missing", "crash_loop")]
     assert [(f.rank, f.summary) for f in found] == [(1, "rank 1 missing")], found
+    assert any(e.startswith("at the last restart: rank 1 died without exiting")
+               for e in found[0].evidence), found[0].evidence
     early = crash(KILLED_1, HEALTHY, restarts_before=0)  # restarts 0 seen, then 1, then 2
     loop = early + [s for s in crash(KILLED_1, BACK + 1, restarts_before=1, before=KILLED_1)
                     [HEALTHY:] if s.time > early[-1].time]

@@ -160,7 +160,7 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
     everyone = len(culprits) > 1 and not later and all(r.down for r in obs.now.ranks)
     if everyone:
         evidence[0] += " all at once (the elastic agent stops every rank when one dies)"
-        evidence += exit_evidence(obs.exits) or [
+        evidence += [f"at the last restart: {e}" for e in exit_evidence(obs.exits)] or [
             "which rank died first cannot be told from outside: its restarted process says"]
         culprits = [r for r in killed(obs.exits) if r in culprits] or culprits
     rank = culprits[0] if len(culprits) == 1 or not everyone else None
