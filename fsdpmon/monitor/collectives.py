@@ -137,6 +137,11 @@ class CollectiveTimer:
             self._free += (e for pair in self._pairs for e in pair)
         self._seconds, self._pairs, self._rq_step, self._rq_in = 0.0, [], None, 0.0
 
+    def take_calls(self) -> int:
+        """The calls counted since the last take (the log window's, at the log step)."""
+        calls, self.calls = self.calls, 0
+        return calls
+
     def drain(self) -> StepWaits:
         """The steps completed since the last drain (called at the log step; on CUDA after the
         step timer's one synchronisation)."""

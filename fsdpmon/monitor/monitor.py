@@ -11,19 +11,15 @@ once and counts it in ``fsdpmon_monitor_internal_errors_total``.
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import logging
 import math
-import os
-import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 try:
-    import torch
+    import torch  # noqa: F401  (only to say what to install when it is missing)
 except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) has no torch
     raise ModuleNotFoundError("the in-trainer monitor needs the 'train' extra: "
                               "pip install 'fsdpmon[train]'", name="torch") from exc
@@ -35,14 +31,16 @@ from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import checkpoint_time, collectives
 from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.device import intended_syncs, uses_cuda
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
 from fsdpmon.monitor.gather import gather_rows, is_distributed, topology
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.publish import Publication
+from fsdpmon.monitor.records import as_float, run_record, step_record
 from fsdpmon.monitor.stats import (
     BUSY_MIN_STEPS,
-    JobFigures,
+    BusyHistory,
     WindowStats,
     job_figures,
     window_stats,
@@ -90,10 +88,9 @@ class Monitor:
         self.tokens_per_step = int(tokens_per_step)
         self.total_steps = total_steps
         self.step_number = int(start_step)
-        self.steps_done = 0
-        self.tokens_done = 0
+        self.steps_done = self.tokens_done = 0
         self._pending: dict[str, Any] = {}
-        self._window_tokens = 0
+        self._window_tokens = self._window_calls = 0
         self._window_start: float | None = None
         self._spans: dict[str, _Span] = {}
         self.auto_log = True  # log every config.log_interval steps; off when the loop decides
@@ -104,9 +101,7 @@ class Monitor:
         self._timer = StepTimer(HostClock())
         self._collectives: CollectiveTimer | None = None
         self._saves = checkpoint_time.CheckpointClock(distributed=False)
-        self._busy_history: collections.deque[float] = collections.deque(maxlen=BUSY_MIN_STEPS)
-        self._window_calls = 0
-        self._busy_known = False
+        self._busy = BusyHistory()
         self._straggling = StragglingFlag(span=BUSY_MIN_STEPS)
         self.device, self.peak_flops = "cpu", None
         self.flops_per_token = float(flops_per_token or 0.0)
@@ -130,7 +125,7 @@ class Monitor:
 
     def _setup_core(self, model: nn.Module | None, flops: float | None, seq_len: int | None,
                     run_info: dict[str, Any]) -> None:
-        cuda = _uses_cuda(model)
+        cuda = uses_cuda(model)
         clock: HostClock | CudaClock = CudaClock() if cuda else HostClock()
         self._timer = StepTimer(clock)
         self.device = clock.device
@@ -138,7 +133,8 @@ class Monitor:
         if flops is None and model is not None and seq_len:
             flops = model_flops_per_token(model, seq_len)
         self.flops_per_token = float(flops or 0.0)
-        self.run_record = self._run_record(model, run_info)
+        self.run_record = run_record(self.topo, self.config.job_name, model, run_info,
+                                     self.flops_per_token, self.device, self.peak_flops)
         self._memory = MemoryReader(cuda)
         if is_distributed(self.topo):  # one rank alone waits for nobody
             self._collectives = CollectiveTimer(cuda)
@@ -154,21 +150,6 @@ class Monitor:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
         if self.pub is not None:
             self.pub.static_values(self._static_values())
-
-    def _run_record(self, model: nn.Module | None, run_info: dict[str, Any]) -> dict[str, Any]:
-        topo = self.topo
-        return {
-            "kind": "run", "time": time.time(), "rank": topo.rank, "local_rank": topo.local_rank,
-            "world_size": topo.world_size, "nodes": topo.nodes,
-            "model": str(run_info.get("model") or (type(model).__name__ if model else "")),
-            "config": run_info.get("config", {}), "flops_per_token": self.flops_per_token,
-            "device": self.device, "peak_flops": self.peak_flops,
-            "job_name": self.config.job_name,
-            "dtype": str(run_info.get("dtype") or _param_dtype(model)),
-            "torch_version": torch.__version__,
-            "node": os.environ.get("NODE_NAME") or socket.gethostname(),
-            "restarts": topo.restart_count,
-        }
 
     def _static_values(self) -> dict[str, float | None]:
         return {
@@ -294,9 +275,7 @@ class Monitor:
     # ---- log steps ----------------------------------------------------------------------
 
     def _log_step(self) -> None:
-        # Log steps are where the monitor syncs on purpose (timers, loss, the gather), so a
-        # loop checking for stray syncs with torch.cuda.set_sync_debug_mode sees none of ours.
-        with _intended_syncs(self.device != "cpu"):
+        with intended_syncs(self.device != "cpu"):
             self._log_step_unguarded()
 
     def _log_step_unguarded(self) -> None:
@@ -306,7 +285,7 @@ class Monitor:
         peak_memory = memory.peak_bytes if memory else math.nan
         loss = quality.get("loss")
         local = [stats.step_time_s if stats else math.nan,
-                 stats.busy_s if stats and self._busy_known else math.nan,
+                 stats.busy_s if stats and self._busy.known else math.nan,
                  peak_memory, math.nan if loss is None else loss]
         rows = self._gather(local)  # every rank, every log step, whatever failed above
         job = self._guarded("job figures", lambda: job_figures(rows)
@@ -314,8 +293,10 @@ class Monitor:
         score = self._guarded("straggler score", lambda: straggler_scores(
             [r[1] for r in rows])[self.topo.rank] if rows is not None else None)
         straggling = self._straggling.update(score, self.step_number)
-        record = self._guarded("record", lambda: self._step_record(stats, quality, peak_memory,
-                                                                   job, score, straggling))
+        record = self._guarded("record", lambda: step_record(
+            self.topo, self.step_number, stats, quality, busy_known=self._busy.known,
+            peak_memory=peak_memory, job=job, score=score, straggling=straggling,
+            collective_calls=self._window_calls, tokens_total=self.tokens_done))
         if record is None:
             return
         pub, times = self.pub, self._timer_window
@@ -327,7 +308,7 @@ class Monitor:
     def _measure_window(self) -> WindowStats:
         times = self._timer.drain()  # on CUDA: the window's one sync, so the collective
         waits = self._collectives.drain() if self._collectives is not None else None  # events
-        self._window_calls = self._collectives_calls_now()
+        self._window_calls = self._collectives.take_calls() if self._collectives else 0
         # recorded before the timer's last event are complete here
         now = time.perf_counter()
         start = self._window_start if self._window_start is not None else now
@@ -335,25 +316,14 @@ class Monitor:
         tokens, self._window_tokens = self._window_tokens, 0
         self._timer_window = times
         stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops,
-                             waits.collective if waits else (), self._busy_history,
+                             waits.collective if waits else (), self._busy.steps,
                              waits.descheduled if waits else ())
-        self._busy_history.extend(stats.busy_steps)
-        # Until the median spans BUSY_MIN_STEPS steps it is too noisy to score a rank by: no
-        # score (and no straggler flag) rather than a noisy one.
-        self._busy_known = len(self._busy_history) >= BUSY_MIN_STEPS or stats.steps >= (
-            BUSY_MIN_STEPS)
+        self._busy.add(stats)
         return stats
-
-    def _collectives_calls_now(self) -> int:
-        timer = self._collectives
-        if timer is None:
-            return 0
-        calls, timer.calls = timer.calls, 0
-        return calls
 
     def _read_values(self) -> dict[str, float | None]:
         pending, self._pending = self._pending, {}
-        return {k: _as_float(v) for k, v in pending.items() if k != "tokens"}
+        return {k: as_float(v) for k, v in pending.items() if k != "tokens"}
 
     def _gather(self, local: list[float]) -> list[list[float]] | None:
         if not self._gather_ok:
@@ -364,34 +334,6 @@ class Monitor:
             self._gather_ok = False  # a broken collective stays off: never retried per step
             self._fail("gather", exc)
             return None
-
-    def _step_record(self, stats: WindowStats | None, quality: dict[str, float | None],
-                     peak_memory: float, job: JobFigures | None,
-                     score: float | None = None, straggling: bool = False) -> dict[str, Any]:
-        loss = quality.get("loss")
-        record: dict[str, Any] = {
-            "kind": "step", "time": time.time(), "rank": self.topo.rank,
-            "local_rank": self.topo.local_rank, "world_size": self.topo.world_size,
-            "step": self.step_number, "loss": loss, "lr": quality.get("lr"),
-            "grad_norm": quality.get("grad_norm"),
-            "tokens_per_second": stats.tokens_per_second if stats else None,
-            "step_time_s": stats.step_time_s if stats else None,
-            "data_wait_ratio": stats.data_wait_ratio if stats else None,
-            "busy_s": stats.busy_s if stats and self._busy_known else None,
-            "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
-            "descheduled_ratio": stats.descheduled_ratio if stats else None,
-            "straggler_score": score,
-            "straggling": straggling,
-            "collective_calls": self._window_calls / stats.steps if stats and stats.steps else 0,
-            "mfu": stats.mfu if stats else None,
-            "peak_memory_bytes": peak_memory,
-            "tokens_total": self.tokens_done,
-            "loss_nonfinite": loss is not None and not math.isfinite(loss),
-            "phase_seconds": dict(stats.phase_means) if stats else {},
-        }
-        if job is not None:
-            record["job"] = job.as_record()
-        return record
 
     def _emit(self, record: dict[str, Any]) -> None:
         if self.jsonl is not None:
@@ -456,41 +398,3 @@ class Monitor:
 
     def __exit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
         self.close(error)
-
-
-@contextlib.contextmanager
-def _intended_syncs(cuda: bool) -> Iterator[None]:
-    if not cuda:
-        yield
-        return
-    previous = torch.cuda.get_sync_debug_mode()
-    torch.cuda.set_sync_debug_mode(0)
-    try:
-        yield
-    finally:
-        torch.cuda.set_sync_debug_mode(previous)
-
-
-def _uses_cuda(model: nn.Module | None) -> bool:
-    if model is not None:
-        for p in model.parameters():
-            return p.device.type == "cuda"
-    return torch.cuda.is_available() and torch.cuda.is_initialized()
-
-
-def _param_dtype(model: nn.Module | None) -> str:
-    if model is not None:
-        for p in model.parameters():
-            return str(p.dtype).removeprefix("torch.")
-    return ""
-
-
-def _as_float(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, torch.Tensor):
-        if hasattr(value, "full_tensor"):
-            value = value.full_tensor()
-        return float(value.detach().float().item())
-    return float(value)
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,6 +83,21 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
         phase_means=per_step,
         mfu=mfu(tps, flops_per_token, peak_flops),
     )
+
+
+class BusyHistory:
+    """The recent steps' busy times that the next window's median spans, and whether they
+    are enough to score a rank by."""
+
+    def __init__(self) -> None:
+        self.steps: deque[float] = deque(maxlen=BUSY_MIN_STEPS)
+        self.known = False
+
+    def add(self, window: WindowStats) -> None:
+        self.steps.extend(window.busy_steps)
+        # Until the median spans BUSY_MIN_STEPS steps it is too noisy to score a rank by: no
+        # score (and no straggler flag) rather than a noisy one.
+        self.known = len(self.steps) >= BUSY_MIN_STEPS or window.steps >= BUSY_MIN_STEPS
 
 
 # The per-rank vector each rank contributes to the one gather per log interval.

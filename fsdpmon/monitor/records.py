@@ -1,0 +1,83 @@
+"""The records the monitor writes to its JSONL (and hands its log listeners): the run's facts
+once at start, then one record per log window. Plain dicts of JSON values, built here so that
+the Monitor only decides when."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from fsdpmon.distenv import DistEnv
+from fsdpmon.monitor.stats import JobFigures, WindowStats
+
+
+def run_record(topo: DistEnv, job_name: str, model: nn.Module | None, run_info: dict[str, Any],
+               flops_per_token: float, device: str, peak_flops: float | None) -> dict[str, Any]:
+    return {
+        "kind": "run", "time": time.time(), "rank": topo.rank, "local_rank": topo.local_rank,
+        "world_size": topo.world_size, "nodes": topo.nodes,
+        "model": str(run_info.get("model") or (type(model).__name__ if model else "")),
+        "config": run_info.get("config", {}), "flops_per_token": flops_per_token,
+        "device": device, "peak_flops": peak_flops,
+        "job_name": job_name,
+        "dtype": str(run_info.get("dtype") or param_dtype(model)),
+        "torch_version": torch.__version__,
+        "node": os.environ.get("NODE_NAME") or socket.gethostname(),
+        "restarts": topo.restart_count,
+    }
+
+
+def step_record(topo: DistEnv, step: int, stats: WindowStats | None,
+                quality: dict[str, float | None], *, busy_known: bool, peak_memory: float,
+                job: JobFigures | None, score: float | None, straggling: bool,
+                collective_calls: int, tokens_total: int) -> dict[str, Any]:
+    """``stats``: the window's figures (None when measuring it failed); ``busy_known``: the
+    busy median spans enough steps to publish; ``collective_calls``: in the window."""
+    loss = quality.get("loss")
+    record: dict[str, Any] = {
+        "kind": "step", "time": time.time(), "rank": topo.rank,
+        "local_rank": topo.local_rank, "world_size": topo.world_size,
+        "step": step, "loss": loss, "lr": quality.get("lr"),
+        "grad_norm": quality.get("grad_norm"),
+        "tokens_per_second": stats.tokens_per_second if stats else None,
+        "step_time_s": stats.step_time_s if stats else None,
+        "data_wait_ratio": stats.data_wait_ratio if stats else None,
+        "busy_s": stats.busy_s if stats and busy_known else None,
+        "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
+        "descheduled_ratio": stats.descheduled_ratio if stats else None,
+        "straggler_score": score,
+        "straggling": straggling,
+        "collective_calls": collective_calls / stats.steps if stats and stats.steps else 0,
+        "mfu": stats.mfu if stats else None,
+        "peak_memory_bytes": peak_memory,
+        "tokens_total": tokens_total,
+        "loss_nonfinite": loss is not None and not math.isfinite(loss),
+        "phase_seconds": dict(stats.phase_means) if stats else {},
+    }
+    if job is not None:
+        record["job"] = job.as_record()
+    return record
+
+
+def param_dtype(model: nn.Module | None) -> str:
+    if model is not None:
+        for p in model.parameters():
+            return str(p.dtype).removeprefix("torch.")
+    return ""
+
+
+def as_float(value: Any) -> float | None:
+    """A value the loop recorded (a number, a tensor, a DTensor) as a float; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, torch.Tensor):
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        return float(value.detach().float().item())
+    return float(value)
