@@ -14,10 +14,12 @@ from fsdpmon.monitor.straggling import straggler_scores
 from fsdpmon.monitor.timing import WindowTimes
 
 # Fewest steps the busy-time median spans (odd: a true middle). A few odd steps cannot move it.
-# Chosen (11 was too few) while busy time still held the time the OS time-sliced a rank away,
-# which a 31-step median did not remove either (a healthy 2-rank run on a loaded 2-core host
-# flagged 7 of 298 rank-windows); that time is now measured and left out (schedstat), and 31
-# has not been re-derived since. A new straggler is named ~15 steps late.
+# Chosen (11 was too few) while busy time still held the time the OS time-sliced a rank away
+# (a healthy 2-rank run on a loaded 2-core host then scored 7 of 298 rank-windows below the
+# line). With that time left out (schedstat), healthy 31-step medians scored below the line in
+# 3 of 560 rank-windows (bench_faults, two runs at load 6-12), and the straggler flag asks two
+# disjoint medians to agree (fsdpmon.monitor.straggling): 0 flags in those runs. Shorter medians
+# have not been measured. A new straggler is named ~15 steps late, flagged ~46 steps late.
 BUSY_MIN_STEPS = 31
 
 
