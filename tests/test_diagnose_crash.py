@@ -83,11 +83,22 @@ def test_the_finding_clears_when_the_report_is_no_longer_recent():
 
 
 def test_a_restart_nobody_was_killed_in_names_nobody():
-    """A restart after a normal finish, a SIGTERM to torchrun, or an error: no culprit."""
+    """A restart after a normal finish, a SIGTERM to torchrun, or errors on several ranks (each
+    may be another's casualty): no culprit."""
     for ended in ({r: "sigterm" for r in range(WORLD)}, {r: "exit" for r in range(WORLD)},
-                  {0: "error", 1: "sigterm", 2: "sigterm", 3: "sigterm"}):
+                  {0: "error", 1: "error", 2: "sigterm", 3: "sigterm"}, {0: "error", 1: "error"},
+                  {0: "error", 1: "exit", 2: "sigterm", 3: "sigterm"}):
         found = diagnose(crash(ended, BACK + 1))
         assert found == [], (ended, found)
+
+
+def test_the_one_rank_that_failed_on_an_error_is_named_when_the_agent_stopped_the_rest():
+    """A Python exception on rank 2 alone, the others stopped by the agent's SIGTERM: the agent
+    stops the others only once a worker failed, so rank 2 brought the group down."""
+    found = diagnose(crash({0: "sigterm", 1: "sigterm", 2: "error", 3: "sigterm"}, BACK + 1))
+    assert crashes(found) == [("rank_missing", 2)], found
+    assert found[0].summary == "rank 2 failed (an error); the job restarted", found[0].summary
+    assert found[0].evidence[0].startswith("ranks 0, 1, 3 stopped by a signal"), found[0].evidence
 
 
 def test_a_crash_loop_names_the_rank_that_keeps_dying():

@@ -15,10 +15,11 @@ from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
     DIAGNOSIS_EVIDENCE_SECONDS,
+    EXIT_KILLED,
     GPU_XID_CRITICAL,
     STRAGGLER_CAUSE_SHARE,
 )
-from fsdpmon.diagnose.exits import exit_evidence, killed
+from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import CRITICAL, WARNING, Finding, ranked, ranks_text
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
@@ -150,7 +151,7 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
     keeps dying), else nobody yet. Once ranks are back (those slow to restart are evidence, not
     culprits), a rank that says it was killed is named while that report is recent
     (CRASH_EVIDENCE_SECONDS)."""
-    if not obs.missing or (obs.restarts is not None and killed(obs.exits)
+    if not obs.missing or (obs.restarts is not None and died(obs.exits)[0]
                            and any(not r.down for r in obs.now.ranks)):
         return _died(obs, places)  # (ranks still missing are being restarted: evidence)
     first = min(obs.missing_since.get(r, obs.now.time) for r in obs.missing)
@@ -162,7 +163,7 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
         evidence[0] += " all at once (the elastic agent stops every rank when one dies)"
         evidence += [f"at the last restart: {e}" for e in exit_evidence(obs.exits)] or [
             "which rank died first cannot be told from outside: its restarted process says"]
-        culprits = [r for r in killed(obs.exits) if r in culprits] or culprits
+        culprits = [r for r in died(obs.exits)[0] if r in culprits] or culprits
     rank = culprits[0] if len(culprits) == 1 or not everyone else None
     row = places.rank(culprits[0])
     if row is not None and row.target in obs.targets_down:
@@ -196,8 +197,9 @@ def _cause(obs: Observations, evidence: list[str], missing: str, loop: str) -> t
 
 
 def _died(obs: Observations, places: Places) -> list[Finding]:
-    """Ranks back after a restart whose previous lives were killed, while that is recent."""
-    culprits = killed(obs.exits)
+    """Ranks back after a restart whose previous lives brought the group down (killed, or an
+    error that made the agent stop the others), while that report is recent."""
+    culprits, how = died(obs.exits)
     if not culprits:
         return []
     evidence = exit_evidence(obs.exits)
@@ -209,8 +211,10 @@ def _died(obs: Observations, places: Places) -> list[Finding]:
         evidence.append(f"the elastic agent restarted every rank ({obs.restarts[0]:.0f} → "
                         f"{obs.restarts[1]:.0f} restarts)")
     text = ranks_text(culprits)
-    cause, summary = _cause(obs, evidence, f"{text} died (killed); the job restarted",
-                            f"crash loop: {text} keeps dying (killed)")
+    ended, keeps = (("died (killed)", "keeps dying (killed)") if how == EXIT_KILLED else
+                    ("failed (an error)", "keeps failing (an error)"))
+    cause, summary = _cause(obs, evidence, f"{text} {ended}; the job restarted",
+                            f"crash loop: {text} {keeps}")
     return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
                     **_where_all(places, culprits, culprits[0] if len(culprits) == 1 else None))]
 

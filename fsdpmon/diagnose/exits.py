@@ -18,6 +18,22 @@ def killed(exits: Exits) -> list[int]:
     return sorted(r for r, (how, _) in exits.items() if how == EXIT_KILLED)
 
 
+def died(exits: Exits) -> tuple[list[int], str]:
+    """The ranks that brought the group down, and how they ended: those killed; else the one
+    that ended on an error while every other rank was stopped by the agent's SIGTERM (the agent
+    stops the others only when a worker has failed, so the error came first). ([], "") when
+    nobody can be told: no report, everyone stopped alike, or several ranks failing on errors
+    (each may be another's casualty)."""
+    gone = killed(exits)
+    if gone:
+        return gone, EXIT_KILLED
+    errors = sorted(r for r, (how, _) in exits.items() if how == EXIT_ERROR)
+    others = [how for r, (how, _) in exits.items() if r not in errors]
+    if len(errors) == 1 and others and all(how == EXIT_SIGTERM for how in others):
+        return errors, EXIT_ERROR
+    return [], ""
+
+
 def exit_evidence(exits: Exits) -> list[str]:
     """One line per way of ending, killed first: 'rank 1 died without exiting (...) after
     step 60 (its last log step)', 'rank 0 stopped by a signal (the agent's SIGTERM) ...'."""
