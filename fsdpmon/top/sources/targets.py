@@ -4,7 +4,9 @@ Every target is fetched with a per-target deadline, at most a bounded number at 
 selector loop on the refreshing thread (`httpget.get_all`); each body is parsed and aggregated
 on that thread as soon as it arrives (only the series `top` reads). HTTPS targets go through
 blocking GETs on a thread pool meanwhile. A target that refuses, times out, answers non-200 or
-sends too much is reported down with the reason; the rest go on.
+sends too much is reported down with the reason; the rest go on. On a large job every other
+plain-HTTP target is scraped, parsed and filed the same way by a helper process (helper.py), so
+that a refresh uses two cores.
 """
 
 from __future__ import annotations
