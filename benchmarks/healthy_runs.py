@@ -111,10 +111,17 @@ def run_healthy(ranks: int, seconds: float, keep: Path | None = None) -> list[st
         f"{HEALTHY_LOG_EVERY} steps (score over the last {BUSY_MIN_STEPS}), {low} rank-windows "
         f"scored below {STRAGGLER_SCORE_THRESHOLD} in one window; a save every "
         f"{HEALTHY_CKPT_EVERY} steps"]
-    flagged = [f"step {w.step} rank {r} score {w.scores[r]:.3f}" for w in run.windows
-               for r in w.flagged]
-    if flagged:
-        lines.append(f"  flagged windows: {'; '.join(flagged[:10])}")
+    episodes = _episodes(run.windows, ranks)
+    if episodes:
+        both = sum(1 for w in run.windows for r in w.flagged
+                   if (w.scores[r] or 1.0) < STRAGGLER_SCORE_THRESHOLD)
+        lines.append(
+            f"  flag episodes (rank: steps, ~seconds at {run.step_time_s * 1e3:.0f} ms/step; "
+            f"lowest score before): " + "; ".join(
+                f"{r}: {a}-{b}, {(b - a + HEALTHY_LOG_EVERY) * run.step_time_s:.1f} s; {lo:.3f}"
+                for r, a, b, lo in episodes[:8])
+            + f". Windows flagged AND below {STRAGGLER_SCORE_THRESHOLD} (the straggler "
+            f"alert's condition, scraped every {TRAINING_SCRAPE}): {both}")
     for a in alerts:
         values = [v for v in watch.values.get(a.name, [])
                   if all(v[2].get(k) == x for k, x in a.labels.items())]
@@ -123,3 +130,21 @@ def run_healthy(ranks: int, seconds: float, keep: Path | None = None) -> list[st
                      f"evaluations; values {[round(float(v[0]), 3) for v in values][:5]}; "
                      f"expr: {exprs.get(a.name)}")
     return lines
+
+
+def _episodes(windows, ranks: int) -> list[tuple[int, int, int, float]]:
+    """(rank, first step, last step flagged, lowest score in the BUSY_MIN_STEPS before) of
+    each stretch the monitor flagged a rank."""
+    out = []
+    for r in range(ranks):
+        start = None
+        for i, w in enumerate(windows):
+            if r in w.flagged and start is None:
+                start = i
+            if start is not None and (r not in w.flagged or i == len(windows) - 1):
+                end = i if r in w.flagged else i - 1
+                before = [s for v in windows if windows[start].step - BUSY_MIN_STEPS
+                          <= v.step <= windows[end].step and (s := v.scores[r]) is not None]
+                out.append((r, windows[start].step, windows[end].step, min(before)))
+                start = None
+    return sorted(out, key=lambda e: e[1])
