@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from fsdpmon.conventions import (
+    DIAGNOSIS_EVIDENCE_SECONDS,
     GPU_LABELS,
     JOB_LABEL,
     POD_LABELS,
@@ -141,9 +142,10 @@ TRAIN_STRAGGLER_SCORE = Metric(
     T)
 TRAIN_STRAGGLING = Metric(
     "fsdpmon_train_straggling", Gg, "",
-    "1 while this rank is a straggler: its straggler score below the threshold in two log "
-    "windows whose busy-time medians share no step (and every window between); it clears the "
-    "same way. One low window is noise, not a straggler.", T)
+    "1 while this rank is a straggler: its straggler score below the threshold in every log "
+    "window over at least two busy-time medians that share no step and the diagnosis "
+    f"evidence time ({DIAGNOSIS_EVIDENCE_SECONDS:g} s); it clears the same way. One low "
+    "window is noise, not a straggler.", T)
 TRAIN_CHECKPOINT_SECONDS = Metric(
     "fsdpmon_train_checkpoint_seconds", Gg, "seconds",
     "Wall time of this rank's last checkpoint save.", T)

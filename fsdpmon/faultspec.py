@@ -13,7 +13,9 @@ Kinds and keys (a key left out takes the default shown; ``rank``/``gpu`` default
                                                 rank R's forward/backward F times slower
   data-slow:rank=R,seconds=X,from_step=S,after=T
                                                 rank R's loader X s slower per batch
-  hang:rank=R,at_step=S,where=data|host         rank R blocks forever in Python, no collective
+  hang:rank=R,at_step=S,where=data|host,after=T rank R blocks forever in Python, no collective
+                                                (at step S, or the first step past it that
+                                                is T seconds after the rank's first step)
   nonfinite-loss:rank=R,from_step=S,value=nan|inf|-inf
   checkpoint-slow:rank=R,seconds=X,from_step=S,after=T
                                                 rank R's saves X s longer
@@ -63,6 +65,7 @@ class Hang:
     rank: int = 0
     at_step: int = 5
     where: str = "data"  # "data": inside next(loader); "host": a host-side call after the step
+    after: float = 0.0  # and not before this many seconds after the rank's first step
 
 
 @dataclass(frozen=True)

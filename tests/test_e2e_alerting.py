@@ -18,7 +18,7 @@ Healthy run:
 
 Faulty run (``--fault``): healthy first, then rank 1's compute 3x slower from step SLOW_FROM
 (score about 1/3, far below STRAGGLER_SCORE_THRESHOLD), then rank 0 hangs in its data loader
-after step HANG_AT:
+at the first step past HANG_AT that is HANG_AFTER_S past its first step:
 4. FsdpmonRankStraggling reaches Alertmanager naming rank 1 (cause straggler_compute, its
    runbook link), never rank 0, and did not fire before the fault started, although scores were
    published for seconds before it. (On a loaded 2-core host a healthy rank's score can dip to
@@ -79,14 +79,17 @@ STRAGGLING = "FsdpmonRankStraggling"
 # stall check gave a score of 0.56 for a moment, in a CI run) is no alert even without a `for`.
 FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="5s")
 # The faulty run: scores exist from BUSY_MIN_STEPS on; SLOW_FROM leaves healthy scored steps
-# before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, the monitor
-# flags the rank BUSY_MIN_STEPS steps after that (a second, disjoint median agrees), and the
-# hang comes some windows later (score and flag stay published while the job hangs).
+# before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the
+# monitor flags the rank once a second, disjoint median agrees and DIAGNOSIS_EVIDENCE_SECONDS
+# have passed (score and flag stay published while the job hangs). The hang must come after
+# that in wall time: here the fault starts 3-9 s after the first step and the flag rises ~13 s
+# later (load ~6), so HANG_AFTER_S leaves room for a machine over twice as slow.
 SLOW_FROM = BUSY_MIN_STEPS + 60
-HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + BUSY_MIN_STEPS + 12
+HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + BUSY_MIN_STEPS
+HANG_AFTER_S = 45.0
 SLOW_FACTOR = 3.0
 FAULTS = (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM};"
-          f"hang:rank=0,at_step={HANG_AT},where=data")
+          f"hang:rank=0,at_step={HANG_AT},where=data,after={HANG_AFTER_S:g}")
 # What Grafana sends with this job and node selected, All ranks and namespaces, a 10m range.
 VARIABLES = {"__rate_interval": "15s", "__interval": "2s", "__range": "10m",
              "namespace": ".*", "job": JOB_NAME, "node": NODE, "rank": ".*"}
@@ -330,7 +333,8 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
         assert stalled[0]["annotations"]["cause"] == "hang", stalled[0]["annotations"]
         assert stalled[0]["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_URL}#hang"
         assert FAULTY_JOB in stalled[0]["annotations"]["summary"]
-        assert step_of(prom, "0", FAULTY_JOB) == HANG_AT, "rank 0 hangs after step HANG_AT"
+        hung_at = step_of(prom, "0", FAULTY_JOB)
+        assert hung_at >= HANG_AT, f"rank 0 hung at step {hung_at}, before HANG_AT {HANG_AT}"
         assert trainer.poll() is None, training_log()
         assert not [a for a in in_alertmanager(am, STRAGGLING, FAULTY_JOB)
                     if a["labels"]["rank"] != "1"], "only the slowed rank is a straggler"
@@ -344,11 +348,11 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
     slowed = first(f'fsdpmon_train_step{{{job}, rank="1"}} >= {SLOW_FROM}')
     scored = first(f'{SCORE}{{{job}}}')
     straggling = first(f'ALERTS{{alertname="{STRAGGLING}", {job}, alertstate="firing"}}')
-    hung = first(f'fsdpmon_train_step{{{job}, rank="0"}} >= {HANG_AT}')
+    hung = first(f'fsdpmon_train_step{{{job}, rank="0"}} >= {hung_at}')
     stall = first(f'ALERTS{{alertname="{STALL}", {job}, alertstate="firing"}}')
     assert None not in (slowed, scored, straggling, hung, stall), (
         slowed, scored, straggling, hung, stall)
-    # (60 steps: 4-9 s here; the healthy run above holds scores for longer and never fires)
+    # (60 steps: 2-9 s here; the healthy run above holds scores for longer and never fires)
     assert scored < slowed, f"no healthy scored part: scores from {scored}, fault at {slowed}"
     assert straggling > slowed, (
         f"straggler alert fired {slowed - straggling:.0f} s before the fault started")

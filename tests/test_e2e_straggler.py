@@ -13,9 +13,12 @@ This is the compact subset the suite can afford.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from straggler_runs import JobRun, run_job
 
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
 pytestmark = pytest.mark.slow
@@ -33,8 +36,11 @@ def windows(run: JobRun) -> tuple[list, list]:
 
 
 STEPS = HEALTHY_STEPS + SETTLE + LOG_EVERY * CHECKED_WINDOWS
-# The monitor's flag needs a second median over disjoint steps to agree: BUSY_MIN_STEPS more.
-FLAG_BY = HEALTHY_STEPS + SETTLE + BUSY_MIN_STEPS + LOG_EVERY
+# The monitor's flag needs a second median over disjoint steps to agree (BUSY_MIN_STEPS more)
+# and DIAGNOSIS_EVIDENCE_SECONDS to pass: the data-slow rank's steps take DATA_SLOW_S or more.
+DATA_SLOW_S = 0.25
+FLAG_BY = (HEALTHY_STEPS + SETTLE + LOG_EVERY
+           + max(BUSY_MIN_STEPS, math.ceil(DIAGNOSIS_EVIDENCE_SECONDS / DATA_SLOW_S)))
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +53,7 @@ def two_ranks_compute_slow_with_neighbour(tmp_path_factory) -> JobRun:
 
 @pytest.fixture(scope="module")
 def four_ranks_data_slow(tmp_path_factory) -> JobRun:
-    fault = f"data-slow:rank=2,seconds=0.25,from_step={HEALTHY_STEPS + 1}"
+    fault = f"data-slow:rank=2,seconds={DATA_SLOW_S},from_step={HEALTHY_STEPS + 1}"
     return run_job(tmp_path_factory.mktemp("ds4"), 4, fault, FLAG_BY + LOG_EVERY, LOG_EVERY)
 
 
@@ -89,4 +95,5 @@ def test_monitor_flags_the_straggler_once_two_disjoint_medians_agree(four_ranks_
     assert not early, f"flagged before the fault (steps {early})"
     late = [(w.step, w.flagged, w.scores[2]) for w in run.windows if w.step >= FLAG_BY]
     assert late and all(f == [2] for _, f, _ in late), (
-        f"rank 2 not flagged {BUSY_MIN_STEPS} steps after its score fell: {late}")
+        f"rank 2 not flagged {FLAG_BY - HEALTHY_STEPS - SETTLE} steps after its score fell: "
+        f"{late}")

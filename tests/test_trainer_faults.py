@@ -101,6 +101,24 @@ def test_hang_in_the_data_loader_never_returns():
     assert thread.is_alive(), "next(loader) returned although the rank should hang"
 
 
+def test_a_hang_with_after_waits_for_its_time_then_blocks_at_the_next_step():
+    p = plan("hang:rank=1,at_step=3,where=data,after=0.3")
+    steps_done = [5]
+    wrapped = p.wrap_loader(iter([1, 2, 3]), lambda: steps_done[0])
+    assert next(wrapped) == 1, "no step completed yet: not due"
+    p.after_step(1)  # the rank's first step: 0.3 s from now
+    assert next(wrapped) == 2, "past at_step but not yet 0.3 s after the first step"
+    time.sleep(0.3)
+    thread = threading.Thread(target=lambda: next(wrapped), daemon=True)
+    thread.start()
+    thread.join(1.5)
+    assert thread.is_alive(), "next(loader) returned although the rank should hang by now"
+    host = plan("hang:rank=1,at_step=3,where=host,after=3600")
+    host.after_step(1)
+    host.after_step(3)  # at its step, but an hour early: returns (a host hang would block)
+    host.after_step(4)
+
+
 def test_nonfinite_loss_from_its_step():
     p = plan("nonfinite-loss:rank=1,from_step=4,value=-inf")
     loss = torch.tensor(2.5)

@@ -106,6 +106,14 @@ class FaultPlan:
             not fault.after or (self.first_step.at is not None
                                 and self.first_step.since() >= fault.after))
 
+    def hang_due(self, fault: fs.Hang, step: int) -> bool:
+        """A hang acts at step ``at_step``, or (with ``after``) at the first step past it that
+        is ``after`` seconds past this rank's first step."""
+        if not fault.after:
+            return step == fault.at_step if fault.where == "host" else step >= fault.at_step
+        return step >= fault.at_step and self.first_step.at is not None and (
+            self.first_step.since() >= fault.after)
+
     def slow_compute(self, step: int, seconds: float) -> None:
         """Called after forward and after backward of ``step`` with the time that phase took."""
         for f in self._of(fs.ComputeSlow):
@@ -132,7 +140,7 @@ class FaultPlan:
             if f.at_step == step and first:
                 _die()
         for f in self._of(fs.Hang):
-            if f.at_step == step and f.where == "host":
+            if f.where == "host" and self.hang_due(f, step):
                 block_forever_in_host_call()
         for f in self._of(fs.Pause):
             if f.at_step == step and first:
@@ -169,7 +177,7 @@ class FaultyLoader:
     def __next__(self) -> Any:
         step = self.current_step()  # steps completed so far
         for f in self.plan._of(fs.Hang):
-            if f.where == "data" and step >= f.at_step:
+            if f.where == "data" and self.plan.hang_due(f, step):
                 hang_in_data_loader()
         for f in self.plan._of(fs.DataSlow):
             if self.plan.due(f, step + 1):

@@ -292,7 +292,7 @@ class Monitor:
                             if rows is not None and self.topo.rank == 0 else None)
         score = self._guarded("straggler score", lambda: straggler_scores(
             [r[1] for r in rows])[self.topo.rank] if rows is not None else None)
-        straggling = self._straggling.update(score, self.step_number)
+        straggling = self._straggling.update(score, self.step_number, time.monotonic())
         record = self._guarded("record", lambda: step_record(
             self.topo, self.step_number, stats, quality, busy_known=self._busy.known,
             peak_memory=peak_memory, job=job, score=score, straggling=straggling,

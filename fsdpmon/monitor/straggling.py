@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
 
 
 def straggler_scores(busy: Sequence[float]) -> list[float | None]:
@@ -34,22 +34,30 @@ def straggler_scores(busy: Sequence[float]) -> list[float | None]:
 
 @dataclass
 class StragglingFlag:
-    """Flips (on or off) only when two busy-time medians over DISJOINT steps agree.
+    """Flips (on or off) only when the evidence has held over ``span`` steps AND
+    ``min_seconds`` of wall time: two busy-time medians over DISJOINT steps agree, and the
+    verdict has stood as long as any other diagnosis verdict needs (DIAGNOSIS_EVIDENCE_SECONDS).
 
     One window's score rests on one median of ``span`` steps (BUSY_MIN_STEPS). On a healthy
     2-rank job on a loaded 2-core host, 2 of 166 such independent medians scored a rank below
-    the line (bench_faults, 31-step windows): a per-window flag would page about once every
-    150 s. Asking a second, disjoint median to agree squares that rate (about 1e-4 a window,
-    if the medians are independent, which disjoint steps make them as far as the scheduler's
-    noise goes). It also keeps a true straggler whose score wavers around the line from
-    blinking off in one window. The price: the flag lags the score by ``span`` steps.
+    the line (bench_faults, 31-step windows): a per-window flag would page every few minutes.
+    Asking a second, disjoint median to agree squares that rate if the noise were per step;
+    but the noise there comes in stretches of wall time (a rank slower for 2-3 s, as if its
+    vCPU ran slower), which with 51 ms steps spans two medians: 5 such episodes flagged a
+    healthy 2-rank run (bench_diagnose's healthy runs). Counted in seconds too, the flag holds
+    the evidence for as long as `fsdpmon diagnose` does, which named nobody on those runs; on a
+    real job (steps of seconds) the step span is the longer bound. Either way it keeps a true
+    straggler whose score wavers around the line from blinking off. The price: the flag lags
+    the score by max(span steps, min_seconds).
     """
 
     span: int
+    min_seconds: float = DIAGNOSIS_EVIDENCE_SECONDS
     flagged: bool = False
-    _since: int | None = None  # step of the first window that disagreed with ``flagged``
+    _since: tuple[int, float] | None = None  # (step, time) of the first disagreeing window
 
-    def update(self, score: float | None, step: int) -> bool:
+    def update(self, score: float | None, step: int, now: float) -> bool:
+        """``now``: a monotonic clock's seconds at this log step."""
         if score is None or not math.isfinite(score):
             # No verdict without a score (warm-up, a failed gather): evidence starts over.
             self.flagged, self._since = False, None
@@ -58,7 +66,8 @@ class StragglingFlag:
         if below == self.flagged:
             self._since = None
         elif self._since is None:
-            self._since = step
-        if self._since is not None and step - self._since >= self.span:
+            self._since = (step, now)
+        if self._since is not None and (step - self._since[0] >= self.span
+                                        and now - self._since[1] >= self.min_seconds):
             self.flagged, self._since = below, None
         return self.flagged
