@@ -18,6 +18,7 @@ from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     DEFAULT_STALL_FACTOR,
     DEFAULT_STALL_FLOOR_SECONDS,
+    LOSS_DIVERGENCE_FACTOR,
     MEMORY_PRESSURE_RATIO,
     STRAGGLER_SCORE_THRESHOLD,
 )
@@ -66,7 +67,7 @@ class RuleBounds:
     # divergence_window. Both sides averaged: a logged loss is one step's, and the minimum of
     # raw samples is the noise's lowest dip (a healthy tiny job's 0.7 against a level of
     # 1.2-1.9 kept the raw rule pending for minutes on end).
-    divergence_factor: float = 1.5
+    divergence_factor: float = LOSS_DIVERGENCE_FACTOR
     divergence_smoothing: str = "10m"
     divergence_window: str = "1h"
     divergence_for: str = "15m"

@@ -63,8 +63,13 @@ DIAGNOSIS_EVIDENCE_SECONDS = 10.0
 # A straggler's excess busy time is put down to data loading (or checkpointing) when at least
 # this share of it is extra data wait (or checkpoint time) compared to the median rank.
 STRAGGLER_CAUSE_SHARE = 0.5
-# Job loss above this multiple of its recent median (sustained) is a loss spike.
+# Job loss above this multiple of its recent median (sustained) is a loss spike (diagnose: a
+# jump within minutes).
 LOSS_SPIKE_FACTOR = 2.0
+# Job loss averaged over 10 minutes above this multiple of its lowest such average in the last
+# hour is diverging (FsdpmonLossDiverging, cause loss_spike too): a slow climb, which averages
+# over minutes make visible where a step's loss is noise, so a lower factor than a spike's.
+LOSS_DIVERGENCE_FACTOR = 1.5
 # Checkpoint time above this share of the step time (job median) is a slow checkpoint.
 CHECKPOINT_SHARE_LIMIT = 0.25
 # A node's CPUs busy at or above this share, under a straggling rank, is host CPU contention.
