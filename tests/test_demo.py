@@ -70,7 +70,7 @@ def test_faults_go_to_the_trainer_and_the_simulated_gpus_and_are_announced(tmp_p
     plan = make_plan(cfg, gpus=0)
     trainer = plan.trainer_argv[plan.trainer_argv.index("--fault") + 1]
     exporter = plan.exporter_argv[plan.exporter_argv.index("--fault") + 1]
-    assert trainer == "hang:rank=1,at_step=40,where=data"
+    assert trainer == "hang:rank=1,at_step=40,where=data,after=0.0"
     assert exporter == ("gpu-throttle:gpu=1,after=20.0,reason=thermal;"
                         "xid:gpu=0,code=79,after=0.0")
     said = "\n".join(describe(plan, cfg))
