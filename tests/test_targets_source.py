@@ -246,3 +246,30 @@ def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_o
         split.close()
         alone.close()
         srv.close()
+
+
+def test_a_rank_that_starts_after_its_pods_first_gets_its_node_on_the_next_refresh():
+    """Two local ranks on one endpoint: at the full refresh rank 1 steps but has not served its
+    info series yet (seen in a CI run of the demo: its row without a node for SLOW_EVERY
+    refreshes). The next refresh asks for the slow families again and fills it in."""
+    payloads = job_expositions("llama", 1, 2)
+    path = next(p for p in payloads if p.startswith("/train/"))
+    complete = payloads[path]
+    info = b"fsdpmon_train_info{"
+    payloads[path] = b"".join(line + b"\n" for line in complete.splitlines()
+                              if not (line.startswith(info) and b'rank="1"' in line))
+    srv = PayloadServer(payloads)
+    source = TargetsSource([srv.url(p) for p in sorted(payloads)], timeout_s=5.0)
+    try:
+        first = source.fetch()
+        nodes = {r.rank: r.node for r in first.ranks}
+        assert nodes[0] and not nodes[1], f"rank 1's info was meant to be missing: {nodes}"
+        srv.payloads[path] = complete  # rank 1 publishes its facts
+        second = source.fetch()
+        nodes = {r.rank: r.node for r in second.ranks}
+        assert nodes[1] == nodes[0], f"rank 1 still without its node the refresh after: {nodes}"
+        source.fetch()
+        assert source.cadence.full is False, "with every rank's facts in, refreshes are light"
+    finally:
+        source.close()
+        srv.close()

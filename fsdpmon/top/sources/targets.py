@@ -227,8 +227,13 @@ class TargetsSource:
             lambda i, result: aggregator.add(own[i], cadence.complete(result)), names)
         if helper is not None:
             self._take_share(helper, aggregator)
-        return aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
+        snap = aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
                                    job_name=self.job_name)
+        if any(not r.node and not r.down for r in snap.ranks):
+            # A rank that started after its pod's first one had no *_info series at the last
+            # full refresh: ask for it now rather than show it without a node for SLOW_EVERY.
+            cadence.note_lacking()
+        return snap
 
     def _ask_helper(self, names: frozenset[str], full: bool) -> Helper | None:
         if not self._theirs:
