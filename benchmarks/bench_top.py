@@ -9,21 +9,27 @@ Measures, in one run, and prints:
   - fetch-only time of the hand-written selector loop against urllib3's connection pool
   - resident memory of `top` (this process and its helper) after the refreshes
   - exposition parsing: fsdpmon's parser vs prometheus_client's text_string_to_metric_families
-    on the same payloads, side by side (median of several runs), as a ratio
+    on the same payloads, side by side (median of several runs), as a ratio; the rounds of
+    parsing alternate with the rounds of refreshes, so that a machine whose speed drifts (a
+    shared VM) slows both alike
+  - the CPU the stand-in pods' servers spend per refresh (on this machine they share top's
+    cores; real pods would not)
   - the Prometheus source's refresh against a real Prometheus holding the same job
     (benchmarks/top_prometheus.py) and its queries per refresh
   - the last two lines: the slowest view's refresh over prometheus_client's parse of the full
     payloads, on one process and as top runs it (two processes), wall time and CPU time (on a
     machine shared with other work, wall time mostly measures the wait for a core)
 
-The pods are served by a few server processes (each a threaded HTTP server answering many paths,
-like a node full of pods) so the client process measures only what `top` itself does. Not a
+The pods are served by a few server processes (each one selector loop answering many paths,
+like a node full of pods: tests/payload_server.py) so the client process measures only what
+`top` itself does. Not a
 timed test: numbers depend on the machine; run `python benchmarks/bench_top.py`.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import multiprocessing as mp
 import os
@@ -32,8 +38,11 @@ import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from multiprocessing.connection import Connection
 from pathlib import Path
+from typing import Any
 
 import psutil
 import urllib3
@@ -41,6 +50,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.sources.cadence import SLOW_EVERY
 from fsdpmon.top.sources.httpget import get_all
 from fsdpmon.top.sources.targets import TargetsSource, with_names
 from fsdpmon.top.ui_state import ViewState
@@ -50,7 +60,8 @@ from fsdpmon.top.wanted import WANTED, new_parser
 # The synthetic job generator is test code (tests/synthetic_job.py), not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import top_prometheus
-from synthetic_job import PayloadServer, job_expositions
+from payload_server import PayloadServer
+from synthetic_job import job_expositions
 
 
 def _serve(nodes: int, gpus: int, ports: mp.Queue, stop: mp.Event) -> None:
@@ -93,6 +104,45 @@ def timed_refresh(source: TargetsSource, console: Console,
             source.bytes_received)
 
 
+def _refresher(conn: Connection, urls: list[str], workers: int, split: bool) -> None:
+    """A process like `top`: one source, one console; refreshes a view when asked."""
+    source = TargetsSource(urls, timeout_s=10.0, max_workers=workers, split=split)
+    console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
+    try:
+        while (request := conn.recv()) is not None:
+            if request == "state":
+                snap = source.fetch()
+                peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+                conn.send((_rss(os.getpid()), peak, _rss(source.helper_pid),
+                           {k: len(getattr(snap, k)) for k in ("ranks", "gpus", "processes",
+                                                               "targets")}))
+            else:
+                conn.send(timed_refresh(source, console, *request))
+    finally:
+        source.close()
+
+
+class Refresher:
+    """A `top` in its own process (a fresh interpreter: its heap holds its source alone, as a
+    real one's does, not this benchmark's payloads or the other source's caches)."""
+
+    def __init__(self, urls: list[str], workers: int, split: bool) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, theirs = ctx.Pipe()
+        self.process = ctx.Process(target=_refresher, args=(theirs, urls, workers, split),
+                                   daemon=True)
+        self.process.start()
+
+    def ask(self, request: object) -> Any:
+        self._conn.send(request)
+        return self._conn.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._conn.send(None)
+        self.process.join(timeout=10)
+
+
 def _p(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[int(q * (len(ordered) - 1))]
@@ -116,48 +166,55 @@ def http_compare(urls: list[str], workers: int, rounds: int) -> tuple[float, flo
     return statistics.median(ours), statistics.median(lib)
 
 
+def _cpu(processes: list[psutil.Process]) -> float:
+    """CPU seconds (user and system) the processes have spent so far."""
+    return sum(sum(p.cpu_times()[:2]) for p in processes)
+
+
 def _rss(pid: int | None) -> int:
     """Resident bytes of process ``pid`` (none: 0)."""
     return psutil.Process(pid).memory_info().rss if pid is not None else 0
 
 
-def bench_refresh(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
+def bench_refresh(args: argparse.Namespace,
+                  between: Callable[[], None]) -> dict[str, tuple[float, float]]:
     """Prints the refresh figures; returns the slowest view's p50 (wall, CPU of top's
-    processes), in seconds, of the split source (2 processes) and of one process alone."""
+    processes), in seconds, of the split source (2 processes) and of one process alone.
+    ``between`` runs after each round of refreshes (``args.parse_repeat`` rounds)."""
     ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
+    servers = [psutil.Process(p.pid) for p in procs]
     payloads = job_expositions("llama2-7b", args.nodes, args.gpus)
     full_bytes = sum(len(b) for b in payloads.values())
     paths = sorted(payloads)
     urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
     # top's default (a helper process files half the targets) and the same on one process,
     # refreshed in turn, so that load from other work hits both alike.
-    sources = {"split": TargetsSource(urls, timeout_s=10.0, max_workers=args.workers),
-               "one": TargetsSource(urls, timeout_s=10.0, max_workers=args.workers,
-                                    split=False)}
-    source = sources["split"]
-    console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
-    runs: dict[str, dict[str, list[tuple[float, ...]]]] = {k: {} for k in sources}
+    tops = {"split": Refresher(urls, args.workers, True),
+            "one": Refresher(urls, args.workers, False)}
+    runs: dict[str, dict[str, list[tuple[float, ...]]]] = {k: {} for k in tops}
     try:
-        for each in sources.values():
+        for each in tops.values():
             for _ in range(2):
-                timed_refresh(each, console)  # warm-up: connections, caches, the helper
-        for view, key in VIEWS:
-            for _ in range(args.refreshes):
-                for name, each in sources.items():
-                    runs[name].setdefault(view, []).append(
-                        timed_refresh(each, console, view, key))
-        snap = source.fetch()
-        rss, helper_rss = _rss(os.getpid()), _rss(source.helper_pid)
+                each.ask(VIEWS[0])  # warm-up: imports, connections, caches, the helper
+        per_round = -(-args.refreshes // args.parse_repeat)
+        for _ in range(args.parse_repeat):
+            for view, key in VIEWS:
+                for _ in range(per_round):
+                    for name, each in tops.items():
+                        before = _cpu(servers)
+                        runs[name].setdefault(view, []).append(
+                            (*each.ask((view, key)), _cpu(servers) - before))
+            between()
+        rss, peak, helper_rss, counts = tops["split"].ask("state")
         ours, lib = http_compare([with_names(u, WANTED) for u in urls], args.workers, 5)
     finally:
-        for each in sources.values():
+        for each in tops.values():
             each.close()
         stop.set()
         for p in procs:
             p.join(timeout=10)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(f"job: {args.nodes} nodes x {args.gpus} GPUs = {len(snap.ranks)} ranks, "
-          f"{len(snap.gpus)} GPUs, {len(snap.processes)} processes, {len(snap.targets)} targets "
+    print(f"job: {args.nodes} nodes x {args.gpus} GPUs = {counts['ranks']} ranks, "
+          f"{counts['gpus']} GPUs, {counts['processes']} processes, {counts['targets']} targets "
           f"({args.servers} server processes, {args.workers} scrape workers)")
     slowest: dict[str, tuple[float, float]] = {}
     for name, title in (("split", "top's default: a helper process scrapes, parses and files "
@@ -177,18 +234,23 @@ def bench_refresh(args: argparse.Namespace) -> dict[str, tuple[float, float]]:
         slowest[name] = (max(statistics.median(r[0] for r in rs) for rs in runs[name].values()),
                          max(statistics.median(r[3] + r[4] for r in rs)
                              for rs in runs[name].values()))
+    served = [r[6] for rs in runs["split"].values() for r in rs]
+    print(f"the stand-in pods' {args.servers} server processes, on the same cores: CPU p50 "
+          f"{statistics.median(served) * 1e3:.0f} ms per refresh of top's default (real pods "
+          "run elsewhere)")
     fetched = statistics.mean(r[5] for r in runs["split"]["ranks"])
     print(f"bytes per refresh (ranks view): {fetched / 2**20:.1f} MiB asking with name[] for "
-          f"what top reads (process and *_info families every {source.cadence.every}th "
-          f"refresh); {full_bytes / 2**20:.1f} MiB before, the whole expositions: "
+          f"what top reads (process families and static facts every {SLOW_EVERY}th "
+          "refresh, the process families every refresh while the Processes view is open); "
+          f"{full_bytes / 2**20:.1f} MiB before, the whole expositions: "
           f"{full_bytes / fetched:.1f}x less")
     print(f"HTTP, fetch only, all {len(urls)} targets with name[] (p50 of 5): selector loop "
           f"(httpget.get_all) {ours * 1e3:.0f} ms, urllib3 pool on {args.workers} threads "
           f"{lib * 1e3:.0f} ms; the difference is {(lib - ours) / slowest['one'][0] * 100:+.0f}% "
           "of the slowest view's refresh on one process")
-    print(f"resident memory of top: {(rss + helper_rss) / 2**20:.0f} MiB now (this process "
-          f"{rss / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB, with both sources' caches; "
-          f"helper {helper_rss / 2**20:.0f} MiB)")
+    print(f"resident memory of top: {(rss + helper_rss) / 2**20:.0f} MiB now (main process "
+          f"{rss / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB; helper "
+          f"{helper_rss / 2**20:.0f} MiB)")
     return slowest
 
 
@@ -198,46 +260,54 @@ def _timed(fn, texts: list[str]) -> tuple[float, float, int]:
     return time.perf_counter() - wall, time.process_time() - cpu, count
 
 
-def bench_parser(args: argparse.Namespace) -> tuple[float, float]:
-    """Prints the parser figures; returns prometheus_client's wall and CPU time on the
-    payloads."""
-    # Each parser gets what it takes: prometheus_client text (decoded beforehand, untimed),
-    # fsdpmon the bytes as they come off the socket.
-    payloads = list(job_expositions("llama2-7b", args.nodes, args.gpus).values())
-    texts = [b.decode() for b in payloads]
+class ParserRounds:
+    """fsdpmon's parser against prometheus_client's on the job's payloads, one round at a time
+    (run between rounds of refreshes); ``report`` prints the figures and returns
+    prometheus_client's median wall and CPU time."""
 
-    def reference(ts: list[str]) -> int:
+    def __init__(self, args: argparse.Namespace) -> None:
+        # Each parser gets what it takes: prometheus_client text (decoded beforehand, untimed),
+        # fsdpmon the bytes as they come off the socket.
+        self.payloads = list(job_expositions("llama2-7b", args.nodes, args.gpus).values())
+        self.texts = [b.decode() for b in self.payloads]
+        self.rounds: list[list[tuple[float, float, int]]] = []
+
+    def reference(self, ts: list[str]) -> int:
         return sum(len(f.samples) for t in ts for f in text_string_to_metric_families(t))
 
-    def ours_all(_: list[str]) -> int:  # fresh parser: no cache across payloads
-        return sum(len(Parser().parse(b)) for b in payloads)
+    def ours_all(self, _: list[str]) -> int:  # fresh parser: no cache across payloads
+        return sum(len(Parser().parse(b)) for b in self.payloads)
 
-    def ours_top(_: list[str]) -> int:
-        return sum(len(new_parser().parse(b)) for b in payloads)
+    def ours_top(self, _: list[str]) -> int:
+        return sum(len(new_parser().parse(b)) for b in self.payloads)
 
-    # Interleaved, so that load from other processes hits all three alike; ratios per round.
-    rounds = [[_timed(fn, texts) for fn in (reference, ours_all, ours_top)]
-              for _ in range(args.parse_repeat)]
-    ref_n, all_n, top_n = (rounds[0][i][2] for i in range(3))
-    assert all_n == ref_n, (all_n, ref_n)
+    def round(self) -> None:
+        """The three parsers in turn, so that load from other processes hits them alike."""
+        self.rounds.append([_timed(fn, self.texts)
+                            for fn in (self.reference, self.ours_all, self.ours_top)])
 
-    def med(i: int, k: int) -> float:
-        return statistics.median(r[i][k] for r in rounds)
+    def report(self) -> tuple[float, float]:
+        rounds = self.rounds
+        ref_n, all_n, top_n = (rounds[0][i][2] for i in range(3))
+        assert all_n == ref_n, (all_n, ref_n)
 
-    def ratio(i: int, k: int) -> float:
-        return statistics.median(r[0][k] / r[i][k] for r in rounds)
+        def med(i: int, k: int) -> float:
+            return statistics.median(r[i][k] for r in rounds)
 
-    size = sum(len(t) for t in texts) / 2**20
-    print(f"parsing {len(texts)} payloads, {size:.1f} MiB, {ref_n} samples "
-          f"(median of {args.parse_repeat} interleaved rounds; wall ms / CPU ms):")
-    print(f"  prometheus_client text_string_to_metric_families: {med(0, 0) * 1e3:6.0f} / "
-          f"{med(0, 1) * 1e3:6.0f}")
-    print(f"  fsdpmon expfmt, every sample:                      {med(1, 0) * 1e3:6.0f} / "
-          f"{med(1, 1) * 1e3:6.0f}  -> {ratio(1, 0):.1f}x faster (CPU {ratio(1, 1):.1f}x)")
-    print(f"  fsdpmon expfmt, the {len(WANTED)} names top reads ({top_n} samples): "
-          f"{med(2, 0) * 1e3:4.0f} / {med(2, 1) * 1e3:4.0f}  -> {ratio(2, 0):.1f}x faster "
-          f"(CPU {ratio(2, 1):.1f}x)")
-    return med(0, 0), med(0, 1)
+        def ratio(i: int, k: int) -> float:
+            return statistics.median(r[0][k] / r[i][k] for r in rounds)
+
+        size = sum(len(t) for t in self.texts) / 2**20
+        print(f"parsing {len(self.texts)} payloads, {size:.1f} MiB, {ref_n} samples (median of "
+              f"{len(rounds)} rounds, between the rounds of refreshes; wall ms / CPU ms):")
+        print(f"  prometheus_client text_string_to_metric_families: {med(0, 0) * 1e3:6.0f} / "
+              f"{med(0, 1) * 1e3:6.0f}")
+        print(f"  fsdpmon expfmt, every sample:                      {med(1, 0) * 1e3:6.0f} / "
+              f"{med(1, 1) * 1e3:6.0f}  -> {ratio(1, 0):.1f}x faster (CPU {ratio(1, 1):.1f}x)")
+        print(f"  fsdpmon expfmt, the {len(WANTED)} names top reads ({top_n} samples): "
+              f"{med(2, 0) * 1e3:4.0f} / {med(2, 1) * 1e3:4.0f}  -> {ratio(2, 0):.1f}x faster "
+              f"(CPU {ratio(2, 1):.1f}x)")
+        return med(0, 0), med(0, 1)
 
 
 def main() -> None:
@@ -250,8 +320,9 @@ def main() -> None:
     parser.add_argument("--parse-repeat", type=int, default=5)
     args = parser.parse_args()
     print(f"machine: {psutil.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB")
-    slowest = bench_refresh(args)
-    reference, reference_cpu = bench_parser(args)
+    parsers = ParserRounds(args)
+    slowest = bench_refresh(args, parsers.round)
+    reference, reference_cpu = parsers.report()
     if shutil.which("promtool") and shutil.which("prometheus"):
         print(top_prometheus.report(args.nodes, args.gpus))
     else:

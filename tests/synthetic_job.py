@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from urllib.parse import parse_qsl
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from fsdpmon import catalog
 from fsdpmon.conventions import SIMULATED_GPU_MODEL, STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.families import Families, restrict
+from fsdpmon.families import Families
 
 
 @dataclass(frozen=True)
@@ -304,68 +303,3 @@ def job_expositions(job: str, nodes: int, gpus_per_node: int) -> dict[str, bytes
         out[f"/train/{node}"] = training_exposition(job, ranks, everyone)
         out[f"/node/{node}"] = exporter_exposition(node, gpus)
     return out
-
-
-class PayloadServer:
-    """A loopback stand-in for many pods: serves ``payloads[path]`` (mutable) with 200, else 404.
-
-    prometheus_client's server serves one registry per port; a benchmark of 512 pods needs one
-    process to answer for many, so this maps paths to pre-rendered expositions instead. It
-    answers HTTP/1.0 GETs with one write and no header parsing: on a 2-core machine the stand-in
-    shares the CPU with the `top` being measured, and real pods would not.
-    """
-
-    def __init__(self, payloads: dict[str, bytes], host: str = "127.0.0.1") -> None:
-        import socketserver
-        import threading
-
-        outer = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            def handle(self) -> None:
-                request = self.rfile.readline(65537).split()
-                while self.rfile.readline(65537) not in (b"\r\n", b"\n", b""):
-                    pass  # request headers: not needed
-                target = request[1].decode("latin-1") if len(request) > 1 else ""
-                path, _, query = target.partition("?")
-                body = outer.payloads.get(path)
-                if body is not None and query and outer.honour_names:
-                    body = outer.restricted(path, body, query)
-                status = b"200 OK" if body is not None else b"404 Not Found"
-                body = b"not found\n" if body is None else body
-                self.wfile.write(b"HTTP/1.0 %s\r\nContent-Type: text/plain; version=0.0.4; "
-                                 b"charset=utf-8\r\nContent-Length: %d\r\n\r\n%s"
-                                 % (status, len(body), body))
-
-        class Server(socketserver.ThreadingTCPServer):
-            # One process answers for many pods, each of which would have its own listen
-            # queue: the default backlog of 5 would drop concurrent SYNs (1 s retransmits).
-            request_queue_size = 1024
-            daemon_threads = True
-            allow_reuse_address = True
-
-        self.payloads = payloads
-        self._restricted: dict[tuple[str, str], tuple[bytes, bytes]] = {}
-        self.honour_names = True  # False: a server that ignores ``name[]`` (other exporters)
-        self.httpd = Server((host, 0), Handler)
-        self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self._thread.start()
-
-
-    def restricted(self, path: str, body: bytes, query: str) -> bytes:
-        """``body`` cut to the samples named by ``name[]`` in ``query``, as the monitor and the
-        exporter answer it; cached per path and query while the body stays the same object."""
-        cached = self._restricted.get((path, query))
-        if cached is not None and cached[0] is body:
-            return cached[1]
-        names = {v for k, v in parse_qsl(query) if k == "name[]"}
-        filtered = restrict(body, names) if names else body
-        self._restricted[path, query] = (body, filtered)
-        return filtered
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
-
-    def close(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()

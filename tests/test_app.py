@@ -11,7 +11,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-from synthetic_job import PayloadServer, job_expositions
+from payload_server import PayloadServer
+from synthetic_job import job_expositions
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.top.app import Refresher, split_keys

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from payload_server import PayloadServer
 from support import free_port
-from synthetic_job import GpuSpec, PayloadServer, exporter_exposition, training_exposition
+from synthetic_job import GpuSpec, exporter_exposition, training_exposition
 from top_snapshots import JOB, ranks
 
 from fsdpmon.cli import main

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 
 import psutil
 import pytest
-from synthetic_job import PayloadServer, job_expositions
+from payload_server import PayloadServer
+from synthetic_job import job_expositions
 
 from fsdpmon.top.sources.httpget import ScrapeError, body_of, get_all, http_get
 

@@ -91,7 +91,7 @@ def test_finds_and_scrapes_the_job_through_the_pod_proxy(api, tmp_path, labels):
 
 
 def test_selector_and_inside_cluster_scrapes_by_pod_ip(api, tmp_path):
-    from synthetic_job import PayloadServer
+    from payload_server import PayloadServer
 
     populate(api, {"app": "custom"}, prefix="custom")
     body = api.metrics["ml/custom-0:9520"]

@@ -14,9 +14,9 @@ import time
 
 import pytest
 import yaml
+from payload_server import PayloadServer
 from synthetic_job import (
     GpuSpec,
-    PayloadServer,
     RankSpec,
     exporter_exposition,
     job_expositions,

@@ -8,7 +8,8 @@ import time
 from dataclasses import asdict
 
 import pytest
-from synthetic_job import PayloadServer, job_expositions
+from payload_server import PayloadServer
+from synthetic_job import job_expositions
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.snapshot import JobState
@@ -180,9 +181,15 @@ def test_process_and_info_families_come_every_few_refreshes_and_rows_carry_over(
             assert _rows(snap) == _rows(first), "carried process/info rows changed"
         source.fetch()
         assert source.bytes_received == full, "every SLOW_EVERY-th refresh asks for everything"
+        light = between[0][1]
         source.showing("processes")
-        source.fetch()
-        assert source.bytes_received == full, "the Processes view gets its families each time"
+        for _ in range(2):
+            snap = source.fetch()
+            got = source.bytes_received
+            assert light < got < full, (
+                f"{got} bytes with the Processes view open: its families ({got - light} bytes "
+                f"over a light refresh) but not the static facts ({full - got} bytes short)")
+            assert _rows(snap) == _rows(first), "carried static facts changed a row"
     finally:
         source.close()
         srv.close()
@@ -213,6 +220,33 @@ def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refr
     assert cadence.names() != WANTED
     cadence.complete(ScrapeResult(target, None))  # down
     assert cadence.names() == WANTED, "after a target was down, the next refresh asks for all"
+
+
+def test_the_processes_view_asks_for_process_families_each_refresh_and_carries_static_facts():
+    from fsdpmon import catalog
+    from fsdpmon.top.aggregate import ScrapeResult, Target
+    from fsdpmon.top.expfmt import Sample
+    from fsdpmon.top.sources.cadence import PROCESS_NAMES, SLOW_NAMES, STATIC_NAMES, Cadence
+    from fsdpmon.top.wanted import EXPORTER_INFO, PROCESS_INFO, WANTED
+
+    cadence = Cadence(every=5)
+    target = Target("http://127.0.0.1:1/metrics")
+    gpu = Sample(catalog.GPU_UP.name, {"gpu": "0"}, 1.0)
+    exporter = Sample(EXPORTER_INFO, {"node": "n0"}, 1.0)
+    process = Sample(PROCESS_INFO, {"pid": "7", "node": "n0"}, 1.0)
+    assert cadence.names() == WANTED
+    cadence.complete(ScrapeResult(target, [gpu, exporter, process]))
+    cadence.processes_open = True
+    asked = cadence.names()
+    assert asked >= PROCESS_NAMES and not STATIC_NAMES & asked, sorted(WANTED - asked)
+    newer = Sample(PROCESS_INFO, {"pid": "8", "node": "n0"}, 1.0)
+    done = cadence.complete(ScrapeResult(target, [gpu, newer]))
+    assert done.samples == [gpu, newer, exporter], "fresh processes, the static fact carried"
+    cadence.processes_open = False
+    assert not cadence.names() & SLOW_NAMES, "closed again: a light refresh"
+    light = cadence.complete(ScrapeResult(target, [gpu]))
+    assert light.samples == [gpu, newer, exporter], "the latest processes are carried"
+
 
 
 def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_one_refresh():

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from synthetic_job import PayloadServer, RankSpec, job_expositions, training_exposition
+from payload_server import PayloadServer
+from synthetic_job import RankSpec, job_expositions, training_exposition
 
 
 def top(*args: str) -> subprocess.CompletedProcess:

@@ -1,13 +1,13 @@
 """How often a refresh asks for each family: what changes every step on every refresh, the
-rest (process tables, static ``*_info`` series, per-rank constants) every few refreshes,
-carried in between.
+rest every few refreshes, carried in between.
 
-Process families feed only the Processes view and the GPU-rank ties (which change when a
-process starts or ends); ``*_info`` series are static facts. Asking for them every
-``SLOW_EVERY`` refreshes, and on every refresh while the Processes view is open, trims the
-bytes each target sends; a target's last answer for them is carried into the refreshes between,
-so the views see the same rows. A target that ignores ``name[]`` sends them anyway: its fresh
-ones are used.
+Two slow tiers. Process families feed only the Processes view and the GPU-rank ties (which
+change when a process starts or ends): asked for every ``SLOW_EVERY`` refreshes, and on every
+refresh while the Processes view is open. Static facts (``*_info`` series, a rank's planned
+steps, device memory and stall threshold) are asked for every ``SLOW_EVERY`` refreshes whatever
+the view. A target's last answer for a tier is carried into the refreshes that do not ask for
+it, so the views see the same rows; a target that ignores ``name[]`` sends them anyway, and its
+fresh ones are used.
 """
 
 from __future__ import annotations
@@ -32,8 +32,10 @@ from fsdpmon.top.wanted import (
 STATIC_RANK_NAMES = frozenset([catalog.TRAIN_TOTAL_STEPS.name,
                                catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name,
                                catalog.TRAIN_STALL_THRESHOLD_SECONDS.name])
-SLOW_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY,
-                        TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES])
+PROCESS_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY])
+STATIC_NAMES = frozenset([TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES])
+SLOW_NAMES = PROCESS_NAMES | STATIC_NAMES
+TIERS = (PROCESS_NAMES, STATIC_NAMES)
 SLOW_EVERY = 5  # refreshes: 10 s at top's default 2 s interval
 
 
@@ -44,49 +46,56 @@ class Cadence:
         self.every = max(1, every)
         self.processes_open = False
         self._refreshes = 0
-        self._full = True
-        self._lacking = False  # a target has none of its slow samples yet: ask again at once
-        self._kept: dict[str, list[Sample]] = {}  # target URL → its last slow samples
+        self._asked: frozenset[str] = WANTED
+        self._lacking = False  # a target has none of its static facts yet: ask again at once
+        # target URL → its last samples of each slow tier
+        self._kept: dict[str, dict[frozenset[str], list[Sample]]] = {}
 
     def names(self) -> frozenset[str]:
         """The names this refresh asks for (call once per refresh)."""
-        self.begin(self.processes_open or self._lacking or self._refreshes % self.every == 0)
+        if self._lacking or self._refreshes % self.every == 0:
+            asked = WANTED
+        else:
+            asked = WANTED - STATIC_NAMES if self.processes_open else WANTED - SLOW_NAMES
         self._refreshes += 1
-        return WANTED if self._full else WANTED - SLOW_NAMES
+        self.begin(asked)
+        return asked
 
     @property
     def full(self) -> bool:
-        """Whether this refresh asks for the slow families too."""
-        return self._full
+        """Whether this refresh asks for every family."""
+        return self._asked >= SLOW_NAMES
 
-    def begin(self, full: bool) -> None:
-        """A refresh that asks for the slow families (``full``) or not: what ``names()`` does,
-        and all a helper process's cadence is told (its targets' carry lives with it)."""
-        self._full, self._lacking = full, False
+    def begin(self, asked: frozenset[str]) -> None:
+        """A refresh that asks for ``asked``: what ``names()`` does, and all a helper process's
+        cadence is told (its targets' carry lives with it)."""
+        self._asked, self._lacking = asked, False
 
     @property
     def lacking(self) -> bool:
-        """A target was down or had no slow samples this refresh: the next asks for all."""
+        """A target was down or had no static facts this refresh: the next asks for all."""
         return self._lacking
 
     def note_lacking(self) -> None:
-        """A helper process's target lacked its slow samples: the next refresh asks for all."""
+        """A helper process's target lacked its static facts: the next refresh asks for all."""
         self._lacking = True
 
     def complete(self, result: ScrapeResult) -> ScrapeResult:
-        """``result`` with its target's carried slow samples, or keeps its fresh ones."""
+        """``result`` with its target's carried samples of the tiers not asked for (fresh ones,
+        from a target that ignores ``name[]``, are kept instead)."""
         if result.samples is None:
             self._lacking = True  # down now: when it answers, the next refresh has it all
             return result
         slow = [s for s in result.samples if s.name in SLOW_NAMES]
-        if self._full or slow:
-            self._kept[result.target.url] = slow
-            # A job that had not published its static facts yet (ranks still starting) would
-            # otherwise show rows without a node or pod for SLOW_EVERY refreshes.
-            self._lacking = self._lacking or not slow
-            return result
-        kept = self._kept.get(result.target.url)
-        if not kept:
-            self._lacking = True
-            return result
-        return replace(result, samples=[*result.samples, *kept])
+        kept = self._kept.setdefault(result.target.url, {})
+        carried: list[Sample] = []
+        for tier in TIERS:
+            fresh = [s for s in slow if s.name in tier]
+            if fresh or tier <= self._asked:
+                kept[tier] = fresh
+            else:
+                carried += kept.get(tier, ())
+        # A job that had not published its static facts yet (ranks still starting) would
+        # otherwise show rows without a node or pod for SLOW_EVERY refreshes.
+        self._lacking = self._lacking or not kept.get(STATIC_NAMES)
+        return replace(result, samples=[*result.samples, *carried]) if carried else result

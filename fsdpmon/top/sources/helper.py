@@ -43,7 +43,7 @@ class Share:
     statuses: dict[int, TargetStatus]
     down: dict[int, ScrapeResult]
     received: int  # body bytes
-    lacking: bool  # a target lacked its slow samples: the next refresh asks for all
+    lacking: bool  # a target lacked its static facts: the next refresh asks for all
     cpu_s: float  # the helper's CPU time for it
 
 
@@ -70,7 +70,7 @@ def main() -> None:
         with collector_paused():
             try:
                 share: Share | str = _refresh(targets, parser, cadence, timeout_s, limit,
-                                              *request)
+                                              request)
             except Exception as exc:  # a bug here must not hang the main process
                 share = f"{type(exc).__name__}: {exc}"
             try:
@@ -81,14 +81,14 @@ def main() -> None:
 
 
 def _refresh(targets: list[Target], parser: Parser, cadence: Cadence, timeout_s: float,
-             limit: int, names: frozenset[str] | None, full: bool) -> Share:
+             limit: int, names: frozenset[str]) -> Share:
     from fsdpmon.top.sources.targets import scrape_urls
 
     cpu = time.process_time()
     acc = Acc()
     statuses: dict[int, TargetStatus] = {}
     down: dict[int, ScrapeResult] = {}
-    cadence.begin(full)
+    cadence.begin(names)
 
     def add(i: int, result: ScrapeResult) -> None:
         result = cadence.complete(result)
@@ -124,8 +124,8 @@ class Helper:
         self._conn = Connection(ours.detach())
         self._conn.send((self.urls, timeout_s, limit))
 
-    def ask(self, names: frozenset[str] | None, full: bool) -> None:
-        self._conn.send((names, full))
+    def ask(self, names: frozenset[str]) -> None:
+        self._conn.send(names)
 
     def answer(self) -> Share | str:
         """The helper's share, or why there is none (then the helper is closed)."""

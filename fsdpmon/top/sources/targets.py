@@ -219,7 +219,7 @@ class TargetsSource:
         aggregator = JobAggregator()
         cadence = self.cadence
         names = cadence.names()
-        helper = self._ask_helper(names, cadence.full)
+        helper = self._ask_helper(names)
         own = self._own
         self.bytes_received = scrape_urls(
             [self.targets[i] for i in own], self._parser, self.timeout_s,
@@ -235,14 +235,14 @@ class TargetsSource:
             cadence.note_lacking()
         return snap
 
-    def _ask_helper(self, names: frozenset[str], full: bool) -> Helper | None:
+    def _ask_helper(self, names: frozenset[str]) -> Helper | None:
         if not self._theirs:
             return None
         if self._helper is None:
             self._helper = Helper([self.targets[i].url for i in self._theirs], self.timeout_s,
                                   max(1, self._limit - self._limit // 2))
         with contextlib.suppress(OSError, ValueError):  # it exited: _take_share says why
-            self._helper.ask(names, full)
+            self._helper.ask(names)
         return self._helper
 
     def _take_share(self, helper: Helper, aggregator: JobAggregator) -> None:
