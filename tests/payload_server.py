@@ -4,8 +4,8 @@ prometheus_client's server serves one registry per port; a benchmark of 512 pods
 process to answer for many, so this maps paths to pre-rendered expositions instead, and honours
 ``name[]`` as the monitor and the exporter do. On a 2-core machine the stand-in shares the CPU
 with the `top` being measured, where real pods would not, so it spends as little as it can: one
-thread, one selector loop, no thread per connection (a threaded server spent four times the CPU
-per refresh of 512 pods), HTTP/1.0 answers written without blocking, no header parsing.
+thread, one selector loop, no thread per connection (a threaded server spent about three times
+the CPU per refresh of 512 pods), HTTP/1.0 answers written without blocking, no header parsing.
 """
 
 from __future__ import annotations
