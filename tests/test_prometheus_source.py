@@ -109,6 +109,10 @@ def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
              for r in snap.ranks}
     assert exits == {0: ("", None, None), 1: ("", None, None), 2: ("", None, None),
                      3: ("killed", 60, 1.7e9)}, exits
+    assert all(r.node for r in snap.ranks), [r.rank for r in snap.ranks if not r.node]
+    light = source.fetch()
+    assert not source.cadence.full, "with every rank's node known, the next refresh is light"
+    assert [r.node for r in light.ranks] == [r.node for r in snap.ranks], "nodes carried"
 
 
 def test_other_job_names_find_nothing(stack):

@@ -307,3 +307,27 @@ def test_a_rank_that_starts_after_its_pods_first_gets_its_node_on_the_next_refre
     finally:
         source.close()
         srv.close()
+
+
+def test_a_live_rank_without_a_node_makes_any_source_ask_for_everything_next():
+    """The check lives in the cadence, so the Prometheus source gets it too: a rank that
+    started after the last full refresh has no ``*_info`` yet, hence no node."""
+    from dataclasses import replace
+
+    from top_snapshots import snapshot
+
+    from fsdpmon.top.sources.cadence import Cadence
+    from fsdpmon.top.wanted import WANTED
+
+    cadence = Cadence(every=5)
+    cadence.names()
+    snap = snapshot()
+    assert all(r.node for r in snap.ranks), [r.rank for r in snap.ranks if not r.node]
+    cadence.check(snap)
+    assert cadence.names() != WANTED, "every rank has its node: a light refresh"
+    gone = replace(snap, ranks=(replace(snap.ranks[0], node="", down=True), *snap.ranks[1:]))
+    cadence.check(gone)
+    assert cadence.names() != WANTED, "a rank that is down without a node asks for nothing"
+    late = replace(snap, ranks=(replace(snap.ranks[0], node=""), *snap.ranks[1:]))
+    cadence.check(late)
+    assert cadence.names() == WANTED, "a live rank without its node: the next refresh asks all"

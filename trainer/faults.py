@@ -100,19 +100,20 @@ class FaultPlan:
     def _of(self, cls: type) -> list[Any]:
         return [f for f in self.faults if isinstance(f, cls)]
 
+    def _waited(self, after: float) -> bool:
+        """``after`` seconds have passed since this rank's first step (0: always)."""
+        return not after or (self.first_step.at is not None and self.first_step.since() >= after)
+
     def due(self, fault: Any, step: int) -> bool:
         """Whether a fault with ``from_step`` and ``after`` acts at ``step`` (now)."""
-        return step >= fault.from_step and (
-            not fault.after or (self.first_step.at is not None
-                                and self.first_step.since() >= fault.after))
+        return step >= fault.from_step and self._waited(fault.after)
 
     def hang_due(self, fault: fs.Hang, step: int) -> bool:
         """A hang acts at step ``at_step``, or (with ``after``) at the first step past it that
         is ``after`` seconds past this rank's first step."""
         if not fault.after:
             return step == fault.at_step if fault.where == "host" else step >= fault.at_step
-        return step >= fault.at_step and self.first_step.at is not None and (
-            self.first_step.since() >= fault.after)
+        return step >= fault.at_step and self._waited(fault.after)
 
     def slow_compute(self, step: int, seconds: float) -> None:
         """Called after forward and after backward of ``step`` with the time that phase took."""

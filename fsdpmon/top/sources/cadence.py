@@ -17,6 +17,7 @@ from dataclasses import replace
 from fsdpmon import catalog
 from fsdpmon.top.aggregate import ScrapeResult
 from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.wanted import (
     EXPORTER_INFO,
     GPU_PROCESS_MEMORY,
@@ -79,6 +80,13 @@ class Cadence:
     def note_lacking(self) -> None:
         """A helper process's target lacked its static facts: the next refresh asks for all."""
         self._lacking = True
+
+    def check(self, snap: JobSnapshot) -> None:
+        """After a refresh: a live rank without a node had no ``*_info`` series at the last
+        full refresh (it started after its pod's first rank), so the next refresh asks for
+        everything rather than show it without a node for ``every`` refreshes."""
+        if any(not r.node and not r.down for r in snap.ranks):
+            self._lacking = True
 
     def complete(self, result: ScrapeResult) -> ScrapeResult:
         """``result`` with its target's carried samples of the tiers not asked for (fresh ones,

@@ -161,6 +161,7 @@ class PrometheusSource:
         results = [self.cadence.complete(r) for r in _results(known, up, series)]
         self._previous = aggregate(results, now=time.time(), source="prometheus",
                                    previous=self._previous, job_name=self.job_name)
+        self.cadence.check(self._previous)
         return self._previous
 
     def close(self) -> None:

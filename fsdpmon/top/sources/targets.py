@@ -229,10 +229,7 @@ class TargetsSource:
             self._take_share(helper, aggregator)
         snap = aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
                                    job_name=self.job_name)
-        if any(not r.node and not r.down for r in snap.ranks):
-            # A rank that started after its pod's first one had no *_info series at the last
-            # full refresh: ask for it now rather than show it without a node for SLOW_EVERY.
-            cadence.note_lacking()
+        cadence.check(snap)
         return snap
 
     def _ask_helper(self, names: frozenset[str]) -> Helper | None:
