@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -204,6 +205,16 @@ def test_headless_takes_the_final_snapshot_after_the_training_ended():
     cfg = DemoConfig(headless=True, duration_s=60, interval_s=0.01)
     final = _headless(session, cfg)
     assert session.fetches == 4 and final is session.snaps[-1]
+
+
+def test_a_done_snapshot_while_the_ranks_still_serve_is_not_the_final_one():
+    """The ranks at their last step, still serving, already make a DONE snapshot (seen once in
+    a fresh-clone CI run: the final JSON had both ranks unfinished); the final snapshot still
+    waits for torchrun's exit."""
+    serving = replace(_snap(20, True), state=JobState.DONE)
+    session = FakeSession([_snap(10, True), serving, _snap(20, False)], finish_after=3)
+    final = _headless(session, DemoConfig(headless=True, duration_s=60, interval_s=0.01))
+    assert final is session.snaps[-1], (session.fetches, final.state, final.targets_up)
 
 
 def test_headless_stops_after_its_duration():

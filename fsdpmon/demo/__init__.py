@@ -20,7 +20,7 @@ from types import FrameType
 
 from fsdpmon.demo.session import DemoConfig, Session, describe, make_plan, real_gpu_count
 from fsdpmon.errors import ConfigError, MissingExtraError
-from fsdpmon.top.snapshot import JobSnapshot, JobState
+from fsdpmon.top.snapshot import JobSnapshot
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +135,9 @@ def _headless(session: Session, cfg: DemoConfig) -> JobSnapshot:
             return session.source.fetch()
         snap = session.source.fetch()
         say(progress_line(snap, time.monotonic() - start))
-        if time.monotonic() >= end or snap.state is JobState.DONE:
+        # A snapshot can say DONE while the ranks, at their last step, still serve: the final
+        # one is taken once torchrun has exited (above), with every rank gone and finished.
+        if time.monotonic() >= end:
             return snap
 
 
