@@ -14,6 +14,7 @@ Measures, in one run, and prints:
     shared VM) slows both alike
   - the CPU the stand-in pods' servers spend per refresh (on this machine they share top's
     cores; real pods would not)
+  - drawing each view's table: fsdpmon's CellTable against rich's Table holding the same rows
   - the Prometheus source's refresh against a real Prometheus holding the same job
     (benchmarks/top_prometheus.py) and its queries per refresh
   - the last two lines: the slowest view's refresh over prometheus_client's parse of the full
@@ -49,10 +50,12 @@ import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.sources.cadence import SLOW_EVERY
 from fsdpmon.top.sources.httpget import get_all
 from fsdpmon.top.sources.targets import TargetsSource, with_names
+from fsdpmon.top.tables import select_rows, table_of
 from fsdpmon.top.ui_state import ViewState
 from fsdpmon.top.views import frame
 from fsdpmon.top.wanted import WANTED, new_parser
@@ -254,6 +257,32 @@ def bench_refresh(args: argparse.Namespace,
     return slowest
 
 
+def draw_compare(nodes: int, gpus: int, rounds: int = 20) -> None:
+    """Drawing each view's table on a 200x50 screen: fsdpmon's CellTable against rich's Table
+    holding the same rows (they draw the same characters: tests/test_celltable.py)."""
+    parser = new_parser()
+    snap = aggregate([ScrapeResult(Target(f"http://stand-in{path}"), parser.parse(body))
+                      for path, body in job_expositions("llama2-7b", nodes, gpus).items()],
+                     now=time.time(), source="bench")
+    console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
+    parts = []
+    for view, key in VIEWS:
+        state = ViewState(view=view, sort_key=key, descending=True)
+        rows = getattr(snap, view)
+        table = table_of(select_rows(rows, view, state), view, state, 45).renderables[0]
+        times = {}
+        for name, drawn in (("CellTable", table), ("rich Table", table.rich_table())):
+            start = time.process_time()
+            for _ in range(rounds):
+                console.file = io.StringIO()
+                console.print(drawn)
+            times[name] = (time.process_time() - start) / rounds
+        parts.append(f"{view} {times['CellTable'] * 1e3:.1f} vs {times['rich Table'] * 1e3:.1f}"
+                     f" ms ({times['rich Table'] / times['CellTable']:.1f}x)")
+    print("drawing a view's table (45 rows, 200 columns), CPU per frame: CellTable vs rich's "
+          "Table: " + "; ".join(parts))
+
+
 def _timed(fn, texts: list[str]) -> tuple[float, float, int]:
     wall, cpu = time.perf_counter(), time.process_time()
     count = fn(texts)
@@ -323,6 +352,7 @@ def main() -> None:
     parsers = ParserRounds(args)
     slowest = bench_refresh(args, parsers.round)
     reference, reference_cpu = parsers.report()
+    draw_compare(args.nodes, args.gpus)
     if shutil.which("promtool") and shutil.which("prometheus"):
         print(top_prometheus.report(args.nodes, args.gpus))
     else:

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.console import Group, RenderableType
-from rich.table import Table
+from rich.console import Group
 from rich.text import Text
 
 from fsdpmon.top import fmt
+from fsdpmon.top.celltable import CellColumn, CellTable
 from fsdpmon.top.columns import COLUMNS, Column, Row, column
 from fsdpmon.top.fitted import FittedLine, Part
 from fsdpmon.top.snapshot import GpuRow, RankRow
 from fsdpmon.top.ui_state import ViewState
 
 MARK = "▸"
+HEADER_STYLE = "bold reverse"
 SPARK_WIDTH = 10
 NOUNS = {"ranks": ("rank", "ranks"), "gpus": ("GPU", "GPUs"),
          "processes": ("process", "processes")}
@@ -76,18 +77,16 @@ def row_style(row: Row) -> str:
     return ""
 
 
-def new_table(cols: Sequence[Column], sort: tuple[str, bool], marker: bool) -> Table:
+def new_table(cols: Sequence[Column], sort: tuple[str, bool], marker: bool) -> CellTable:
     """The marker of the selected row is the first cell's first character (a column of its
     own would cost two of the 80 columns)."""
-    table = Table(box=None, padding=(0, 1), pad_edge=False, expand=True, show_edge=False,
-                  header_style="bold reverse")
+    headers = []
     for i, c in enumerate(cols):
         arrow = (" ↓" if sort[1] else " ↑") if c.key == sort[0] else ""
         lead = " " if marker and i == 0 else ""
-        table.add_column(lead + c.title + arrow, justify=c.justify, no_wrap=True,  # type: ignore[arg-type]
-                         overflow="ellipsis", min_width=c.min_width, max_width=c.max_width,
-                         ratio=c.ratio)
-    return table
+        headers.append(CellColumn(lead + c.title + arrow, justify=c.justify,
+                                  min_width=c.min_width, max_width=c.max_width, ratio=c.ratio))
+    return CellTable(headers, header_style=HEADER_STYLE)
 
 
 def footer(start: int, shown: int, total: int, view: str, state: ViewState,
@@ -109,7 +108,7 @@ def footer(start: int, shown: int, total: int, view: str, state: ViewState,
     return Text(text, style="dim", no_wrap=True, overflow="ellipsis")
 
 
-def cells(row: Row, cols: Sequence[Column]) -> list[RenderableType]:
+def cells(row: Row, cols: Sequence[Column]) -> list[Text]:
     if isinstance(row, GpuRow):
         return gpu_cells(row)
     # Text, never str: pod names and command lines are untrusted and must not be read as rich
@@ -131,8 +130,7 @@ def table_of(rows: Sequence[Row], view: str, state: ViewState, page: int, *,
         line = cells(row, cols)
         if interactive:
             first = line[0]
-            line[0] = Text(MARK if i == index else " ").append_text(
-                first if isinstance(first, Text) else Text(str(first)))
+            line[0] = Text(MARK if i == index else " ").append_text(first)
             style = f"{style} reverse".strip() if i == index else style
         table.add_row(*line, style=style)
     return Group(table, footer(start, len(shown), len(rows), view, state, sort_view))
@@ -151,7 +149,7 @@ GPU_TABLE: tuple[Column, ...] = (
 )
 
 
-def gpu_cells(g: GpuRow) -> list[RenderableType]:
+def gpu_cells(g: GpuRow) -> list[Text]:
     util_style = fmt.level_style(g.utilization_ratio, 0.6, 0.3, high_is_bad=False)
     mem_style = fmt.level_style(g.memory_ratio, 0.85, 0.95, high_is_bad=True)
     temp = g.temperature_celsius
