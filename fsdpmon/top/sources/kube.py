@@ -9,23 +9,15 @@ do exist. Transient errors (timeouts, 5xx, 429) are retried with backoff before 
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import json
-import socket
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import urllib3
-import yaml
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.rest import ApiException
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.watch.watch import iter_resp_lines
 
 from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
@@ -34,6 +26,14 @@ from fsdpmon.top.aggregate import JobAggregator, Target
 from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.httpget import ScrapeError, http_get
+from fsdpmon.top.sources.kube_client import (
+    BACKOFF_S,
+    KubeSourceConfig,
+    LogFollower,
+    describe,
+    load,
+    transient,
+)
 from fsdpmon.top.sources.targets import collector_paused, scrape_all, scrape_urls
 from fsdpmon.top.wanted import WANTED, new_parser
 
@@ -45,118 +45,9 @@ RETRIES = 3
 # The job kinds whose status top reads (the Role from `fsdpmon manifests` may get both).
 JOB_KINDS = (("kubeflow.org", "v1", "pytorchjobs"), ("trainer.kubeflow.org", "v1alpha1",
                                                      "trainjobs"))
-BACKOFF_S = 0.5
 LOG_IDLE_S = 600.0  # a followed log silent this long is reopened
 REDISCOVER_EVERY = 10  # refreshes between pod lists when nothing changed
 T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class KubeSourceConfig:
-    job: str = ""
-    selector: str = ""
-    namespace: str | None = None
-    context: str | None = None
-    kubeconfig: str | None = None
-    timeout_s: float = 3.0
-    in_cluster: bool | None = None  # None: in-cluster config when no kubeconfig is found
-    max_workers: int = 16
-    log_tail_lines: int = 200
-
-
-def _load(cfg: KubeSourceConfig) -> tuple[client.Configuration, str, bool]:
-    """Client configuration, the namespace to use, and whether we run inside the cluster."""
-    conf = client.Configuration()
-    try:
-        if cfg.in_cluster or (cfg.in_cluster is None and not cfg.kubeconfig and not cfg.context
-                              and _in_cluster_available()):
-            config.load_incluster_config(client_configuration=conf)
-            return conf, cfg.namespace or _incluster_namespace(), True
-        config.load_kube_config(config_file=cfg.kubeconfig, context=cfg.context,
-                                client_configuration=conf)
-        _, active = config.list_kube_config_contexts(config_file=cfg.kubeconfig)
-        if cfg.context:
-            contexts, _ = config.list_kube_config_contexts(config_file=cfg.kubeconfig)
-            active = next(c for c in contexts if c["name"] == cfg.context)
-        namespace = cfg.namespace or active.get("context", {}).get("namespace") or "default"
-        return conf, namespace, False
-    except (ConfigException, OSError, StopIteration, TypeError, ValueError, AttributeError,
-            yaml.YAMLError) as exc:
-        # A malformed file shows up as a YAML error or, when it parses to something other than a
-        # mapping, as a TypeError/AttributeError inside the client's loader: all are bad input.
-        field = "--context" if cfg.context and "context" in str(exc).lower() else "--kubeconfig"
-        detail = " ".join(str(exc).split()) or type(exc).__name__
-        if isinstance(exc, TypeError | AttributeError):
-            detail = f"not a kubeconfig (a YAML mapping of clusters, contexts, users): {detail}"
-        raise ConfigError(field, f"cannot load Kubernetes configuration: {detail}") from None
-
-
-def _in_cluster_available() -> bool:
-    import os
-
-    return bool(os.environ.get("KUBERNETES_SERVICE_HOST")) and not os.path.exists(
-        os.path.expanduser(os.environ.get("KUBECONFIG", "~/.kube/config")))
-
-
-def _incluster_namespace() -> str:
-    try:
-        with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-            return f.read().strip() or "default"
-    except OSError:
-        return "default"
-
-
-def _transient(exc: BaseException) -> bool:
-    if isinstance(exc, ApiException):
-        return exc.status in (429, 500, 502, 503, 504) or exc.status == 0
-    return isinstance(exc, (urllib3.exceptions.HTTPError, OSError))
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        return f"HTTP {exc.status} {exc.reason}".strip()
-    text = str(exc)
-    if "timed out" in text.lower() or "timeout" in type(exc).__name__.lower():
-        return "timed out"
-    if "refused" in text.lower():
-        return "connection refused"
-    return text.split(": ", 1)[-1][:160] or type(exc).__name__
-
-
-class LogFollower(threading.Thread):
-    """Streams one pod container's log (tail, then follow) into a bounded buffer."""
-
-    def __init__(self, open_stream: Callable[[], Any], pod: str, keep: int) -> None:
-        super().__init__(name=f"fsdpmon-logs-{pod}", daemon=True)
-        self.pod = pod
-        self.lines: collections.deque[str] = collections.deque(maxlen=keep)
-        self._open = open_stream
-        self._stop = threading.Event()
-        self._response: Any = None
-
-    def run(self) -> None:
-        failures = 0
-        while not self._stop.is_set():
-            try:
-                self._response = self._open()
-                for line in iter_resp_lines(self._response):
-                    if self._stop.is_set():
-                        return
-                    self.lines.append(line)
-                failures = 0  # the stream ended (container restarted): open it again
-            except Exception as exc:  # any API or network failure: say so, back off, retry
-                failures += 1
-                self.lines.append(f"[fsdpmon top: log stream failed: {_describe(exc)}]")
-            self._stop.wait(min(30.0, BACKOFF_S * 2**failures))
-
-    def stop(self) -> None:
-        self._stop.set()
-        # Closing the response would wait for the reader thread's blocked read (it holds the
-        # buffer's lock); shutting the socket down ends that read at once.
-        sock = getattr(getattr(self._response, "connection", None), "sock", None)
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
 
 
 class KubeSource:
@@ -168,7 +59,7 @@ class KubeSource:
         if not cfg.timeout_s > 0:
             raise ConfigError("--timeout", f"must be > 0, got {cfg.timeout_s!r}")
         self.cfg = cfg
-        conf, self.namespace, self.inside = _load(cfg)
+        conf, self.namespace, self.inside = load(cfg)
         conf.retries = False  # we retry ourselves, with backoff and a clear final message
         conf.connection_pool_maxsize = cfg.max_workers
         self.host = conf.host
@@ -200,9 +91,9 @@ class KubeSource:
             except (ApiException, urllib3.exceptions.HTTPError, OSError) as exc:
                 if isinstance(exc, ApiException) and exc.status in (401, 403):
                     raise UnreachableError(self._denied(what, exc)) from None
-                if not _transient(exc) or attempt == RETRIES - 1:
+                if not transient(exc) or attempt == RETRIES - 1:
                     raise UnreachableError(
-                        f"Kubernetes API at {self.host}: {what}: {_describe(exc)}") from None
+                        f"Kubernetes API at {self.host}: {what}: {describe(exc)}") from None
                 time.sleep(BACKOFF_S * 2**attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -302,9 +193,9 @@ class KubeSource:
                 _request_timeout=self.cfg.timeout_s)
             return bytes(response.data)
         except ApiException as exc:
-            raise ScrapeError(_describe(exc)) from None
+            raise ScrapeError(describe(exc)) from None
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ScrapeError(_describe(exc)) from None
+            raise ScrapeError(describe(exc)) from None
 
     def get_path(self, status: TargetStatus, path: str) -> bytes:
         """Another path of a scraped pod's listener (`/stacks`), through the pod proxy."""
