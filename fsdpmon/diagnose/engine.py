@@ -9,19 +9,28 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from typing import TypedDict
 
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
     DIAGNOSIS_EVIDENCE_SECONDS,
     EXIT_KILLED,
-    GPU_XID_CRITICAL,
     STRAGGLER_CAUSE_SHARE,
 )
 from fsdpmon.diagnose.exits import died, exit_evidence
-from fsdpmon.diagnose.findings import CRITICAL, WARNING, Finding, ranked, ranks_text
-from fsdpmon.diagnose.observe import GpuKey, Observations, Places, observe
+from fsdpmon.diagnose.findings import (
+    CRITICAL,
+    WARNING,
+    Finding,
+    age,
+    ranked,
+    ranks_text,
+    waiters,
+    where,
+    where_all,
+)
+from fsdpmon.diagnose.gpu_rules import gpu_ecc, gpu_lost, gpu_xid, memory, throttled
+from fsdpmon.diagnose.observe import Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
 from fsdpmon.diagnose.window import Window
 from fsdpmon.top.snapshot import JobSnapshot, RankRow
@@ -37,93 +46,11 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     obs = observe(window)
     places = Places(history)
     out: list[Finding] = []
-    for rule in (_gpu_lost, _gpu_ecc, _gpu_xid, _unresponsive, _missing, _hang):
+    for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing, _hang):
         out += rule(obs, places, stacks)
-    for rule in (_stragglers, _throttled, _loss, _memory, _checkpoint, _targets):
+    for rule in (_stragglers, throttled, _loss, memory, _checkpoint, _targets):
         out += rule(obs, places)
     return ranked(out)
-
-
-class Where(TypedDict):
-    rank: int | None
-    pod: str | None
-    node: str | None
-    gpu: str | None
-
-
-def _where(places: Places, rank: int | None, gpu: GpuKey | None = None) -> Where:
-    """The culprit's place: its rank, pod and node, and the GPU it runs on."""
-    row = places.rank(rank)
-    gpu = gpu or (places.gpu_of(rank) if rank is not None else None)
-    return {"rank": rank, "pod": (row.pod if row else None) or None,
-            "node": (row.node if row else None) or (gpu[0] if gpu else None),
-            "gpu": gpu[1] if gpu else None}
-
-
-def _waiters(obs: Observations, culprits: set[int]) -> list[str]:
-    """The stalled ranks a culprit explains, taken out of the observations as evidence."""
-    waiting = sorted(obs.stalled - culprits)
-    obs.stalled -= set(waiting) | culprits
-    return [f"{len(waiting)} other {ranks_text(waiting)} stalled waiting for it"] if waiting else []
-
-
-def _age(row: RankRow | None) -> str:
-    if row is None or row.heartbeat_age_s is None:
-        return ""
-    return f"; no step for {row.heartbeat_age_s:.0f}s (threshold {row.stall_threshold_s or 0:.0f}s)"
-
-
-def _gpu_lost(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
-    out = []
-    for key in sorted(obs.lost):
-        rank = places.rank_of(key)
-        evidence = [f"GPU {key[1]} on {key[0]} not answering NVML for {obs.seconds:.0f}s"]
-        evidence += [f"XID {code} ({a:.0f} → {b:.0f})" for (n, g, code), (a, b)
-                     in sorted(obs.xids.items()) if (n, g) == key]
-        obs.xids = {k: v for k, v in obs.xids.items() if k[:2] != key}
-        if rank is not None:
-            evidence.append(f"it serves rank {rank}{_age(places.rank(rank))}")
-            obs.unresponsive.discard(rank)
-            obs.missing.discard(rank)
-            evidence += _waiters(obs, {rank})
-        out.append(Finding("gpu_lost", CRITICAL, f"GPU {key[1]} on {key[0]} lost"
-                           + (f" (rank {rank})" if rank is not None else ""),
-                           evidence=tuple(evidence), **_where(places, rank, key)))
-    return out
-
-
-def _gpu_ecc(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
-    out = []
-    for key, (before, now) in sorted(obs.ecc.items()):
-        rank = places.rank_of(key)
-        evidence = [f"uncorrected ECC errors {before:.0f} → {now:.0f}"]
-        if rank is not None:
-            evidence += _waiters(obs, {rank})
-            obs.stragglers.discard(rank)
-        out.append(Finding("gpu_ecc", CRITICAL, f"GPU {key[1]} on {key[0]}: uncorrected ECC "
-                           f"errors (+{now - before:.0f})", evidence=tuple(evidence),
-                           **_where(places, rank, key)))
-    return out
-
-
-def _gpu_xid(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
-    by_gpu: dict[GpuKey, list[tuple[str, float, float]]] = {}
-    for (node, gpu, code), (a, b) in sorted(obs.xids.items()):
-        by_gpu.setdefault((node, gpu), []).append((code, a, b))
-    out = []
-    for key, events in by_gpu.items():
-        rank = places.rank_of(key)
-        critical = any(code.isdigit() and int(code) in GPU_XID_CRITICAL for code, _, _ in events)
-        codes = ", ".join(code for code, _, _ in events)
-        evidence = [f"XID {code}: {a:.0f} → {b:.0f}" for code, a, b in events]
-        if rank is not None:
-            evidence.append(f"it serves rank {rank}")
-            if critical:
-                evidence += _waiters(obs, {rank})
-        out.append(Finding("gpu_xid", CRITICAL if critical else WARNING,
-                           f"GPU {key[1]} on {key[0]} raised XID {codes}", evidence=tuple(evidence),
-                           **_where(places, rank, key)))
-    return out
 
 
 def _unresponsive(obs: Observations, places: Places,
@@ -131,13 +58,13 @@ def _unresponsive(obs: Observations, places: Places,
     out = []
     for rank in sorted(obs.unresponsive):
         evidence = [f"its monitor thread has not run for {obs.seconds:.0f}s or more (process "
-                    f"stopped or holding the GIL){_age(places.rank(rank))}"]
-        evidence += _waiters(obs, {rank})
+                    f"stopped or holding the GIL){age(places.rank(rank))}"]
+        evidence += waiters(obs, {rank})
         classes = merge(stacks) if stacks else []
         evidence += [c.describe() for c in classes]
         out.append(Finding("rank_unresponsive", CRITICAL, f"rank {rank} is unresponsive",
                            evidence=tuple(evidence), stacks=tuple(classes),
-                           **_where(places, rank)))
+                           **where(places, rank)))
     obs.unresponsive.clear()
     return out
 
@@ -170,7 +97,7 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
         evidence.append(f"its target {row.target} does not answer")
     if later:
         evidence.append(f"{ranks_text(later)} stopped after it")
-    evidence += _waiters(obs, set(culprits))
+    evidence += waiters(obs, set(culprits))
     obs.targets_down -= {places.ranks[r].target for r in obs.missing if r in places.ranks}
     nodes = {places.ranks[r].node for r in culprits if r in places.ranks} - {""}
     same_node = {t.url for t in obs.now.targets if t.url in obs.targets_down and t.node in nodes}
@@ -182,7 +109,7 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
     text = ranks_text(culprits)
     cause, summary = _cause(obs, evidence, f"{text} missing", f"crash loop: {text} keeps failing")
     return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
-                    **_where_all(places, culprits, rank))]
+                    **where_all(places, culprits, rank))]
 
 
 def _cause(obs: Observations, evidence: list[str], missing: str, loop: str) -> tuple[str, str]:
@@ -216,17 +143,7 @@ def _died(obs: Observations, places: Places) -> list[Finding]:
     cause, summary = _cause(obs, evidence, f"{text} {ended}; the job restarted",
                             f"crash loop: {text} {keeps}")
     return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
-                    **_where_all(places, culprits, culprits[0] if len(culprits) == 1 else None))]
-
-
-def _where_all(places: Places, ranks: list[int], rank: int | None) -> Where:
-    """The place of one culprit rank; of several, the pod and node they share, if any."""
-    if rank is not None:
-        return _where(places, rank)
-    rows = [places.ranks[r] for r in ranks if r in places.ranks]
-    pods, nodes = {r.pod for r in rows}, {r.node for r in rows}
-    return {"rank": None, "pod": pods.pop() or None if len(pods) == 1 else None,
-            "node": nodes.pop() or None if len(nodes) == 1 else None, "gpu": None}
+                    **where_all(places, culprits, culprits[0] if len(culprits) == 1 else None))]
 
 
 def _hang_culprit(obs: Observations, places: Places,
@@ -253,13 +170,13 @@ def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> lis
     evidence = [f"culprit: {ranks_text(culprits)} ({why})"] if culprits else []
     evidence += [c.describe() for c in classes]
     evidence.append(f"{ranks_text(stalled)} made no step for {obs.seconds:.0f}s or more"
-                    f"{_age(places.rank(stalled[0]))}")
+                    f"{age(places.rank(stalled[0]))}")
     obs.stalled.clear()
     rank = culprits[0] if len(culprits) == 1 else None
     summary = (f"{ranks_text(culprits)} holds up {len(stalled) - len(culprits)} ranks"
                if culprits else f"{ranks_text(stalled)} stalled, none behind the others")
     return [Finding("hang", CRITICAL, summary, evidence=tuple(evidence), stacks=tuple(classes),
-                    **_where(places, rank))]
+                    **where(places, rank))]
 
 
 def _median(values: list[float]) -> float:
@@ -304,28 +221,13 @@ def _stragglers(obs: Observations, places: Places) -> list[Finding]:
                 "gpu_throttled", WARNING,
                 f"GPU {gpu[1]} on {gpu[0]} throttled ({', '.join(reasons)}) slows rank {rank}",
                 evidence=(f"clock events active for {obs.seconds:.0f}s: {', '.join(reasons)}",
-                          f"rank {rank} {score}"), **_where(places, rank, gpu)))
+                          f"rank {rank} {score}"), **where(places, rank, gpu)))
             continue
         cause, detail = _straggler_cause(row, live)
         if cause == "straggler_compute" and _contended(row, live, obs):
             cause, detail = "host_cpu_contention", f"node {row.node} CPUs saturated; {detail}"
         out.append(Finding(cause, WARNING, f"rank {rank} straggles: {_WHY[cause]}",
-                           evidence=(score, detail), **_where(places, rank)))
-    return out
-
-
-def _throttled(obs: Observations, places: Places) -> list[Finding]:
-    out = []
-    for key, reasons in sorted(obs.throttled.items()):
-        rank = places.rank_of(key)
-        row = places.rank(rank)
-        evidence = [f"clock events active for {obs.seconds:.0f}s: {', '.join(reasons)}"]
-        if row is not None and row.straggler_score is not None:
-            evidence.append(f"rank {rank} straggler score {row.straggler_score:.2f} "
-                            "(not below the threshold yet)")
-        out.append(Finding("gpu_throttled", WARNING, f"GPU {key[1]} on {key[0]} throttled "
-                           f"({', '.join(reasons)})", evidence=tuple(evidence),
-                           **_where(places, rank, key)))
+                           evidence=(score, detail), **where(places, rank)))
     return out
 
 
@@ -337,30 +239,13 @@ def _loss(obs: Observations, places: Places) -> list[Finding]:
         rank = bad[0] if len(bad) < len(live) else None
         out.append(Finding("loss_nonfinite", CRITICAL, f"loss is NaN/inf on {ranks_text(bad)}",
                            evidence=(f"non-finite loss on {ranks_text(bad)} for "
-                                     f"{obs.seconds:.0f}s",), **_where(places, rank)))
+                                     f"{obs.seconds:.0f}s",), **where(places, rank)))
     elif obs.loss_spike:
         base, low = obs.loss_spike
         out.append(Finding("loss_spike", WARNING, f"loss spiked: {low:.3g} vs {base:.3g} before",
                            evidence=(f"job loss ≥ {low:.3g} for {obs.seconds:.0f}s, median "
                                      f"before {base:.3g}",)))
     return out
-
-
-def _memory(obs: Observations, places: Places) -> list[Finding]:
-    if not obs.rank_memory and not obs.gpu_memory:
-        return []
-    evidence = []
-    for rank in sorted(obs.rank_memory):
-        row = places.ranks[rank]
-        evidence.append(f"rank {rank} peak {row.peak_memory_bytes or 0:.3g} of "
-                        f"{row.memory_capacity_bytes or 0:.3g} bytes")
-    for key in sorted(obs.gpu_memory):
-        g = places.gpu(key)
-        evidence.append(f"GPU {key[1]} on {key[0]} at {(g.memory_ratio or 0) if g else 0:.0%}")
-    rank = min(obs.rank_memory) if obs.rank_memory else (
-        places.rank_of(min(obs.gpu_memory)) if obs.gpu_memory else None)
-    return [Finding("memory_pressure", WARNING, f"memory pressure: {evidence[0]}",
-                    evidence=tuple(evidence), **_where(places, rank))]
 
 
 def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
@@ -386,7 +271,7 @@ def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
             evidence.append(f"{ranks_text(holdups)} all saved slowly")
         summary += f": rank {rank}'s save holds up the others"
     return [Finding("checkpoint_slow", WARNING, summary, evidence=tuple(evidence),
-                    **_where(places, rank))]
+                    **where(places, rank))]
 
 
 def _targets(obs: Observations, places: Places) -> list[Finding]:

@@ -8,9 +8,11 @@ reading `fsdpmon diagnose --json`), so they never change once released.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
+from fsdpmon.diagnose.observe import GpuKey, Observations, Places
 from fsdpmon.diagnose.stacks import StackClass
+from fsdpmon.top.snapshot import RankRow
 
 CRITICAL, WARNING = "critical", "warning"
 
@@ -109,3 +111,45 @@ class Verdict:
     @property
     def gathering(self) -> bool:
         return self.seconds < self.span_s
+
+
+# Where a finding's culprit is (rank, pod, node, GPU) and which stalled ranks it explains.
+
+
+class Where(TypedDict):
+    rank: int | None
+    pod: str | None
+    node: str | None
+    gpu: str | None
+
+
+def where(places: Places, rank: int | None, gpu: GpuKey | None = None) -> Where:
+    """The culprit's place: its rank, pod and node, and the GPU it runs on."""
+    row = places.rank(rank)
+    gpu = gpu or (places.gpu_of(rank) if rank is not None else None)
+    return {"rank": rank, "pod": (row.pod if row else None) or None,
+            "node": (row.node if row else None) or (gpu[0] if gpu else None),
+            "gpu": gpu[1] if gpu else None}
+
+
+def waiters(obs: Observations, culprits: set[int]) -> list[str]:
+    """The stalled ranks a culprit explains, taken out of the observations as evidence."""
+    waiting = sorted(obs.stalled - culprits)
+    obs.stalled -= set(waiting) | culprits
+    return [f"{len(waiting)} other {ranks_text(waiting)} stalled waiting for it"] if waiting else []
+
+
+def age(row: RankRow | None) -> str:
+    if row is None or row.heartbeat_age_s is None:
+        return ""
+    return f"; no step for {row.heartbeat_age_s:.0f}s (threshold {row.stall_threshold_s or 0:.0f}s)"
+
+
+def where_all(places: Places, ranks: list[int], rank: int | None) -> Where:
+    """The place of one culprit rank; of several, the pod and node they share, if any."""
+    if rank is not None:
+        return where(places, rank)
+    rows = [places.ranks[r] for r in ranks if r in places.ranks]
+    pods, nodes = {r.pod for r in rows}, {r.node for r in rows}
+    return {"rank": None, "pod": pods.pop() or None if len(pods) == 1 else None,
+            "node": nodes.pop() or None if len(nodes) == 1 else None, "gpu": None}
