@@ -34,7 +34,7 @@ CELLS = [
     Text("a\tb"), Text("two\nlines"), Text("3.2s", style="yellow"),
     Text.assemble(("██▌", "green"), ("      ", "dim"), " 97%"),
     Text("python -m trainer.train --local-rank 7 --config /etc/fsdpmon/run.yaml " * 2),
-    Text("[/x] not markup"),
+    Text("[/x] not markup"), Text("line\u2028separator and\x1cfile separator"),
 ]
 ROW_STYLES = ["", "dim", "bold red", "yellow reverse", "dim red"]
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from rich._ratio import ratio_distribute, ratio_reduce
+from rich.cells import cell_len
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.measure import Measurement
 from rich.segment import Segment
@@ -75,7 +76,7 @@ class CellTable:
         if max_width - pad < 1:
             widest = max_width
         else:
-            widest = min(max((max((t.cell_len for t in text.split(allow_blank=True)), default=0)
+            widest = min(max((max(map(cell_len, text.plain.splitlines()), default=0)
                               for text in self._texts(index)), default=0) + pad, max_width)
         if column.min_width is not None:
             widest = max(widest, column.min_width + pad)
