@@ -5,8 +5,9 @@ cells that never wrap and end in an ellipsis, the width filled by the flexible c
 rich lays out every cell as a renderable of its own (a Padding around a Text, measured, then
 rendered into lines and reshaped); for a screen of top's rows that is most of drawing a frame,
 and a frame is drawn on every refresh. Here each cell is cut and justified with rich's own Text
-methods, the column widths follow rich's own rules (rich._ratio), and each screen line is one
-Text. tests/test_celltable.py checks character for character and style for style that both
+methods, the column widths follow rich's own rules with its own arithmetic (rich._ratio, so
+that rounding matches; a rich that moved it fails at import, one that changed it fails the test
+below), and each screen line is one Text. tests/test_celltable.py checks character for character and style for style that both
 draw the same; benchmarks/bench_top.py prints both times.
 """
 
