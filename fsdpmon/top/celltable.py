@@ -6,9 +6,10 @@ rich lays out every cell as a renderable of its own (a Padding around a Text, me
 rendered into lines and reshaped); for a screen of top's rows that is most of drawing a frame,
 and a frame is drawn on every refresh. Here each cell is cut and justified with rich's own Text
 methods, the column widths follow rich's own rules with its own arithmetic (rich._ratio, so
-that rounding matches; a rich that moved it fails at import, one that changed it fails the test
-below), and each screen line is one Text. tests/test_celltable.py checks character for character and style for style that both
-draw the same; benchmarks/bench_top.py prints both times.
+that rounding matches; a rich that moved it fails at import, one that changed it fails the
+test), and each screen line is one Text. tests/test_celltable.py checks, character for
+character and style for style, that both draw the same; benchmarks/bench_top.py prints both
+times.
 """
 
 from __future__ import annotations
