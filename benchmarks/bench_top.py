@@ -23,8 +23,8 @@ Measures, in one run, and prints:
 
 The pods are served by a few server processes (each one selector loop answering many paths,
 like a node full of pods: tests/payload_server.py) so the client process measures only what
-`top` itself does. Not a
-timed test: numbers depend on the machine; run `python benchmarks/bench_top.py`.
+`top` itself does. Not a timed test: numbers depend on the machine; run
+`python benchmarks/bench_top.py`.
 """
 
 from __future__ import annotations
@@ -257,13 +257,12 @@ def bench_refresh(args: argparse.Namespace,
     return slowest
 
 
-def draw_compare(nodes: int, gpus: int, rounds: int = 20) -> None:
+def draw_compare(payloads: list[bytes], rounds: int = 20) -> None:
     """Drawing each view's table on a 200x50 screen: fsdpmon's CellTable against rich's Table
     holding the same rows (they draw the same characters: tests/test_celltable.py)."""
     parser = new_parser()
-    snap = aggregate([ScrapeResult(Target(f"http://stand-in{path}"), parser.parse(body))
-                      for path, body in job_expositions("llama2-7b", nodes, gpus).items()],
-                     now=time.time(), source="bench")
+    snap = aggregate([ScrapeResult(Target(f"http://stand-in/{i}"), parser.parse(body))
+                      for i, body in enumerate(payloads)], now=time.time(), source="bench")
     console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
     parts = []
     for view, key in VIEWS:
@@ -352,7 +351,7 @@ def main() -> None:
     parsers = ParserRounds(args)
     slowest = bench_refresh(args, parsers.round)
     reference, reference_cpu = parsers.report()
-    draw_compare(args.nodes, args.gpus)
+    draw_compare(parsers.payloads)
     if shutil.which("promtool") and shutil.which("prometheus"):
         print(top_prometheus.report(args.nodes, args.gpus))
     else:

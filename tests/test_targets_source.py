@@ -248,7 +248,6 @@ def test_the_processes_view_asks_for_process_families_each_refresh_and_carries_s
     assert light.samples == [gpu, newer, exporter], "the latest processes are carried"
 
 
-
 def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_one_refresh():
     """A large job's targets are split with a helper process (two cores): every refresh, the
     cadence's light ones and the Processes view included, equals the one-process scrape; when

@@ -42,6 +42,7 @@ class CellTable:
 
     def __init__(self, columns: Sequence[CellColumn], header_style: str = "") -> None:
         self.columns = tuple(columns)
+        self.headers = tuple(Text(c.header) for c in self.columns)
         self.header_style = header_style
         self.rows: list[tuple[tuple[Text, ...], str]] = []
 
@@ -64,7 +65,7 @@ class CellTable:
         return (_PAD if index > 0 else 0), (_PAD if index < len(self.columns) - 1 else 0)
 
     def _texts(self, index: int) -> Iterable[Text]:
-        yield Text(self.columns[index].header)
+        yield self.headers[index]
         for cells, _ in self.rows:
             yield cells[index]
 
@@ -115,8 +116,7 @@ class CellTable:
             yield Segment("\n")
             return
         widths = self.widths(options.max_width)
-        headers = tuple(Text(c.header) for c in self.columns)
-        rows = [(headers, self.header_style, True), *((c, s, False) for c, s in self.rows)]
+        rows = [(self.headers, self.header_style, True), *((c, s, False) for c, s in self.rows)]
         for cells, style, header in rows:
             for line in self._lines(console, cells, style, widths, header):
                 yield from line.render(console)
