@@ -1,7 +1,7 @@
 """Offline validation of generated Kubernetes objects (a test helper, not a test module).
 
 - Core kinds: `kubernetes_validate` in strict mode (unknown fields are errors).
-- Custom resources: the upstream CRDs' openAPIV3Schema (../shared/schemas/crds) with
+- Custom resources: the upstream CRDs' openAPIV3Schema (tests/data/crds, unmodified) with
   `jsonschema`, made strict: every object schema that lists properties and does not set
   `x-kubernetes-preserve-unknown-fields` gets `additionalProperties: false`, as the API server's
   pruning would silently drop such fields.
@@ -21,7 +21,7 @@ import jsonschema
 import kubernetes_validate
 import yaml
 
-CRD_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "schemas" / "crds"
+CRD_DIR = Path(__file__).resolve().parent / "data" / "crds"
 K8S_VERSION = "1.33.0"  # a version EKS supports
 CORE_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1")
 
@@ -38,6 +38,8 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
             for version in doc["spec"]["versions"]:
                 schema = strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
                 out[(f"{group}/{version['name']}", kind)] = schema
+    if not out:
+        raise FileNotFoundError(f"no CustomResourceDefinition files in {CRD_DIR}")
     return out
 
 
