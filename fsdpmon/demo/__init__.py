@@ -100,11 +100,14 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(sig, _raise_interrupt)
     try:
         session.start()
-        session.wait_ready(cfg.nproc, cfg.startup_timeout_s)
-        say(f"ready: {cfg.nproc} ranks training. In another terminal: "
-            f"{fsdpmon_command()} top --targets {plan.metrics_url},{plan.exporter_url}")
+        ready = session.wait_ready(cfg.nproc, cfg.startup_timeout_s)
+        if session.training_finished():
+            say("training finished (--max-steps reached) before every rank was seen stepping")
+        else:
+            say(f"ready: {cfg.nproc} ranks training. In another terminal: "
+                f"{fsdpmon_command()} top --targets {plan.metrics_url},{plan.exporter_url}")
         if cfg.headless:
-            snap = _headless(session, cfg)
+            snap = _headless(session, cfg, ready)
         else:
             return _live(session, cfg)
     finally:
@@ -118,15 +121,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _headless(session: Session, cfg: DemoConfig) -> JobSnapshot:
+def _headless(session: Session, cfg: DemoConfig, ready: JobSnapshot) -> JobSnapshot:
     """Train for ``cfg.duration_s``, printing one progress line per interval; the last snapshot.
+
+    The first line is the snapshot that found every rank stepping: a training shorter than
+    one interval (a few steps on a fast machine) still shows where it was while it ran.
 
     When the training reaches --max-steps and exits, the final snapshot is taken after it
     ended: its ranks keep their last figures and the job is DONE (torchrun exited 0).
     """
     end = time.monotonic() + cfg.duration_s
     start = time.monotonic()
-    snap = session.source.fetch()
+    if session.training_finished():  # already said; ready was fetched after it exited
+        return ready
+    say(progress_line(ready, 0.0))
+    snap = ready
     while True:
         time.sleep(max(0.0, min(cfg.interval_s, end - time.monotonic())))
         session.check_children(finished_ok=True)

@@ -26,6 +26,9 @@ from fsdpmon.top.snapshot import JobSnapshot
 
 JOB_NAME = "fsdpmon-demo"
 LOOPBACK = "127.0.0.1"
+# How often the start-up looks for every rank stepping: two local endpoints, a few ms a look,
+# and short enough that a run of a few dozen steps is seen while it trains.
+READY_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -230,11 +233,15 @@ class Session:
             )
 
     def wait_ready(self, nproc: int, timeout_s: float) -> JobSnapshot:
-        """Until every rank has reported a step and the exporter answers."""
+        """Until every rank has reported a step and the exporter answers, or the training has
+        already reached --max-steps and exited (a short run on a fast machine is done, not
+        broken: ``training_finished()`` says which)."""
         deadline = time.monotonic() + timeout_s
         last_said = 0.0
         while True:
-            self.check_children()
+            self.check_children(finished_ok=True)
+            if self.training_finished():
+                return self.source.fetch()
             snap = self.source.fetch()
             stepping = [r for r in snap.ranks if r.step is not None and not r.down]
             if len(stepping) >= nproc and all(t.up for t in snap.targets):
@@ -250,7 +257,7 @@ class Session:
                 self.say(f"waiting for {nproc} ranks to take a step "
                          f"({len(stepping)} so far) ...")
                 last_said = now
-            time.sleep(1.0)
+            time.sleep(READY_POLL_S)
 
     def stop(self) -> None:
         if not self.children:
