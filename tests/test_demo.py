@@ -203,7 +203,7 @@ def test_headless_takes_the_final_snapshot_after_the_training_ended():
     (the source says DONE then, from torchrun's exit status)."""
     session = FakeSession([_snap(10, True), _snap(20, True), _snap(20, False)], finish_after=3)
     cfg = DemoConfig(headless=True, duration_s=60, interval_s=0.01)
-    final = _headless(session, cfg)
+    final = _headless(session, cfg, session.fetch())  # the start-up's look comes first
     assert session.fetches == 4 and final is session.snaps[-1]
 
 
@@ -213,15 +213,35 @@ def test_a_done_snapshot_while_the_ranks_still_serve_is_not_the_final_one():
     waits for torchrun's exit."""
     serving = replace(_snap(20, True), state=JobState.DONE)
     session = FakeSession([_snap(10, True), serving, _snap(20, False)], finish_after=3)
-    final = _headless(session, DemoConfig(headless=True, duration_s=60, interval_s=0.01))
+    final = _headless(session, DemoConfig(headless=True, duration_s=60, interval_s=0.01),
+                      session.fetch())
     assert final is session.snaps[-1], (session.fetches, final.state, final.targets_up)
 
 
 def test_headless_stops_after_its_duration():
     session = FakeSession([_snap(i, True) for i in range(1, 1000)], finish_after=10**9)
     started = time.monotonic()
-    snap = _headless(session, DemoConfig(headless=True, duration_s=0.3, interval_s=0.05))
+    snap = _headless(session, DemoConfig(headless=True, duration_s=0.3, interval_s=0.05),
+                     session.fetch())
     assert 0.3 <= time.monotonic() - started < 5 and snap.step == session.fetches
+
+
+def test_headless_prints_the_start_up_look_first(capsys):
+    """A training over within one interval still shows a line from while it ran."""
+    session = FakeSession([_snap(7, True), _snap(9, False)], finish_after=2)
+    final = _headless(session, DemoConfig(headless=True, duration_s=60, interval_s=0.01),
+                      session.fetch())
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "fsdpmon demo: t=0s state=RUNNING steps:  | - tokens/s", lines
+    assert final is session.snaps[-1] and session.fetches == 3, session.fetches
+
+
+def test_headless_after_a_training_that_ended_during_start_up_takes_no_other_look():
+    """The start-up's look was taken after torchrun exited: it is the final snapshot."""
+    session = FakeSession([_snap(9, False)], finish_after=1)
+    ready = session.fetch()
+    assert _headless(session, DemoConfig(headless=True, interval_s=0.01), ready) is ready
+    assert session.fetches == 1
 
 
 def test_local_logs_follow_what_is_appended(tmp_path):
