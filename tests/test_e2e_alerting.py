@@ -82,13 +82,18 @@ FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="5s")
 # before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the
 # monitor flags the rank once a second, disjoint median agrees and DIAGNOSIS_EVIDENCE_SECONDS
 # have passed (score and flag stay published while the job hangs). The hang must come after
-# that in wall time: here the fault starts 3-9 s after the first step and the flag rises ~13 s
-# later (load ~6), so HANG_AFTER_S leaves room for a machine over twice as slow.
+# that in wall time: here the fault starts 8-9 s after the first step (SLOW_AFTER_S below,
+# or step SLOW_FROM when later) and the flag rises ~13 s later (load ~6), so HANG_AFTER_S
+# leaves room for a machine twice as slow.
 SLOW_FROM = BUSY_MIN_STEPS + 60
+# ... and not before SLOW_AFTER_S past the rank's first step: on a fast machine the 60 steps
+# can pass within one 1 s evaluation, leaving no healthy scored part to check.
+SLOW_AFTER_S = 8.0
 HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + BUSY_MIN_STEPS
 HANG_AFTER_S = 45.0
 SLOW_FACTOR = 3.0
-FAULTS = (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM};"
+FAULTS = (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM},"
+          f"after={SLOW_AFTER_S:g};"
           f"hang:rank=0,at_step={HANG_AT},where=data,after={HANG_AFTER_S:g}")
 # What Grafana sends with this job and node selected, All ranks and namespaces, a 10m range.
 VARIABLES = {"__rate_interval": "15s", "__interval": "2s", "__range": "10m",
@@ -345,14 +350,21 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
     def first(expr: str) -> float | None:
         return prom.first_time(expr, started, now)
 
+    # The slowdown began at step SLOW_FROM or SLOW_AFTER_S past rank 1's first step, whichever
+    # came later; the first step is seen up to one scrape (1 s) after it was taken, so this is
+    # the earliest the fault can have begun.
+    stepped = first(f'fsdpmon_train_step{{{job}, rank="1"}} > 0')
     slowed = first(f'fsdpmon_train_step{{{job}, rank="1"}} >= {SLOW_FROM}')
+    if stepped is not None and slowed is not None:
+        slowed = max(slowed, stepped - 1.0 + SLOW_AFTER_S)
     scored = first(f'{SCORE}{{{job}}}')
     straggling = first(f'ALERTS{{alertname="{STRAGGLING}", {job}, alertstate="firing"}}')
     hung = first(f'fsdpmon_train_step{{{job}, rank="0"}} >= {hung_at}')
     stall = first(f'ALERTS{{alertname="{STALL}", {job}, alertstate="firing"}}')
     assert None not in (slowed, scored, straggling, hung, stall), (
         slowed, scored, straggling, hung, stall)
-    # (60 steps: 2-9 s here; the healthy run above holds scores for longer and never fires)
+    # (60 steps: 2-9 s here, so SLOW_AFTER_S rarely decides; the healthy run above holds
+    # scores for longer and never fires)
     assert scored < slowed, f"no healthy scored part: scores from {scored}, fault at {slowed}"
     assert straggling > slowed, (
         f"straggler alert fired {slowed - straggling:.0f} s before the fault started")

@@ -9,6 +9,7 @@ and checks the stall flag, the heartbeat age, the stack dump and the recovery.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -306,8 +307,15 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
         wait_until(lambda: _stalled_text(job.port, "1", 0.0), 20, "rank 1 to recover")
         wait_until(lambda: _value_is(job.port, "fsdpmon_train_unresponsive", "1", 0.0), 20,
                    "rank 1 responsive again")
-        step_now = max(samples(scrape(job.port), "fsdpmon_train_step").values())
-        job.file("stop").write_text(str(int(step_now) + 10))
+        text = scrape(job.port)
+        step_now = max(samples(text, "fsdpmon_train_step").values())
+        step_time = min(samples(text, "fsdpmon_train_step_time_seconds").values())
+        # Both ranks stop at exactly this step (monitor_job), so it must still lie ahead when
+        # they read it: the served step may be up to a second old (the endpoint re-renders
+        # at log steps or each second), so aim two seconds of steps ahead at this machine's
+        # speed, and never fewer than 10.
+        ahead = max(10, math.ceil(2.0 / step_time)) if step_time > 0 else 10
+        job.file("stop").write_text(str(int(step_now) + ahead))
         job.done(0)
         finish(job)
         log = job.output()
