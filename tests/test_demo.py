@@ -236,12 +236,14 @@ def test_headless_prints_the_start_up_look_first(capsys):
     assert final is session.snaps[-1] and session.fetches == 3, session.fetches
 
 
-def test_headless_after_a_training_that_ended_during_start_up_takes_no_other_look():
-    """The start-up's look was taken after torchrun exited: it is the final snapshot."""
-    session = FakeSession([_snap(9, False)], finish_after=1)
-    ready = session.fetch()
-    assert _headless(session, DemoConfig(headless=True, interval_s=0.01), ready) is ready
-    assert session.fetches == 1
+def test_a_training_over_by_the_start_up_look_prints_no_progress_and_looks_once_more(capsys):
+    """torchrun had exited by the time _headless began (the start-up's look may have come just
+    before that): no progress line, and the final snapshot is a look taken after the exit."""
+    session = FakeSession([_snap(9, True), _snap(9, False)], finish_after=1)
+    final = _headless(session, DemoConfig(headless=True, interval_s=0.01), session.fetch())
+    assert final is session.snaps[-1] and session.fetches == 2, session.fetches
+    assert capsys.readouterr().err.splitlines() == [
+        "fsdpmon demo: training finished (--max-steps reached)"]
 
 
 def test_local_logs_follow_what_is_appended(tmp_path):

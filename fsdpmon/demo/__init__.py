@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         session.start()
         ready = session.wait_ready(cfg.nproc, cfg.startup_timeout_s)
         if session.training_finished():
-            say("training finished (--max-steps reached) before every rank was seen stepping")
+            say("the training ended before every rank was seen stepping")
         else:
             say(f"ready: {cfg.nproc} ranks training. In another terminal: "
                 f"{fsdpmon_command()} top --targets {plan.metrics_url},{plan.exporter_url}")
@@ -124,30 +124,30 @@ def run(args: argparse.Namespace) -> int:
 def _headless(session: Session, cfg: DemoConfig, ready: JobSnapshot) -> JobSnapshot:
     """Train for ``cfg.duration_s``, printing one progress line per interval; the last snapshot.
 
-    The first line is the snapshot that found every rank stepping: a training shorter than
-    one interval (a few steps on a fast machine) still shows where it was while it ran.
+    The first line is the start-up's look (``ready``, every rank stepping): a training shorter
+    than one interval (a few steps on a fast machine) still shows where it was while it ran.
 
     When the training reaches --max-steps and exits, the final snapshot is taken after it
     ended: its ranks keep their last figures and the job is DONE (torchrun exited 0).
     """
     end = time.monotonic() + cfg.duration_s
     start = time.monotonic()
-    if session.training_finished():  # already said; ready was fetched after it exited
-        return ready
-    say(progress_line(ready, 0.0))
     snap = ready
-    while True:
+    if not session.training_finished():
+        say(progress_line(ready, 0.0))
+    while not session.training_finished():
         time.sleep(max(0.0, min(cfg.interval_s, end - time.monotonic())))
         session.check_children(finished_ok=True)
         if session.training_finished():
-            say("training finished (--max-steps reached)")
-            return session.source.fetch()
+            break
         snap = session.source.fetch()
         say(progress_line(snap, time.monotonic() - start))
-        # A snapshot can say DONE while the ranks, at their last step, still serve: the final
-        # one is taken once torchrun has exited (above), with every rank gone and finished.
         if time.monotonic() >= end:
             return snap
+    # A snapshot can say DONE while the ranks, at their last step, still serve (``ready``
+    # too): the final one is taken once torchrun has exited, every rank gone and finished.
+    say("training finished (--max-steps reached)")
+    return session.source.fetch()
 
 
 def progress_line(snap: JobSnapshot, elapsed_s: float) -> str:
