@@ -176,9 +176,18 @@ def step_of(prom: Prometheus, rank: str, job: str = JOB_NAME) -> float:
 
 def firing_notifications(hook: Webhook, rank: str, status: str, alert: str = STALL,
                          job: str = JOB_NAME) -> list[dict]:
-    return [n for n in hook.received() if n["status"] == status and any(
+    """Notifications carrying ``rank``'s ``alert`` with ``status``. The alert's own status, not
+    the notification's: Alertmanager groups by alert and job, and a group's notification says
+    "firing" while any alert in it fires (another rank's stall may resolve a moment later)."""
+    return [n for n in hook.received() if any(
         a["labels"].get("alertname") == alert and a["labels"].get("rank") == rank
         and a["labels"].get("job_name") == job and a["status"] == status for a in n["alerts"])]
+
+
+def received(hook: Webhook) -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """What the webhook got, for a failure message: (status, [(alert, rank, status)])."""
+    return [(n["status"], [(a["labels"].get("alertname", ""), a["labels"].get("rank", ""),
+                            a["status"]) for a in n["alerts"]]) for n in hook.received()]
 
 
 def in_alertmanager(am_url: str, alert: str, job: str) -> list[dict]:
@@ -285,8 +294,11 @@ def test_dashboards_and_stall_alert_against_real_prometheus(stack):
     wait_for("stall alert resolved in Prometheus",
              lambda: not [a for a in prom.alerts(STALL) if a["labels"]["rank"] == rank],
              timeout=60)
-    wait_for("resolved notification at the webhook",
-             lambda: firing_notifications(hook, rank, "resolved"), timeout=60)
+    try:
+        wait_for("resolved notification at the webhook",
+                 lambda: firing_notifications(hook, rank, "resolved"), timeout=60)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the webhook got {received(hook)}") from None
     assert trainer.poll() is None, "training must still run: the alert resolved by progress"
     assert step_of(prom, rank) > stalled_at, "the frozen rank made progress after SIGCONT"
     # Scores were published all along (a SIGSTOP'd step is one sample of a 31-step median).
