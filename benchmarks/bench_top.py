@@ -6,7 +6,8 @@ Measures, in one run, and prints:
     table view: p50/p90, as top runs it (a helper process scrapes, parses and files every other
     target: two cores) and on one process, refreshed in turn
   - bytes fetched per refresh (asking with name[]) against the whole expositions
-  - fetch-only time of the hand-written selector loop against urllib3's connection pool
+  - fetch-only time of the hand-written selector loop against urllib3's connection pool and
+    aiohttp's asyncio client
   - resident memory of `top` (this process and its helper) after the refreshes
   - exposition parsing: fsdpmon's parser vs prometheus_client's text_string_to_metric_families
     on the same payloads, side by side (median of several runs), as a ratio; the rounds of
@@ -30,6 +31,7 @@ like a node full of pods: tests/payload_server.py) so the client process measure
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import io
 import multiprocessing as mp
@@ -45,6 +47,7 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import psutil
 import urllib3
 from prometheus_client.parser import text_string_to_metric_families
@@ -151,12 +154,14 @@ def _p(values: list[float], q: float) -> float:
     return ordered[int(q * (len(ordered) - 1))]
 
 
-def http_compare(urls: list[str], workers: int, rounds: int) -> tuple[float, float]:
+def http_compare(urls: list[str], workers: int, rounds: int) -> tuple[float, float, float]:
     """Fetch-only wall time of every URL (p50 over ``rounds``): (httpget.get_all's selector
-    loop, urllib3's pooled connections on ``workers`` threads), the kept library's way."""
+    loop, urllib3's pooled connections on ``workers`` threads, aiohttp's client on one asyncio
+    loop with ``workers`` requests at a time), the kept libraries' ways. Each request gets a
+    connection of its own, as from pods that close theirs after each answer."""
     pool = urllib3.PoolManager(maxsize=workers, retries=False,
                                timeout=urllib3.Timeout(total=10.0))
-    ours, lib = [], []
+    ours, lib, aio = [], [], []
     with ThreadPoolExecutor(workers) as threads:
         for _ in range(rounds):
             start = time.perf_counter()
@@ -165,8 +170,25 @@ def http_compare(urls: list[str], workers: int, rounds: int) -> tuple[float, flo
             start = time.perf_counter()
             list(threads.map(lambda u: pool.request("GET", u).data, urls))
             lib.append(time.perf_counter() - start)
+            aio.append(asyncio.run(_aiohttp_fetch(urls, workers)))
     pool.clear()
-    return statistics.median(ours), statistics.median(lib)
+    return statistics.median(ours), statistics.median(lib), statistics.median(aio)
+
+
+async def _aiohttp_fetch(urls: list[str], workers: int) -> float:
+    """Seconds aiohttp takes to fetch every URL, ``workers`` at a time (its session made
+    outside the timing: a real `top` would keep one)."""
+    connector = aiohttp.TCPConnector(limit=workers, force_close=True)
+    async with aiohttp.ClientSession(connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=10.0)) as session:
+
+        async def body(url: str) -> bytes:
+            async with session.get(url) as response:
+                return await response.read()
+
+        start = time.perf_counter()
+        await asyncio.gather(*(body(u) for u in urls))
+        return time.perf_counter() - start
 
 
 def _cpu(processes: list[psutil.Process]) -> float:
@@ -209,7 +231,7 @@ def bench_refresh(args: argparse.Namespace,
                             (*each.ask((view, key)), _cpu(servers) - before))
             between()
         rss, peak, helper_rss, counts = tops["split"].ask("state")
-        ours, lib = http_compare([with_names(u, WANTED) for u in urls], args.workers, 5)
+        ours, lib, aio = http_compare([with_names(u, WANTED) for u in urls], args.workers, 5)
     finally:
         for each in tops.values():
             each.close()
@@ -249,8 +271,10 @@ def bench_refresh(args: argparse.Namespace,
           f"{full_bytes / fetched:.1f}x less")
     print(f"HTTP, fetch only, all {len(urls)} targets with name[] (p50 of 5): selector loop "
           f"(httpget.get_all) {ours * 1e3:.0f} ms, urllib3 pool on {args.workers} threads "
-          f"{lib * 1e3:.0f} ms; the difference is {(lib - ours) / slowest['one'][0] * 100:+.0f}% "
-          "of the slowest view's refresh on one process")
+          f"{lib * 1e3:.0f} ms, aiohttp on one asyncio loop {aio * 1e3:.0f} ms; the difference "
+          f"is {(lib - ours) / slowest['one'][0] * 100:+.0f}% (urllib3) and "
+          f"{(aio - ours) / slowest['one'][0] * 100:+.0f}% (aiohttp) of the slowest view's "
+          "refresh on one process")
     print(f"resident memory of top: {(rss + helper_rss) / 2**20:.0f} MiB now (main process "
           f"{rss / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB; helper "
           f"{helper_rss / 2**20:.0f} MiB)")

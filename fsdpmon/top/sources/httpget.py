@@ -1,7 +1,8 @@
 """HTTP GETs for scrapes: one blocking ``http_get``, and ``get_all`` for many at once.
 
-Kept instead of a library: urllib3's pool on threads takes several times as long to fetch a
-large job's targets, more than 10% of a whole refresh (benchmarks/bench_top.py prints both).
+Kept instead of a library: urllib3's pool on threads and aiohttp's asyncio client each take
+several times as long to fetch a large job's targets, more than 10% of a whole refresh
+(benchmarks/bench_top.py prints the three side by side).
 
 ``get_all`` drives every plain-HTTP exchange of a refresh from one thread: non-blocking
 sockets, one selector, an HTTP/1.0 request, the answer read until the server closes. A scrape
