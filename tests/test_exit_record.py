@@ -28,6 +28,7 @@ from support import free_port
 
 from fsdpmon import catalog
 from fsdpmon.monitor import Monitor, MonitorConfig
+from fsdpmon.monitor.exit_cleanup import MAIN_THREAD_GRACE_SECONDS
 from fsdpmon.monitor.exit_record import ExitRecord, read_previous, record_path
 from fsdpmon.monitor.state import job_state_dir
 
@@ -35,15 +36,19 @@ REPO = Path(__file__).resolve().parents[1]
 JOB = "exits"
 
 
-def _rank(base: Path, port: int, rank: int, restart: int, seconds: float) -> subprocess.Popen:
+def _rank(base: Path, port: int, rank: int, restart: int, seconds: float,
+          script: tuple[str, ...] = ()) -> subprocess.Popen:
+    """A monitored process as rank ``rank``: monitor_idle.py, or ``script`` (a file in tests/
+    and its arguments)."""
     env = {**os.environ, "FSDPMON_STATE_DIR": str(base), "FSDPMON_PORT": str(port),
            "FSDPMON_JOB_NAME": JOB, "FSDPMON_LISTEN_ADDRESS": "127.0.0.1",
            "FSDPMON_LOG_INTERVAL": "5", "FSDPMON_SERVER_RETRY_SECONDS": "0.2",
            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
            "TORCHELASTIC_RESTART_COUNT": str(restart), "OMP_NUM_THREADS": "1",
            "PYTHONPATH": f"{REPO}:{REPO / 'tests'}"}
-    return subprocess.Popen([sys.executable, str(REPO / "tests" / "monitor_idle.py"),
-                             str(seconds)], env=env, stdout=subprocess.PIPE,
+    argv = [str(REPO / "tests" / script[0]), *script[1:]] if script else [
+        str(REPO / "tests" / "monitor_idle.py"), str(seconds)]
+    return subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
 
@@ -113,6 +118,41 @@ def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(t
         # it finishes normally, the last rank out: every record goes, and the directory too
         assert procs[0].wait(timeout=30) == 0, procs[0].stderr.read()
         assert not directory.exists(), list(directory.iterdir())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode, said, status", [
+    ("in-record", "writing", -signal.SIGTERM),  # the handler, on the main thread
+    ("stuck", "stuck", 128 + signal.SIGTERM),  # the watcher thread, after the grace
+])
+def test_sigterm_at_an_awkward_moment_still_ends_the_record_and_the_process(
+        tmp_path, mode, said, status):
+    """SIGTERM while the training thread holds the exit record's lock (a slow write), or while
+    it never returns to the interpreter (a collective): the process ends, its record says
+    sigterm and its state files are gone. Rank 0 keeps running, so the records stay to read."""
+    port = free_port()
+    directory = job_state_dir(JOB, port, str(tmp_path))
+    procs = _group(tmp_path, port, restart=0, ranks=(0,))
+    subject = _rank(tmp_path, port, 1, 0, 0.0, script=("monitor_sigterm.py", mode))
+    procs.append(subject)
+    try:
+        line = subject.stdout.readline()
+        assert line.strip() == said, (line, subject.stderr.read() if subject.poll() else "")
+        assert (directory / "rank1.hb").exists(), list(directory.iterdir())
+        sent = time.monotonic()
+        subject.send_signal(signal.SIGTERM)
+        assert subject.wait(timeout=20) == status, subject.stderr.read()
+        took = time.monotonic() - sent
+        if mode == "stuck":  # the main thread was given its chance first
+            assert took >= MAIN_THREAD_GRACE_SECONDS, f"{took:.3f} s"
+        ended = read_previous(directory, 1, 1, time.time())
+        assert ended is not None and ended.how == "sigterm", ended
+        left = sorted(p.name for p in directory.iterdir())
+        assert not {"rank1.hb", "rank1.json"} & set(left), left
     finally:
         for p in procs:
             p.kill()

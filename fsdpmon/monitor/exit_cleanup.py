@@ -6,7 +6,11 @@ nobody else has claimed it, we handle SIGTERM: clean up, then die of the same si
 default action, so the exit status stays what the parent expects. A Python handler only runs
 when the main thread returns to the interpreter, and a rank blocked inside a collective may not
 for many minutes, so the signal is also delivered through ``signal.set_wakeup_fd`` to a small
-thread that cleans up at once. What a SIGKILL leaves behind is removed by the next job to start
+thread that cleans up when the main thread has not begun to within a grace period. Never both
+at once: the handler interrupts the main thread between any two bytecodes, perhaps inside a
+lock a clean-up needs (the exit record's, being written), so a thread cleaning up alongside it
+would wait for that lock while the handler waited for the thread. Our locks are reentrant for
+the same reason. What a SIGKILL leaves behind is removed by the next job to start
 (``statedir.remove_stale``).
 """
 
@@ -24,13 +28,15 @@ from types import FrameType
 
 log = logging.getLogger(__name__)
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: the handler may interrupt register() in this thread
 _cleanups: list[Callable[[], None]] = []
 _installed = False
-_dying = threading.Lock()
+_claim = threading.Lock()  # taken by whoever runs the SIGTERM clean-ups: handler or watcher
+_watcher_done = threading.Event()
 _ending: str | None = None  # "sigterm" once the signal arrived (what the clean-ups report)
-# How long the watcher thread leaves the main thread to end the process itself (with the
-# signal's own exit status) before it ends it with 128 + SIGTERM.
+# How long the watcher thread leaves the main thread to run the handler (clean up, then end
+# the process with the signal's own exit status) before it cleans up itself and ends the
+# process with 128 + SIGTERM. Kubelet and torchrun wait 30 s before SIGKILL.
 MAIN_THREAD_GRACE_SECONDS = 2.0
 
 
@@ -65,16 +71,20 @@ def ending() -> str | None:
     return _ending
 
 
-def _cleanup_once(reason: str | None = None) -> None:
+def _cleanup_sigterm() -> None:
     global _ending
-    _ending = _ending or reason
-    with _dying:  # the thread and the handler may both get here: the second waits
-        run_all()
+    _ending = "sigterm"
+    run_all()
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:
     """Main thread: clean up, then die of SIGTERM as if we had never handled it."""
-    _cleanup_once("sigterm")
+    if _claim.acquire(blocking=False):
+        _cleanup_sigterm()
+    else:
+        # The watcher took over while this thread was stuck. Bounded: its clean-up may wait for
+        # a lock held by the frame this handler interrupted.
+        _watcher_done.wait(MAIN_THREAD_GRACE_SECONDS)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGTERM)
 
@@ -110,7 +120,10 @@ def _watch(read_fd: int) -> None:
             return
         if signal.SIGTERM in data:
             # Only the main thread may reset a handler; if it is stuck in C (a collective),
-            # it never will, so this thread ends the process after its grace period.
-            _cleanup_once("sigterm")
+            # it never will, so this thread cleans up and ends the process after the grace.
             time.sleep(MAIN_THREAD_GRACE_SECONDS)
+            if not _claim.acquire(blocking=False):
+                return  # the handler runs the clean-ups and ends the process
+            _cleanup_sigterm()
+            _watcher_done.set()
             os._exit(128 + signal.SIGTERM)

@@ -84,7 +84,9 @@ class ExitRecord:
         self.pid = os.getpid()
         self.step = 0.0
         self.ended = False
-        self._lock = threading.Lock()  # the training thread's progress vs a SIGTERM's end
+        # The training thread's progress vs a SIGTERM's end; reentrant because the SIGTERM
+        # handler may interrupt progress() on the same thread (end() then writes over it).
+        self._lock = threading.RLock()
         self._write(_RUNNING)
 
     def progress(self, step: float) -> None:
