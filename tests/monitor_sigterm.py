@@ -4,13 +4,15 @@ this prints where it is.
 - ``in-record``: the training thread is inside the exit record's lock, writing its step to a
   disk that hangs (the write sleeps), when the signal comes: the handler must not wait for a
   lock its own thread holds, nor for a watcher thread waiting on that lock;
-- ``stuck``: the main thread never returns to the interpreter (SIGTERM blocked there and a long
-  sleep: what a rank waiting in a collective looks like to Python), so only the watcher thread
-  can clean up and end the process.
+- ``stuck``: the main thread never returns to the interpreter (SIGTERM blocked there, then a
+  read of a pipe nobody writes: what a rank waiting in a collective looks like to Python), so
+  only the watcher thread can clean up and end the process. It prints the pipe's descriptor;
+  the test waits until /proc shows the main thread blocked reading it.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -37,8 +39,9 @@ def run(mode: str) -> int:
         pass
     if mode == "stuck":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-        print("stuck", flush=True)
-        time.sleep(60)
+        never, _writer = os.pipe()
+        print("stuck", never, flush=True)
+        os.read(never, 1)
     while True:  # in-record: until a log step writes the record
         with mon.step():
             time.sleep(0.01)

@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -124,6 +125,35 @@ def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(t
             p.wait()
 
 
+def _read_syscall_number() -> str:
+    """The number /proc gives a thread blocked in read(2) on this machine: one of ours."""
+    r, w = os.pipe()
+    reader = threading.Thread(target=os.read, args=(r, 1))
+    reader.start()
+    try:
+        return _wait_blocked(f"/proc/self/task/{reader.native_id}/syscall", r)
+    finally:
+        os.write(w, b"x")
+        reader.join()
+        os.close(r)
+        os.close(w)
+
+
+def _wait_blocked(path: str, fd: int, number: str | None = None) -> str:
+    """Wait until the thread whose /proc syscall file is ``path`` is blocked in a call whose
+    first argument is ``fd`` (and whose number is ``number``, when given); its number."""
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            fields = Path(path).read_text().split()
+        except OSError as exc:  # no CONFIG_HAVE_ARCH_TRACEHOOK, or not ours to read
+            pytest.skip(f"cannot see where a thread is blocked: {exc}")
+        if len(fields) > 1 and fields[1] == hex(fd) and number in (None, fields[0]):
+            return fields[0]
+        assert time.monotonic() < deadline, f"never blocked reading fd {fd}: {fields}"
+        time.sleep(0.02)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("mode, said, status", [
     ("in-record", "writing", -signal.SIGTERM),  # the handler, on the main thread
@@ -141,12 +171,17 @@ def test_sigterm_at_an_awkward_moment_still_ends_the_record_and_the_process(
     procs.append(subject)
     try:
         line = subject.stdout.readline()
-        assert line.strip() == said, (line, subject.stderr.read() if subject.poll() else "")
+        assert line.split()[:1] == [said], (line, subject.stderr.read() if subject.poll() else "")
+        if mode == "stuck":  # in C for good, before the signal: it never reaches the handler
+            _wait_blocked(f"/proc/{subject.pid}/task/{subject.pid}/syscall", int(line.split()[1]),
+                          _read_syscall_number())
         assert (directory / "rank1.hb").exists(), list(directory.iterdir())
         sent = time.monotonic()
         subject.send_signal(signal.SIGTERM)
         assert subject.wait(timeout=20) == status, subject.stderr.read()
         took = time.monotonic() - sent
+        err = subject.stderr.read()
+        assert "Traceback" not in err, err  # no thread tripped over the clean-up
         if mode == "stuck":  # the main thread was given its chance first
             assert took >= MAIN_THREAD_GRACE_SECONDS, f"{took:.3f} s"
         ended = read_previous(directory, 1, 1, time.time())

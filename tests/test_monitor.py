@@ -249,6 +249,17 @@ def test_gather_failure_stays_off(tmp_path, monkeypatch):
     assert len(calls) == 1  # not retried at every log step
 
 
+def test_a_rank_without_a_process_group_scores_its_own_row(tmp_path, monkeypatch):
+    """RANK=1 of 2 in the environment, but no process group (set up later, or never): only our
+    row comes back from the gather, and it is ours, not rank 1 of a list of one."""
+    for name, value in (("RANK", "1"), ("LOCAL_RANK", "1"), ("WORLD_SIZE", "2")):
+        monkeypatch.setenv(name, value)
+    mon = monitor(config(tmp_path, port=0))
+    train(mon)
+    mon.close()
+    assert (mon.topo.rank, mon.internal_errors) == (1, 0), mon.internal_errors
+
+
 def test_restart_count_comes_from_the_elastic_agent(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
     port = free_port()

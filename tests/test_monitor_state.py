@@ -35,6 +35,18 @@ def test_heartbeat_and_snapshot_round_trip(tmp_path):
     assert not job_dir.exists()  # the last rank out removes the directory
 
 
+def test_a_closed_writer_publishes_nothing_and_raises_nothing(tmp_path):
+    """A SIGTERM's clean-up closes the writer on whichever thread gets there; the watchdog's
+    next heartbeat or a log step's snapshot must neither raise nor bring the files back."""
+    job_dir = tmp_path / "job"
+    writer = RankStateWriter(job_dir, 0)
+    writer.snapshot(_snapshot(0))
+    writer.close()
+    writer.heartbeat(2.0, 2, 2, 2, 1.0, 1.0)
+    writer.snapshot(_snapshot(0))
+    assert not job_dir.exists(), list(job_dir.iterdir())
+
+
 def test_torn_heartbeat_is_not_trusted(tmp_path):
     writer = RankStateWriter(tmp_path, 0)
     writer.heartbeat(1.0, 1, 1, 1, 0, 1)

@@ -290,8 +290,10 @@ class Monitor:
         rows = self._gather(local)  # every rank, every log step, whatever failed above
         job = self._guarded("job figures", lambda: job_figures(rows)
                             if rows is not None and self.topo.rank == 0 else None)
+        # Our row: by rank, unless only ours came back (RANK set but no process group).
+        own = self.topo.rank if rows is not None and len(rows) > 1 else 0
         score = self._guarded("straggler score", lambda: straggler_scores(
-            [r[1] for r in rows])[self.topo.rank] if rows is not None else None)
+            [r[1] for r in rows])[own] if rows is not None else None)
         straggling = self._straggling.update(score, self.step_number, time.monotonic())
         record = self._guarded("record", lambda: step_record(
             self.topo, self.step_number, stats, quality, busy_known=self._busy.known,

@@ -26,6 +26,7 @@ import os
 import re
 import struct
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,10 @@ class RankStateWriter:
         self._fh = os.fdopen(fd, "r+b")  # lives as long as the map
         self._map = mmap.mmap(self._fh.fileno(), HB_SIZE)
         self._seq = 0
+        # Heartbeats come from the training and watchdog threads, close from a SIGTERM's
+        # clean-up on any thread; reentrant, as the handler may interrupt a heartbeat.
+        self._lock = threading.RLock()
+        self._closed = False
         self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # owned (pid set) from the start
 
     def heartbeat(self, last_step_unix: float, step: float, steps_total: float,
@@ -98,10 +103,18 @@ class RankStateWriter:
                    watchdog_unix)
 
     def _pack(self, *values: float) -> None:
-        self._seq += 1
-        _HB.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
+        with self._lock:
+            if self._closed:
+                return  # a SIGTERM's clean-up got here first: nothing more to publish
+            self._seq += 1
+            _HB.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
 
     def snapshot(self, data: dict[str, Any]) -> None:
+        with self._lock:
+            if not self._closed:
+                self._write_snapshot(data)
+
+    def _write_snapshot(self, data: dict[str, Any]) -> None:
         tmp = self.directory / f".rank{self.rank}.json.{self.pid}"
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()  # a write that failed half-way
@@ -109,9 +122,11 @@ class RankStateWriter:
         os.replace(tmp, self.json_path)
 
     def close(self, remove: bool = True) -> None:
-        with contextlib.suppress(Exception):
-            self._map.close()
-            self._fh.close()
+        with self._lock:
+            self._closed = True
+            with contextlib.suppress(Exception):
+                self._map.close()
+                self._fh.close()
         if remove:
             for path in (self.json_path, self.hb_path):
                 # Only our own files: a restarted incarnation of this rank may own them now.
