@@ -111,15 +111,13 @@ class RankStateWriter:
 
     def snapshot(self, data: dict[str, Any]) -> None:
         with self._lock:
-            if not self._closed:
-                self._write_snapshot(data)
-
-    def _write_snapshot(self, data: dict[str, Any]) -> None:
-        tmp = self.directory / f".rank{self.rank}.json.{self.pid}"
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()  # a write that failed half-way
-        statedir.write_new(tmp, json.dumps(data, allow_nan=True).encode())
-        os.replace(tmp, self.json_path)
+            if self._closed:
+                return  # as in _pack
+            tmp = self.directory / f".rank{self.rank}.json.{self.pid}"
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()  # a write that failed half-way
+            statedir.write_new(tmp, json.dumps(data, allow_nan=True).encode())
+            os.replace(tmp, self.json_path)
 
     def close(self, remove: bool = True) -> None:
         with self._lock:
