@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import selectors
 import socket
 import threading
 import time
@@ -12,6 +13,7 @@ import pytest
 from payload_server import PayloadServer
 from synthetic_job import job_expositions
 
+from fsdpmon.top.sources import httpget
 from fsdpmon.top.sources.httpget import ScrapeError, body_of, get_all, http_get
 
 
@@ -186,4 +188,26 @@ def test_a_failing_callback_ends_the_loop_without_leaking_sockets(payloads):
         get_all([payloads.url("/train/node-000")] * 16, 2.0, 8, boom)
     ours = [c for c in psutil.Process().net_connections("tcp")
             if c.raddr and c.raddr.port == payloads.port]  # client ends, not the server's
+    assert ours == []
+
+
+def test_an_interrupt_before_a_socket_is_registered_propagates_and_leaks_nothing(
+        payloads, monkeypatch):
+    """Ctrl-C (or a SIGTERM handler raising) between opening a socket and registering it: the
+    interrupt itself leaves get_all, not a KeyError from the clean-up, and no socket stays."""
+
+    class InterruptedOnThirdRegister(selectors.DefaultSelector):
+        registered = 0
+
+        def register(self, fileobj, events, data=None):
+            self.registered += 1
+            if self.registered == 3:
+                raise KeyboardInterrupt
+            return super().register(fileobj, events, data)
+
+    monkeypatch.setattr(httpget.selectors, "DefaultSelector", InterruptedOnThirdRegister)
+    with pytest.raises(KeyboardInterrupt):
+        get_all([payloads.url("/train/node-000")] * 8, 2.0, 8, lambda *a: None)
+    ours = [c for c in psutil.Process().net_connections("tcp")
+            if c.raddr and c.raddr.port == payloads.port]
     assert ours == []

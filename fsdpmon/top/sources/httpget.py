@@ -14,6 +14,7 @@ read exactly as ``http_get``'s.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import http.client
@@ -340,7 +341,10 @@ class _Loop:
 
     def _close(self, ex: _Exchange) -> None:
         self.open.pop(ex.sock.fileno(), None)
-        self.selector.unregister(ex.sock)
+        # Not registered yet when an exception (Ctrl-C, the demo's SIGTERM) came between the
+        # two lines of _start: the clean-up must not replace that exception with a KeyError.
+        with contextlib.suppress(KeyError):
+            self.selector.unregister(ex.sock)
         ex.sock.close()
 
 
