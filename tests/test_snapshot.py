@@ -52,3 +52,20 @@ def test_rows_built_without_init_equal_those_built_with_it():
                 made.node = "other"  # type: ignore[misc, union-attr]
     with pytest.raises(TypeError, match="JobSnapshot"):
         maker(JobSnapshot)  # a default_factory field: not for the maker
+
+
+def test_a_row_made_from_its_accumulator_takes_its_fields_and_drops_the_rest():
+    """maker's ``filed`` argument (a row's accumulator): entries named as fields are taken,
+    others (filing's bookkeeping, e.g. a rank's total_steps) are not the row's, and ``values``
+    win over both; field order, ==, hash and repr as the class's own __init__ gives."""
+    from fsdpmon.top.rows import maker
+
+    filed = {"loss": 2.5, "total_steps": 100.0, "pod": "p-0", "step": 7.0, "world_size": 8}
+    made = maker(RankRow)(filed, rank=3, step=7)
+    built = RankRow(rank=3, loss=2.5, pod="p-0", step=7)
+    assert made == built and hash(made) == hash(built) and repr(made) == repr(built), \
+        f"{made!r} != {built!r}"
+    assert list(vars(made)) == list(vars(built)), f"extra or reordered: {list(vars(made))}"
+    assert type(made.step) is int, f"values win over filed: step {made.step!r}"
+    assert filed == {"loss": 2.5, "total_steps": 100.0, "pod": "p-0", "step": 7.0,
+                     "world_size": 8}, f"the accumulator was changed: {filed}"

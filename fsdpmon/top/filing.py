@@ -79,13 +79,11 @@ def as_int(text: str) -> int | None:
 
 
 # The kinds of row a series fills; the table gives (kind, field) for every name top reads.
-# The four of a rank's row come first (file_result tests ``kind <= _EXIT``), a name top does
+# The three of a rank's row come first (file_result tests ``kind <= _EXIT``), a name top does
 # not read last.
-_RANK, _PHASE, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER = range(1, 11)
+_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER = range(1, 10)
 _KIND: dict[str, tuple[int, str]] = {
     **{name: (_RANK, key) for name, key in RANK_METRICS.items()},
-    # served per phase; REQUIRE keeps only the checkpoint phase's series
-    **{name: (_PHASE, key) for name, key in RANK_METRICS.items() if key == "checkpoint_s"},
     TRAIN_INFO: (_INFO, ""),
     PREVIOUS_EXIT: (_EXIT, "previous_exit"),  # how a restarted rank's previous life ended
     **{name: (_JOB, key) for name, key in JOB_METRICS.items()},
@@ -198,10 +196,8 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     samples = result.samples or ()
     for name, labels, value in samples:
         kind, key = kinds.get(name, _NONE)
-        if kind <= _EXIT:  # a rank's series: _RANK, _PHASE, _INFO or _EXIT
+        if kind <= _EXIT:  # a rank's series: _RANK, _INFO or _EXIT
             train = True
-            if kind == _PHASE and labels.get("phase") != "checkpoint":
-                continue  # (a parser without REQUIRE passes every phase)
             row = rank_memo.get(id(labels), rank_memo)
             if row is rank_memo:
                 row = _rank_entry(acc, labels, target)

@@ -24,22 +24,29 @@ R = TypeVar("R")
 
 
 def maker(cls: type[R]) -> Callable[..., R]:
-    """``cls(**values)`` for a frozen row dataclass, built without its generated __init__: that
-    sets each field through ``object.__setattr__`` (the frozen guard), most of the time spent
-    building a 2048-rank job's rows; this fills the new instance's ``__dict__`` at once, in field
-    order. The same object (==, hash, repr, asdict) as ``cls(**values)`` for the same fields,
-    which callers must all name when they have no default (test_snapshot checks each class)."""
+    """``cls(filed, **values)`` for a frozen row dataclass, built without its generated
+    __init__: that sets each field through ``object.__setattr__`` (the frozen guard), most of
+    the time spent building a 2048-rank job's rows; this fills the new instance's ``__dict__`` at
+    once, in field order: first the entries of ``filed`` (a row's accumulator) that are fields,
+    taken as they are, then ``values``. The same object (==, hash, repr, asdict) as
+    ``cls(**fields of filed, **values)``, which callers must all name when they have no default
+    (test_snapshot checks each class)."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     if any(f.default_factory is not dataclasses.MISSING or not f.init for f in fields) or \
             hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: only plain fields with plain defaults")
     defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in fields}
-    new = object.__new__
+    count, new = len(defaults), object.__new__
 
-    def make(**values: object) -> R:
+    def make(filed: dict[str, object] | None = None, /, **values: object) -> R:
         row = new(cls)
         slots = row.__dict__
         slots.update(defaults)
+        if filed:
+            slots.update(filed)
+            if len(slots) != count:  # entries that are no field of the row
+                for key in slots.keys() - defaults.keys():
+                    del slots[key]
         slots.update(values)
         return row
 
@@ -62,32 +69,22 @@ def opt_int(value: object) -> int | None:
 
 
 def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] = ()) -> RankRow:
-    age, threshold = opt(d.get("heartbeat_age_s")), opt(d.get("stall_threshold_s"))
-    stalled = d.get("stalled") == 1.0 or (
-        age is not None and threshold is not None and threshold > 0 and age > threshold
+    """A rank's row from its accumulator (filing.Acc.ranks): the figures filed under a field's
+    name (floats, as parsed; pod, node, target, local_rank) are taken as they are, the rest
+    converted here."""
+    get = d.get
+    age, threshold = get("heartbeat_age_s"), get("stall_threshold_s")
+    stalled = get("stalled") == 1.0 or (
+        age is not None and threshold is not None and threshold > 0 and age > threshold  # type: ignore[operator]
     )
-    peak = d.get("peak_memory_bytes", d.get("rss_bytes"))
+    straggling = get("straggling")
     return new_rank_row(
-        rank=rank, local_rank=opt_int(d.get("local_rank")), pod=str(d.get("pod", "")),
-        node=str(d.get("node", "")), target=str(d.get("target", "")),
-        step=opt_int(d.get("step")), step_time_s=opt(d.get("step_time_s")),
-        data_wait_ratio=opt(d.get("data_wait_ratio")),
-        tokens_per_second=opt(d.get("tokens_per_second")), mfu_ratio=opt(d.get("mfu_ratio")),
-        loss=opt(d.get("loss")), peak_memory_bytes=opt(peak),
-        memory_capacity_bytes=opt(d.get("memory_capacity_bytes")), heartbeat_age_s=age,
-        stall_threshold_s=threshold, stalled=stalled, busy_s=opt(d.get("busy_s")),
-        collective_wait_ratio=opt(d.get("collective_wait_ratio")),
-        straggler_score=opt(d.get("straggler_score")),
-        straggling=None if opt(d.get("straggling")) is None else d["straggling"] == 1.0,
-        unresponsive=d.get("unresponsive") == 1.0,
-        loss_nonfinite=d.get("loss_nonfinite") == 1.0, checkpoint_s=opt(d.get("checkpoint_s")),
-        checkpoint_seconds=opt(d.get("checkpoint_seconds")),
-        checkpoint_own_seconds=opt(d.get("checkpoint_own_seconds")),
-        checkpoint_time_ratio=opt(d.get("checkpoint_time_ratio")),
-        restarts=opt_int(d.get("restarts")), seen_at=now, gpus=gpus,
-        previous_exit=str(d.get("previous_exit", "")),
-        previous_exit_step=opt_int(d.get("previous_exit_step")),
-        previous_exit_unix=opt(d.get("previous_exit_unix")),
+        d, rank=rank, step=opt_int(get("step")), stalled=stalled,
+        peak_memory_bytes=get("peak_memory_bytes", get("rss_bytes")),
+        straggling=None if straggling is None else straggling == 1.0,
+        unresponsive=get("unresponsive") == 1.0, loss_nonfinite=get("loss_nonfinite") == 1.0,
+        restarts=opt_int(get("restarts")), seen_at=now, gpus=gpus,
+        previous_exit_step=opt_int(get("previous_exit_step")),
     )
 
 
@@ -102,22 +99,18 @@ def gpu_rows(acc: Acc, previous: JobSnapshot | None, down_nodes: set[str],
     before = {(g.node, g.gpu): g for g in previous.gpus} if previous else {}
     rows = []
     for (node, gpu), d in acc.gpus.items():
+        # filed under the fields' names: the figures (floats) and the labels (model, uuid, pod...)
+        get = d.get
         old = before.get((node, gpu))
-        util, mem_used = opt(d.get("utilization_ratio")), opt(d.get("memory_used_bytes"))
-        mem_total = opt(d.get("memory_total_bytes"))
-        mem_ratio = mem_used / mem_total if mem_used is not None and mem_total else None
+        util, mem_used = get("utilization_ratio"), get("memory_used_bytes")
+        mem_total = get("memory_total_bytes")
+        mem_ratio = mem_used / mem_total if mem_used is not None and mem_total else None  # type: ignore[operator]
+        events, xids = get("clock_events"), get("xid_counts")
         rows.append(new_gpu_row(
-            node=node, gpu=gpu, model=str(d.get("model", "")), uuid=str(d.get("uuid", "")),
-            up=d.get("up", 1.0) == 1.0, utilization_ratio=util, memory_used_bytes=mem_used,
-            memory_total_bytes=mem_total, temperature_celsius=opt(d.get("temperature_celsius")),
-            power_watts=opt(d.get("power_watts")),
-            power_limit_watts=opt(d.get("power_limit_watts")),
-            namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
-            container=str(d.get("container", "")),
-            clock_events=tuple(sorted(d.get("clock_events", ()))),  # type: ignore[call-overload]
-            xid_counts=tuple(sorted(d.get("xid_counts", ()))),  # type: ignore[call-overload]
-            ecc_uncorrected=opt(d.get("ecc_uncorrected")),
-            utilization_history=push(old.utilization_history if old else (), util),
+            d, node=node, gpu=gpu, up=get("up", 1.0) == 1.0,
+            clock_events=tuple(sorted(events)) if events else (),  # type: ignore[call-overload]
+            xid_counts=tuple(sorted(xids)) if xids else (),  # type: ignore[call-overload]
+            utilization_history=push(old.utilization_history if old else (), util),  # type: ignore[arg-type]
             memory_history=push(old.memory_history if old else (), mem_ratio),
             ranks=ranks_on.get((node, gpu), ()),
         ))
@@ -143,15 +136,13 @@ def node_rows(acc: Acc, gpus: Sequence[GpuRow]) -> list[NodeRow]:
 
 
 def process_rows(acc: Acc) -> list[ProcessRow]:
+    """Rows from the processes' accumulators, whose entries are filed under the fields' names
+    (labels as str, figures as float, ``rank`` as int) but for ``gpus`` (a set)."""
+    simulated = {node for node, host in acc.nodes.items() if host.get("simulated")}
     rows = [new_process_row(
-        node=node, pid=pid, namespace=str(d.get("namespace", "")), pod=str(d.get("pod", "")),
-        container=str(d.get("container", "")), command=str(d.get("command", "")),
-        user=str(d.get("user", "")), state=str(d.get("state", "")),
-        cpu_ratio=opt(d.get("cpu_ratio")), rss_bytes=opt(d.get("rss_bytes")),
-        gpu_memory_bytes=opt(d.get("gpu_memory_bytes")),
-        rank=d.get("rank"),  # type: ignore[arg-type]
-        gpus=tuple(sorted(d.get("gpus", ()), key=_gpu_order)),  # type: ignore[call-overload]
-        gpu_simulated=bool(d.get("gpus")) and bool(acc.nodes.get(node, {}).get("simulated")),
+        d, node=node, pid=pid,
+        gpus=tuple(sorted(held, key=_gpu_order)) if (held := d.get("gpus")) else (),  # type: ignore[call-overload]
+        gpu_simulated=bool(held) and node in simulated,
     ) for (node, pid), d in acc.procs.items()]
     return sorted(rows, key=lambda p: (p.node, p.pid))
 

@@ -72,7 +72,6 @@ class RankRow:
     straggling: bool | None = None  # the monitor's persistent verdict (None: not published)
     unresponsive: bool = False  # its monitor thread stopped: the rank that hangs
     loss_nonfinite: bool = False
-    checkpoint_s: float | None = None  # mean per-step checkpoint time, last log window
     checkpoint_seconds: float | None = None  # the last save's wall time
     checkpoint_own_seconds: float | None = None  # of which not waiting for other ranks
     checkpoint_time_ratio: float | None = None  # the last save's share of wall time

@@ -37,8 +37,6 @@ RANK_METRICS = {
     catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
     catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
     catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
-    # served per phase; REQUIRE keeps only the checkpoint phase's series
-    catalog.TRAIN_PHASE_DURATION_SECONDS.name: "checkpoint_s",
 }
 TRAIN_INFO = catalog.TRAIN_INFO.name
 # How a restarted rank's previous incarnation ended: the `how` label of its one series.
@@ -88,12 +86,10 @@ WANTED: frozenset[str] = frozenset(
 
 
 # Text a line of these names must hold to be read; the parser's scan skips the others. Of the
-# per-core host CPU series top shows only the node total; of the per-phase durations the
-# checkpoint's; of the ECC counts the uncorrected. Of a GPU's clock-event reasons (nine series,
-# one or none active) only the active ones: value 1, which the exporter (prometheus_client)
-# writes ``} 1.0``. Together these are 40% of what a node's targets send.
-REQUIRE = {HOST_CPU: 'cpu="all"', catalog.TRAIN_PHASE_DURATION_SECONDS.name: 'phase="checkpoint"',
-           GPU_ECC: 'type="uncorrected"', GPU_CLOCK_EVENT: "} 1"}
+# per-core host CPU series top shows only the node total; of the ECC counts the uncorrected. Of
+# a GPU's clock-event reasons (nine series, one or none active) only the active ones: value 1,
+# which the exporter (prometheus_client) writes ``} 1.0``.
+REQUIRE = {HOST_CPU: 'cpu="all"', GPU_ECC: 'type="uncorrected"', GPU_CLOCK_EVENT: "} 1"}
 
 
 def new_parser() -> Parser:

@@ -7,7 +7,7 @@ Queries per refresh (independent of the job's size): the job's training series; 
 exporters served those nodes; and `up` for all of them, so a target that stopped answering is
 shown as down rather than silently missing.
 
-Each query returns only the series top shows: where a target serves one series per core, phase,
+Each query returns only the series top shows: where a target serves one series per core,
 ECC type or clock-event reason, the selector of that name is narrowed to the one shown (``or``
 keeps it one query); the process and static ``*_info`` families are asked for at the cadence a
 direct scrape uses (sources/cadence.py). Series that share their labels share one dict, so the
@@ -25,7 +25,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlencode
 
-from fsdpmon import catalog
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.top.expfmt import Sample
@@ -66,7 +65,6 @@ def _alternatives(values: Iterable[str]) -> str:
 # Names of which top shows one series of several: (the matcher that selects it, a filter).
 _NARROWED = {
     HOST_CPU: ('cpu="all"', ""),  # the node total, not one series per core
-    catalog.TRAIN_PHASE_DURATION_SECONDS.name: ('phase="checkpoint"', ""),
     GPU_ECC: ('type="uncorrected"', ""),
     GPU_CLOCK_EVENT: ("", " == 1"),  # the active reasons (a comparison keeps the name)
 }
