@@ -56,6 +56,7 @@ from rich.console import Console
 from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.sources.cadence import SLOW_EVERY
+from fsdpmon.top.sources.gcpause import top_owns_this_process
 from fsdpmon.top.sources.httpget import get_all
 from fsdpmon.top.sources.targets import TargetsSource, with_names
 from fsdpmon.top.tables import select_rows, table_of
@@ -112,6 +113,7 @@ def timed_refresh(source: TargetsSource, console: Console,
 
 def _refresher(conn: Connection, urls: list[str], workers: int, split: bool) -> None:
     """A process like `top`: one source, one console; refreshes a view when asked."""
+    top_owns_this_process()  # as the live view does
     source = TargetsSource(urls, timeout_s=10.0, max_workers=workers, split=split)
     console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
     try:

@@ -24,6 +24,7 @@ from rich.live import Live
 from fsdpmon.diagnose import Verdict
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.top.sources.gcpause import top_owns_this_process
 from fsdpmon.top.stack_evidence import Diagnoser
 from fsdpmon.top.ui_state import ViewState, handle_key
 from fsdpmon.top.views import frame, nav, waiting_frame
@@ -170,6 +171,7 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
     """Runs until `q` or Ctrl-C; returns the exit status (0)."""
     console = console or Console()
     fd = sys.stdin.fileno()
+    top_owns_this_process()  # what each refresh leaves is frozen (gcpause)
     refresher = Refresher(source, interval_s)
     resized = threading.Event()
     old_winch = signal.signal(signal.SIGWINCH, lambda *_: resized.set())

@@ -27,6 +27,7 @@ from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result
 from fsdpmon.top.snapshot import TargetStatus
 from fsdpmon.top.sources.cadence import Cadence
+from fsdpmon.top.sources.gcpause import collector_paused, top_owns_this_process
 from fsdpmon.top.wanted import new_parser
 
 # Fewer plain-HTTP targets than this are all scraped in the main process: a helper's start
@@ -50,9 +51,7 @@ class Share:
 def main() -> None:
     """The helper process (``python -m fsdpmon.top.sources.helper FD``): serves refreshes on the
     connection at file descriptor FD until told to stop or the main process goes."""
-    # Imported here, not at module level: targets imports this module.
-    from fsdpmon.top.sources.targets import collector_paused
-
+    top_owns_this_process()
     conn = Connection(int(sys.argv[1]))
     try:
         urls, timeout_s, limit = conn.recv()

@@ -25,6 +25,7 @@ from fsdpmon.top import discovery
 from fsdpmon.top.aggregate import JobAggregator, Target
 from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
+from fsdpmon.top.sources.gcpause import collector_paused
 from fsdpmon.top.sources.httpget import ScrapeError, http_get
 from fsdpmon.top.sources.kube_client import (
     BACKOFF_S,
@@ -34,7 +35,7 @@ from fsdpmon.top.sources.kube_client import (
     load,
     transient,
 )
-from fsdpmon.top.sources.targets import collector_paused, scrape_all, scrape_urls
+from fsdpmon.top.sources.targets import scrape_all, scrape_urls
 from fsdpmon.top.wanted import WANTED, new_parser
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
