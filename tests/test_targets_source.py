@@ -222,44 +222,30 @@ def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refr
     assert cadence.names() == WANTED, "after a target was down, the next refresh asks for all"
 
 
-def test_the_processes_view_asks_for_process_figures_each_refresh_and_carries_static_facts():
-    """With the Processes view open a process's figures come every refresh and its command,
-    user and rank (PROCESS_INFO, a static fact) are carried: those of a process gone since are
-    dropped, and a process started since makes the next refresh ask for everything."""
+def test_the_processes_view_asks_for_process_families_each_refresh_and_carries_static_facts():
     from fsdpmon import catalog
     from fsdpmon.top.aggregate import ScrapeResult, Target
     from fsdpmon.top.expfmt import Sample
     from fsdpmon.top.sources.cadence import PROCESS_NAMES, SLOW_NAMES, STATIC_NAMES, Cadence
-    from fsdpmon.top.wanted import EXPORTER_INFO, PROCESS_INFO, PROCESS_STATE, WANTED
-
-    def process(pid: str) -> tuple[Sample, Sample]:
-        labels = {"pid": pid, "node": "n0"}
-        return (Sample(PROCESS_INFO, {**labels, "command": f"train {pid}"}, 1.0),
-                Sample(PROCESS_STATE, {**labels, "state": "running"}, 1.0))
+    from fsdpmon.top.wanted import EXPORTER_INFO, PROCESS_INFO, WANTED
 
     cadence = Cadence(every=5)
     target = Target("http://127.0.0.1:1/metrics")
     gpu = Sample(catalog.GPU_UP.name, {"gpu": "0"}, 1.0)
     exporter = Sample(EXPORTER_INFO, {"node": "n0"}, 1.0)
-    (info7, state7), (info8, state8) = process("7"), process("8")
+    process = Sample(PROCESS_INFO, {"pid": "7", "node": "n0"}, 1.0)
     assert cadence.names() == WANTED
-    cadence.complete(ScrapeResult(target, [gpu, exporter, info7, state7, info8, state8]))
+    cadence.complete(ScrapeResult(target, [gpu, exporter, process]))
     cadence.processes_open = True
     asked = cadence.names()
     assert asked >= PROCESS_NAMES and not STATIC_NAMES & asked, sorted(WANTED - asked)
-    done = cadence.complete(ScrapeResult(target, [gpu, state8]))  # process 7 has ended
-    assert done.samples == [gpu, state8, exporter, info8], \
-        f"fresh figures, the facts of live processes carried: {done.samples}"
-    assert cadence.names() != WANTED, "no new process: the next refresh is as light"
-    info9, state9 = process("9")
-    cadence.complete(ScrapeResult(target, [gpu, state8, state9]))
-    assert cadence.names() == WANTED, "a process started since: the next asks for its facts"
-    assert cadence.complete(ScrapeResult(target, [gpu, exporter, info8, state8, info9, state9]))
+    newer = Sample(PROCESS_INFO, {"pid": "8", "node": "n0"}, 1.0)
+    done = cadence.complete(ScrapeResult(target, [gpu, newer]))
+    assert done.samples == [gpu, newer, exporter], "fresh processes, the static fact carried"
     cadence.processes_open = False
     assert not cadence.names() & SLOW_NAMES, "closed again: a light refresh"
     light = cadence.complete(ScrapeResult(target, [gpu]))
-    assert light.samples == [gpu, state8, state9, exporter, info8, info9], \
-        f"the latest processes are carried: {light.samples}"
+    assert light.samples == [gpu, newer, exporter], "the latest processes are carried"
 
 
 def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_one_refresh():

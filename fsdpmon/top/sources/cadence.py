@@ -1,15 +1,13 @@
 """How often a refresh asks for each family: what changes every step on every refresh, the
 rest every few refreshes, carried in between.
 
-Two slow tiers. A process's figures (state, CPU, memory) feed only the Processes view and the
-GPU-rank ties (which change when a process starts or ends): asked for every ``SLOW_EVERY``
-refreshes, and on every refresh while the Processes view is open. Static facts (``*_info``
-series, among them a process's command, user and rank; a rank's planned steps, device memory
-and stall threshold) are asked for every ``SLOW_EVERY`` refreshes whatever the view. A target's
-last answer for a tier is carried into the refreshes that do not ask for it, so the views see
-the same rows; a target that ignores ``name[]`` sends them anyway, and its fresh ones are used.
-While the process figures are fresh, the carried facts of a process that is gone are dropped
-and one not seen before makes the next refresh ask for everything.
+Two slow tiers. Process families feed only the Processes view and the GPU-rank ties (which
+change when a process starts or ends): asked for every ``SLOW_EVERY`` refreshes, and on every
+refresh while the Processes view is open. Static facts (``*_info`` series, a rank's planned
+steps, device memory and stall threshold) are asked for every ``SLOW_EVERY`` refreshes whatever
+the view. A target's last answer for a tier is carried into the refreshes that do not ask for
+it, so the views see the same rows; a target that ignores ``name[]`` sends them anyway, and its
+fresh ones are used.
 """
 
 from __future__ import annotations
@@ -35,9 +33,8 @@ from fsdpmon.top.wanted import (
 STATIC_RANK_NAMES = frozenset([catalog.TRAIN_TOTAL_STEPS.name,
                                catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name,
                                catalog.TRAIN_STALL_THRESHOLD_SECONDS.name])
-PROCESS_NAMES = frozenset([PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY])
-# A process's command, user and rank are fixed for its life, like the other *_info series.
-STATIC_NAMES = frozenset([TRAIN_INFO, EXPORTER_INFO, PROCESS_INFO, *STATIC_RANK_NAMES])
+PROCESS_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY])
+STATIC_NAMES = frozenset([TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES])
 SLOW_NAMES = PROCESS_NAMES | STATIC_NAMES
 TIERS = (PROCESS_NAMES, STATIC_NAMES)
 SLOW_EVERY = 5  # refreshes: 10 s at top's default 2 s interval
@@ -100,25 +97,13 @@ class Cadence:
         slow = [s for s in result.samples if s.name in SLOW_NAMES]
         kept = self._kept.setdefault(result.target.url, {})
         carried: list[Sample] = []
-        fresh_tiers = []
         for tier in TIERS:
             fresh = [s for s in slow if s.name in tier]
             if fresh or tier <= self._asked:
                 kept[tier] = fresh
-                fresh_tiers.append(tier)
             else:
                 carried += kept.get(tier, ())
-        if fresh_tiers == [PROCESS_NAMES]:  # the processes' figures fresh, their facts carried
-            carried = self._live_processes(kept[PROCESS_NAMES], carried)
         # A job that had not published its static facts yet (ranks still starting) would
         # otherwise show rows without a node or pod for SLOW_EVERY refreshes.
         self._lacking = self._lacking or not kept.get(STATIC_NAMES)
         return replace(result, samples=[*result.samples, *carried]) if carried else result
-
-    def _live_processes(self, fresh: list[Sample], carried: list[Sample]) -> list[Sample]:
-        """``carried`` less the facts of processes gone since (none of their figures came);
-        a process without carried facts (started since) has them asked for next refresh."""
-        live = {s.labels.get("pid") for s in fresh}
-        known = {s.labels.get("pid") for s in carried if s.name == PROCESS_INFO}
-        self._lacking = self._lacking or not live <= known
-        return [s for s in carried if s.name != PROCESS_INFO or s.labels.get("pid") in live]
