@@ -267,8 +267,8 @@ def bench_refresh(args: argparse.Namespace,
           "run elsewhere)")
     fetched = statistics.mean(r[5] for r in runs["split"]["ranks"])
     print(f"bytes per refresh (ranks view): {fetched / 2**20:.1f} MiB asking with name[] for "
-          f"what top reads (process figures and static facts every {SLOW_EVERY}th "
-          "refresh, the process figures every refresh while the Processes view is open); "
+          f"what top reads (process families and static facts every {SLOW_EVERY}th "
+          "refresh, the process families every refresh while the Processes view is open); "
           f"{full_bytes / 2**20:.1f} MiB before, the whole expositions: "
           f"{full_bytes / fetched:.1f}x less")
     print(f"HTTP, fetch only, all {len(urls)} targets with name[] (p50 of 5): selector loop "

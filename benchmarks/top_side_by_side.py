@@ -1,0 +1,162 @@
+"""Two versions of `fsdpmon top`'s refresh, side by side: which is faster, measured in one run.
+
+On a shared machine the speed drifts by up to a third within minutes, more than most changes
+to a refresh gain, so figures from two runs of bench_top.py cannot tell two versions apart.
+Here each version (a git revision, checked out in a temporary worktree, or the working tree)
+runs as its own `top` process (TargetsSource with its default helper process, a 200x50 frame
+drawn), and the two refresh in turn, view by view, against the same stand-in pods (256 nodes x
+8 GPUs by default, served as bench_top.py serves them): drift hits both alike. Prints, for each
+version, every view's p50 wall and CPU time (both processes) and the slowest view's p50, then
+the ratio of the slowest views.
+
+    python benchmarks/top_side_by_side.py HEAD~1 .        # the commit before against this tree
+
+Not a timed test: numbers depend on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_top import VIEWS, start_servers  # noqa: E402 - after the path set-up
+from synthetic_job import job_expositions  # noqa: E402
+
+# One version's `top`: imports fsdpmon from the tree given, refreshes a view per input line and
+# answers (wall, CPU of its processes) in seconds, as JSON.
+_REFRESHER = """
+import io, json, sys, time
+sys.path.insert(0, sys.argv[1])
+from rich.console import Console
+from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.top.ui_state import ViewState
+from fsdpmon.top.views import frame
+try:  # as the live view does, where the version has it
+    from fsdpmon.top.sources.gcpause import top_owns_this_process
+    top_owns_this_process()
+except ImportError:
+    pass
+source = TargetsSource(json.loads(sys.stdin.readline()), timeout_s=10.0)
+console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
+for line in sys.stdin:
+    view, key = line.split()
+    source.showing(view)
+    cpu, start = time.process_time(), time.perf_counter()
+    snap = source.fetch()
+    console.file = io.StringIO()
+    console.print(frame(snap, ViewState(view=view, sort_key=key, descending=True), 50))
+    wall = time.perf_counter() - start
+    if snap.targets_up != len(snap.targets):
+        sys.exit(f"refresh incomplete: {snap.targets_up}/{len(snap.targets)} up")
+    helper = source.helper_cpu_s if source.helper_pid is not None else 0.0
+    print(json.dumps([wall, time.process_time() - cpu + helper]), flush=True)
+source.close()
+"""
+
+
+class Version:
+    """One version's `top` process."""
+
+    def __init__(self, name: str, tree: Path, urls: list[str]) -> None:
+        self.name = name
+        self.process = subprocess.Popen([sys.executable, "-c", _REFRESHER, str(tree)],
+                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, cwd=tree)
+        self._send(json.dumps(urls))
+
+    def _send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line + "\n")
+        self.process.stdin.flush()
+
+    def refresh(self, view: str, key: str) -> tuple[float, float]:
+        self._send(f"{view} {key}")
+        assert self.process.stdout is not None
+        answer = self.process.stdout.readline()
+        if not answer:
+            raise SystemExit(f"{self.name}: its top exited ({self.process.wait()})")
+        wall, cpu = json.loads(answer)
+        return wall, cpu
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            assert self.process.stdin is not None
+            self.process.stdin.close()
+        self.process.wait(timeout=30)
+
+
+def checkout(revision: str, into: Path) -> Path:
+    """The tree of ``revision`` ("." is the working tree as it is)."""
+    if revision == ".":
+        return ROOT
+    tree = into / revision.replace("/", "_").replace("~", "-").replace("^", "-")
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
+                    str(tree), revision], check=True)
+    return tree
+
+
+def report(results: dict[str, dict[str, list[Any]]]) -> None:
+    slowest = {}
+    for name, views in results.items():
+        parts = [f"{view} {statistics.median(w for w, _ in rs) * 1e3:.0f} ms (CPU "
+                 f"{statistics.median(c for _, c in rs) * 1e3:.0f})" for view, rs in views.items()]
+        slowest[name] = max(statistics.median(w for w, _ in rs) for rs in views.values())
+        print(f"{name}: p50 " + ", ".join(parts) + f"; slowest view {slowest[name] * 1e3:.0f} ms")
+    (a, sa), (b, sb) = slowest.items()
+    print(f"slowest view p50, {b} / {a}: {sb * 1e3:.0f} / {sa * 1e3:.0f} ms = {sb / sa:.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("before", help="a git revision, or . for the working tree")
+    parser.add_argument("after", help="a git revision, or . for the working tree")
+    parser.add_argument("--nodes", type=int, default=256)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--servers", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5, help="3 refreshes per view each")
+    args = parser.parse_args()
+    if args.before == args.after:
+        parser.error("give two different versions")
+    ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
+    paths = sorted(job_expositions("llama2-7b", args.nodes, args.gpus))
+    urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+    scratch = Path(tempfile.mkdtemp(prefix="top-side-by-side-"))
+    versions: list[Version] = []
+    try:
+        versions = [Version(r, checkout(r, scratch), urls) for r in (args.before, args.after)]
+        for version in versions:
+            for _ in range(2):
+                version.refresh(*VIEWS[0])  # warm-up: imports, the helper, the caches
+        results: dict[str, dict[str, list[Any]]] = {v.name: {} for v in versions}
+        for _ in range(args.rounds):
+            for view, key in VIEWS:
+                for _ in range(3):
+                    for version in versions:
+                        results[version.name].setdefault(view, []).append(
+                            version.refresh(view, key))
+        report(results)
+    finally:
+        for version in versions:
+            version.close()
+        stop.set()
+        for p in procs:
+            p.join(timeout=10)
+        for tree in scratch.iterdir():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                           check=False)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
