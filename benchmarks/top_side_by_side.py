@@ -2,7 +2,8 @@
 
 On a shared machine the speed drifts by up to a third within minutes, more than most changes
 to a refresh gain, so figures from two runs of bench_top.py cannot tell two versions apart.
-Here each version (a git revision, checked out in a temporary worktree, or the working tree)
+Here each version (a git revision, checked out in a temporary worktree, or a directory holding a
+checkout, such as ``.``)
 runs as its own `top` process (TargetsSource with its default helper process, a 200x50 frame
 drawn), and the two refresh in turn, view by view, against the same stand-in pods (256 nodes x
 8 GPUs by default, served as bench_top.py serves them): drift hits both alike. Prints, for each
@@ -97,9 +98,10 @@ class Version:
 
 
 def checkout(revision: str, into: Path) -> Path:
-    """The tree of ``revision`` ("." is the working tree as it is)."""
-    if revision == ".":
-        return ROOT
+    """The tree of ``revision``: a directory holding a checkout (``.``: this one) as it is, else
+    a git revision of this repository checked out into ``into``."""
+    if Path(revision).is_dir():
+        return Path(revision).resolve()
     tree = into / revision.replace("/", "_").replace("~", "-").replace("^", "-")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
                     str(tree), revision], check=True)
@@ -119,8 +121,8 @@ def report(results: dict[str, dict[str, list[Any]]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("before", help="a git revision, or . for the working tree")
-    parser.add_argument("after", help="a git revision, or . for the working tree")
+    parser.add_argument("before", help="a git revision, or a checkout's directory (. for this)")
+    parser.add_argument("after", help="a git revision, or a checkout's directory (. for this)")
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
@@ -152,7 +154,7 @@ def main() -> None:
         stop.set()
         for p in procs:
             p.join(timeout=10)
-        for tree in scratch.iterdir():
+        for tree in scratch.iterdir():  # the worktrees made here, not a directory given
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                            check=False)
         shutil.rmtree(scratch, ignore_errors=True)
