@@ -57,7 +57,7 @@ from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.sources.cadence import SLOW_EVERY
 from fsdpmon.top.sources.gcpause import top_owns_this_process
-from fsdpmon.top.sources.httpget import get_all
+from fsdpmon.top.sources.httpget import IN_FLIGHT, get_all
 from fsdpmon.top.sources.targets import TargetsSource, with_names
 from fsdpmon.top.tables import select_rows, table_of
 from fsdpmon.top.ui_state import ViewState
@@ -111,10 +111,10 @@ def timed_refresh(source: TargetsSource, console: Console,
             source.bytes_received)
 
 
-def _refresher(conn: Connection, urls: list[str], workers: int, split: bool) -> None:
+def _refresher(conn: Connection, urls: list[str], split: bool) -> None:
     """A process like `top`: one source, one console; refreshes a view when asked."""
     top_owns_this_process()  # as the live view does
-    source = TargetsSource(urls, timeout_s=10.0, max_workers=workers, split=split)
+    source = TargetsSource(urls, timeout_s=10.0, split=split)
     console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
     try:
         while (request := conn.recv()) is not None:
@@ -134,10 +134,10 @@ class Refresher:
     """A `top` in its own process (a fresh interpreter: its heap holds its source alone, as a
     real one's does, not this benchmark's payloads or the other source's caches)."""
 
-    def __init__(self, urls: list[str], workers: int, split: bool) -> None:
+    def __init__(self, urls: list[str], split: bool) -> None:
         ctx = mp.get_context("spawn")
         self._conn, theirs = ctx.Pipe()
-        self.process = ctx.Process(target=_refresher, args=(theirs, urls, workers, split),
+        self.process = ctx.Process(target=_refresher, args=(theirs, urls, split),
                                    daemon=True)
         self.process.start()
 
@@ -216,8 +216,7 @@ def bench_refresh(args: argparse.Namespace,
     urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
     # top's default (a helper process files half the targets) and the same on one process,
     # refreshed in turn, so that load from other work hits both alike.
-    tops = {"split": Refresher(urls, args.workers, True),
-            "one": Refresher(urls, args.workers, False)}
+    tops = {"split": Refresher(urls, True), "one": Refresher(urls, False)}
     runs: dict[str, dict[str, list[tuple[float, ...]]]] = {k: {} for k in tops}
     try:
         for each in tops.values():
@@ -242,7 +241,7 @@ def bench_refresh(args: argparse.Namespace,
             p.join(timeout=10)
     print(f"job: {args.nodes} nodes x {args.gpus} GPUs = {counts['ranks']} ranks, "
           f"{counts['gpus']} GPUs, {counts['processes']} processes, {counts['targets']} targets "
-          f"({args.servers} server processes, {args.workers} scrape workers)")
+          f"({args.servers} server processes, {IN_FLIGHT} requests in flight)")
     slowest: dict[str, tuple[float, float]] = {}
     for name, title in (("split", "top's default: a helper process scrapes, parses and files "
                                   "every other target (2 processes)"),
@@ -369,7 +368,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=256)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
-    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=IN_FLIGHT,
+                        help="requests in flight in the HTTP comparison (top's: IN_FLIGHT)")
     parser.add_argument("--refreshes", type=int, default=15)
     parser.add_argument("--parse-repeat", type=int, default=5)
     args = parser.parse_args()

@@ -13,7 +13,7 @@ from synthetic_job import job_expositions
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.snapshot import JobState
-from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
+from fsdpmon.top.sources.httpget import IN_FLIGHT, ScrapeError, get_all, http_get
 from fsdpmon.top.sources.targets import TargetsSource, normalise_url
 
 
@@ -330,3 +330,25 @@ def test_a_live_rank_without_a_node_makes_any_source_ask_for_everything_next():
     late = replace(snap, ranks=(replace(snap.ranks[0], node=""), *snap.ranks[1:]))
     cadence.check(late)
     assert cadence.names() == WANTED, "a live rank without its node: the next refresh asks all"
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_a_refresh_keeps_at_most_in_flight_requests_open_at_once(split):
+    """Plain-HTTP scrapes keep up to IN_FLIGHT connections open at once (so the pods' answers
+    wait in the kernel while top parses), never more, whether or not a helper process takes
+    half of the targets (each then keeps half)."""
+    from test_httpget import RawServer
+
+    srv = RawServer(b"HTTP/1.0 200 OK\r\n\r\nm 1\n", delay_s=0.2)
+    source = TargetsSource([f"{srv.url}?n={i}" for i in range(IN_FLIGHT + 32)], timeout_s=10.0,
+                           split=split)
+    try:
+        snap = source.fetch()
+        assert snap.targets_up == IN_FLIGHT + 32, [t.error for t in snap.targets if not t.up]
+        assert srv.served == IN_FLIGHT + 32, srv.served
+        # each answer waits 0.2 s, so every connection allowed is open by then
+        assert IN_FLIGHT // 2 < srv.most_open <= IN_FLIGHT, (srv.most_open, IN_FLIGHT)
+        assert (source.helper_pid is not None) is split
+    finally:
+        source.close()
+        srv.close()

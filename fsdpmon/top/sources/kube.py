@@ -26,7 +26,7 @@ from fsdpmon.top.aggregate import JobAggregator, Target
 from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.gcpause import collector_paused
-from fsdpmon.top.sources.httpget import ScrapeError, http_get
+from fsdpmon.top.sources.httpget import IN_FLIGHT, ScrapeError, http_get
 from fsdpmon.top.sources.kube_client import (
     BACKOFF_S,
     KubeSourceConfig,
@@ -220,7 +220,7 @@ class KubeSource:
         self._refreshes += 1
         aggregator = JobAggregator()
         if self.inside:  # pod IPs: one selector loop for every scrape, as for --targets
-            scrape_urls(self._targets, self._parser, self.cfg.timeout_s, self.cfg.max_workers,
+            scrape_urls(self._targets, self._parser, self.cfg.timeout_s, IN_FLIGHT,
                         self._pool, aggregator.add, WANTED)
         else:  # through the API server's pod proxy, with the client's auth
             scraped = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)

@@ -1,12 +1,12 @@
 """Plain scrape targets (`--targets URL,...`): concurrent HTTP scrapes, bounded and timed out.
 
-Every target is fetched with a per-target deadline, at most a bounded number at a time, by one
-selector loop on the refreshing thread (`httpget.get_all`); each body is parsed and aggregated
-on that thread as soon as it arrives (only the series `top` reads). HTTPS targets go through
-blocking GETs on a thread pool meanwhile. A target that refuses, times out, answers non-200 or
-sends too much is reported down with the reason; the rest go on. On a large job every other
-plain-HTTP target is scraped, parsed and filed the same way by a helper process (helper.py), so
-that a refresh uses two cores.
+Every target is fetched with a per-target deadline, at most ``httpget.IN_FLIGHT`` at a time, by
+one selector loop on the refreshing thread (`httpget.get_all`); each body is parsed and
+aggregated on that thread as soon as it arrives (only the series `top` reads). HTTPS targets go
+through blocking GETs on a thread pool (``max_workers`` threads) meanwhile. A target that
+refuses, times out, answers non-200 or sends too much is reported down with the reason; the
+rest go on. On a large job every other plain-HTTP target is scraped, parsed and filed the same
+way by a helper process (helper.py), so that a refresh uses two cores.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.cadence import Cadence
 from fsdpmon.top.sources.gcpause import collector_paused
 from fsdpmon.top.sources.helper import SPLIT_MIN_TARGETS, Helper
-from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
+from fsdpmon.top.sources.httpget import IN_FLIGHT, ScrapeError, get_all, http_get
 from fsdpmon.top.wanted import new_parser
 
 
@@ -161,9 +161,10 @@ class TargetsSource:
         self.timeout_s = timeout_s
         self.job_name = job_name
         self._parser = new_parser()
-        self._limit = max(1, min(max_workers, len(self.targets)))
+        self._limit = min(IN_FLIGHT, len(self.targets))  # plain HTTP, split with the helper
         tls = any(not t.url.startswith("http:") for t in self.targets)
-        self._pool = ThreadPoolExecutor(max_workers=self._limit) if tls else None
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets)))
+                                        ) if tls else None
         self._previous: JobSnapshot | None = None
         self.bytes_received = 0  # by the last refresh
         self.helper_cpu_s = 0.0  # the helper process's CPU time in the last refresh
