@@ -7,7 +7,8 @@ from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
-from fsdpmon.top.snapshot import JobState
+from fsdpmon.top.rows import ties
+from fsdpmon.top.snapshot import JobState, ProcessRow
 
 
 def _kinds(snap) -> set[str]:
@@ -154,3 +155,18 @@ def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
     assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)
     kept = [s for s in samples if s.name == "fsdpmon_gpu_clock_event_active"]
     assert len(kept) == 2, f"{len(kept)} clock-event series kept, 2 are active"
+
+
+def test_ties_sort_many_gpus_and_processes_of_a_rank_and_many_ranks_of_a_gpu():
+    """The usual case (one worker, one GPU) is taken as it is; the rest is sorted: a rank's
+    GPUs by node, then by number (GPU 2 before 10), a GPU's ranks by rank, duplicates once."""
+    procs = [ProcessRow(node="n1", pid=1, rank=5, gpus=("2", "10")),
+             ProcessRow(node="n0", pid=2, rank=5, gpus=("3",)),
+             ProcessRow(node="n1", pid=3, rank=5, gpus=("2",)),  # the same GPU again
+             ProcessRow(node="n0", pid=4, rank=7, gpus=("3",)),  # shares n0/3 with rank 5
+             ProcessRow(node="n0", pid=5, rank=1, gpus=("3",)),
+             ProcessRow(node="n0", pid=6, rank=None, gpus=("0",)),  # not a rank's
+             ProcessRow(node="n0", pid=7, rank=9, gpus=())]  # holds no GPU
+    gpus_of, ranks_on = ties(procs)
+    assert gpus_of == {5: ("n0/3", "n1/2", "n1/10"), 7: ("n0/3",), 1: ("n0/3",)}, gpus_of
+    assert ranks_on == {("n0", "3"): (1, 5, 7), ("n1", "2"): (5,), ("n1", "10"): (5,)}, ranks_on

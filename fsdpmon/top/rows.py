@@ -139,38 +139,52 @@ def process_rows(acc: Acc) -> list[ProcessRow]:
     """Rows from the processes' accumulators, whose entries are filed under the fields' names
     (labels as str, figures as float, ``rank`` as int) but for ``gpus`` (a set)."""
     simulated = {node for node, host in acc.nodes.items() if host.get("simulated")}
-    rows = [new_process_row(
-        d, node=node, pid=pid,
-        gpus=tuple(sorted(held, key=_gpu_order)) if (held := d.get("gpus")) else (),  # type: ignore[call-overload]
+    # in (node, pid) order: the keys are unique, so the sort never compares the entries
+    return [new_process_row(
+        d, node=node, pid=pid, gpus=_held(held) if (held := d.get("gpus")) else (),
         gpu_simulated=bool(held) and node in simulated,
-    ) for (node, pid), d in acc.procs.items()]
-    return sorted(rows, key=lambda p: (p.node, p.pid))
+    ) for (node, pid), d in sorted(acc.procs.items())]
+
+
+def _held(gpus: set[str]) -> tuple[str, ...]:
+    return tuple(gpus) if len(gpus) == 1 else tuple(sorted(gpus, key=_gpu_order))
 
 
 def _gpu_order(gpu: str) -> tuple[int, str]:
     return (as_int(gpu) or 0, gpu)
 
 
-def _rank_gpus(processes: Sequence[ProcessRow]) -> dict[int, tuple[tuple[str, str], ...]]:
-    """Rank -> the (node, gpu) its worker process holds: NVML lists the process on the GPU,
-    the exporter reads the worker's RANK from its environment."""
-    out: dict[int, set[tuple[str, str]]] = {}
-    for p in processes:
-        if p.rank is not None:
-            out.setdefault(p.rank, set()).update((p.node, g) for g in p.gpus)
-    return {r: tuple(sorted(held, key=lambda k: (k[0], _gpu_order(k[1]))))
-            for r, held in out.items() if held}
+def _node_gpu_order(key: tuple[str, str]) -> tuple[str, tuple[int, str]]:
+    return key[0], _gpu_order(key[1])
 
 
 def ties(processes: Sequence[ProcessRow]) -> Ties:
-    """(rank -> "node/gpu" of each GPU its worker holds, (node, gpu) -> the ranks on it)."""
-    held = _rank_gpus(processes)
+    """(rank -> "node/gpu" of each GPU its worker holds, (node, gpu) -> the ranks on it): NVML
+    lists the process on the GPU, the exporter reads the worker's RANK from its environment.
+
+    Most ranks have one worker on one GPU, taken as it is; only a rank seen in several
+    processes or GPUs needs its set sorted."""
+    held: dict[int, list[tuple[str, str]]] = {}
+    for p in processes:
+        if p.rank is not None and p.gpus:
+            keys = [(p.node, g) for g in p.gpus]
+            mine = held.setdefault(p.rank, keys)
+            if mine is not keys:
+                mine += keys
+    gpus_of: dict[int, tuple[str, ...]] = {}
     by_gpu: dict[tuple[str, str], list[int]] = {}
     for rank, keys in held.items():
+        if len(keys) > 1:
+            keys = sorted(set(keys), key=_node_gpu_order)
+        gpus_of[rank] = tuple([f"{n}/{g}" for n, g in keys])
         for key in keys:
-            by_gpu.setdefault(key, []).append(rank)
-    return ({rank: tuple(f"{n}/{g}" for n, g in keys) for rank, keys in held.items()},
-            {key: tuple(sorted(ranks)) for key, ranks in by_gpu.items()})
+            on = by_gpu.get(key)
+            if on is None:
+                by_gpu[key] = [rank]
+            else:
+                on.append(rank)
+    return gpus_of, {key: tuple(sorted(ranks)) if len(ranks) > 1 else (ranks[0],)
+                     for key, ranks in by_gpu.items()}
 
 
 def mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
