@@ -69,3 +69,11 @@ def test_a_row_made_from_its_accumulator_takes_its_fields_and_drops_the_rest():
     assert type(made.step) is int, f"values win over filed: step {made.step!r}"
     assert filed == {"loss": 2.5, "total_steps": 100.0, "pod": "p-0", "step": 7.0,
                      "world_size": 8}, f"the accumulator was changed: {filed}"
+    # one maker over rows whose extra entries differ (it first drops the last row's extras)
+    make = maker(RankRow)
+    for extra in ({"total_steps": 1.0, "world_size": 2}, {"rss_bytes": 3.0}, {},
+                  {"rss_bytes": 4.0, "restarted": True}, {"total_steps": 5.0}):
+        made = make({"loss": 1.5, **extra}, rank=1)
+        assert vars(made) == vars(RankRow(rank=1, loss=1.5)), \
+            f"with {sorted(extra)}: {sorted(vars(made).keys() ^ vars(RankRow(rank=1)).keys())}"
+        assert list(vars(made)) == list(vars(RankRow(rank=1))), f"reordered with {extra}"

@@ -20,7 +20,6 @@ from fsdpmon.top.rows import (
     gpu_rows,
     mark_slowest,
     node_rows,
-    opt,
     opt_int,
     process_rows,
     push,
@@ -113,16 +112,21 @@ def _finish(acc: Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSna
     tokens = [r.tokens_per_second for r in live if r.tokens_per_second is not None]
     mfus = [r.mfu_ratio for r in live if r.mfu_ratio is not None]
     losses = [r.loss for r in live if r.loss is not None]
-    median = acc.job.get("step_time_median_s", _median(r.step_time_s for r in live))
-    step = _max(float(r.step) for r in live if r.step is not None)
+    # The job's own figures where it publishes them, else the ranks' (each pass over 2048 ranks
+    # is made only when needed); accumulated figures are floats as parsed (or ints), NaN kept
+    # out of every max and median.
+    median = acc.job.get("step_time_median_s")
+    if median is None:
+        median = _median(r.step_time_s for r in live)
+    step = _max(r.step for r in live)  # a step is an int or None
     if step is None:  # every rank gone: the furthest any got (a finished job shows its end)
-        step = _max(float(r.step) for r in snap.ranks if r.step is not None)
-    totals = [d.get("total_steps") for d in acc.ranks.values()]
-    total = opt_int(_max(opt(t) for t in totals))
+        step = _max(r.step for r in snap.ranks)
+    ranks = acc.ranks.values()
+    total = opt_int(_max(d.get("total_steps") for d in ranks))
     if total is None and previous is not None:  # the plan outlives the ranks that reported it
         total = previous.total_steps
-    restarts = _max(opt(d.get("restarts")) for d in acc.ranks.values())
-    world = acc.job.get("world_size") or _max(opt(d.get("world_size")) for d in acc.ranks.values())
+    restarts = _max(d.get("restarts") for d in ranks)
+    world = acc.job.get("world_size") or _max(d.get("world_size") for d in ranks)
     if world is None and previous is not None:
         world = previous.world_size
     loss = acc.job["loss"] if "loss" in acc.job else _mean(losses)
@@ -132,7 +136,8 @@ def _finish(acc: Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSna
         snap, step=opt_int(step), total_steps=total or None,
         world_size=opt_int(world) or (len(snap.ranks) or None), tokens_per_second=tps,
         mfu_ratio=_mean(mfus), step_time_median_s=median,
-        step_time_max_s=acc.job.get("step_time_max_s", _max(r.step_time_s for r in live)),
+        step_time_max_s=most if (most := acc.job.get("step_time_max_s")) is not None
+        else _max(r.step_time_s for r in live),
         loss=loss, restarts=opt_int(restarts),
         eta_s=(total - step) * median if total and step is not None and median else None,
         history=History(tokens_per_second=push(history.tokens_per_second, tps),
@@ -157,11 +162,11 @@ def _mean(values: Sequence[float]) -> float | None:
 
 def _median(values: Iterable[float | None]) -> float | None:
     """Median of the finite values (NaN has no place in an order); None when there are none."""
-    present = [v for v in values if v is not None and not math.isnan(v)]
+    present = [v for v in values if v is not None and v == v]  # NaN is not equal to itself
     return statistics.median(present) if present else None
 
 
 def _max(values: Iterable[float | None]) -> float | None:
-    present = [v for v in values if v is not None and not math.isnan(v)]
+    present = [v for v in values if v is not None and v == v]  # NaN is not equal to itself
     return max(present) if present else None
 
