@@ -11,6 +11,7 @@ version, every view's p50 wall and CPU time (both processes) and the slowest vie
 the ratio of the slowest views.
 
     python benchmarks/top_side_by_side.py HEAD~1 .        # the commit before against this tree
+    python benchmarks/top_side_by_side.py --own-pods HEAD~1 .   # each served its own payloads
 
 Not a timed test: numbers depend on the machine.
 """
@@ -64,6 +65,39 @@ for line in sys.stdin:
     print(json.dumps([wall, time.process_time() - cpu + helper]), flush=True)
 source.close()
 """
+
+
+# One stand-in pod process rendering a version's own payloads (its tests/synthetic_job.py), for
+# a change to what the pods serve: prints [port, paths], serves until its stdin closes.
+_PODS = """
+import json, sys
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/tests"]
+from payload_server import PayloadServer
+from synthetic_job import job_expositions
+server = PayloadServer(job_expositions("llama2-7b", int(sys.argv[2]), int(sys.argv[3])))
+print(json.dumps([server.port, sorted(server.payloads)]), flush=True)
+sys.stdin.read()
+server.close()
+"""
+
+
+class OwnPods:
+    """``servers`` stand-in pod processes serving one version's own payloads."""
+
+    def __init__(self, tree: Path, nodes: int, gpus: int, servers: int) -> None:
+        self.processes = [subprocess.Popen([sys.executable, "-c", _PODS, str(tree), str(nodes),
+                                            str(gpus)], stdin=subprocess.PIPE,
+                                           stdout=subprocess.PIPE, text=True)
+                          for _ in range(servers)]
+        answers = [json.loads(p.stdout.readline()) for p in self.processes]  # type: ignore[union-attr]
+        ports, paths = [a[0] for a in answers], answers[0][1]
+        self.urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+
+    def close(self) -> None:
+        for p in self.processes:
+            with contextlib.suppress(OSError):
+                p.stdin.close()  # type: ignore[union-attr]
+            p.wait(timeout=30)
 
 
 class Version:
@@ -127,16 +161,26 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="3 refreshes per view each")
+    parser.add_argument("--own-pods", action="store_true",
+                        help="serve each version the payloads of its own tests/synthetic_job.py "
+                             "(for a change to what the exporter or the monitor serves)")
     args = parser.parse_args()
     if args.before == args.after:
         parser.error("give two different versions")
-    ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
-    paths = sorted(job_expositions("llama2-7b", args.nodes, args.gpus))
+    ports, stop, procs = start_servers(0 if args.own_pods else args.servers, args.nodes,
+                                       args.gpus)
+    paths = [] if args.own_pods else sorted(job_expositions("llama2-7b", args.nodes, args.gpus))
     urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
     scratch = Path(tempfile.mkdtemp(prefix="top-side-by-side-"))
     versions: list[Version] = []
+    pods: list[OwnPods] = []
     try:
-        versions = [Version(r, checkout(r, scratch), urls) for r in (args.before, args.after)]
+        trees = [checkout(r, scratch) for r in (args.before, args.after)]
+        if args.own_pods:  # each version's top hits its own pods, idle while the other refreshes
+            pods = [OwnPods(tree, args.nodes, args.gpus, args.servers) for tree in trees]
+        versions = [Version(r, tree, pods[i].urls if pods else urls)
+                    for i, (r, tree) in enumerate(zip((args.before, args.after), trees,
+                                                      strict=True))]
         for version in versions:
             for _ in range(2):
                 version.refresh(*VIEWS[0])  # warm-up: imports, the helper, the caches
@@ -151,6 +195,8 @@ def main() -> None:
     finally:
         for version in versions:
             version.close()
+        for each in pods:
+            each.close()
         stop.set()
         for p in procs:
             p.join(timeout=10)
