@@ -18,6 +18,7 @@ from typing import Any
 from dashboards.promql import m
 from fsdpmon import catalog
 from fsdpmon.catalog import Metric
+from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS
 
 MIB = 1024 * 1024
 
@@ -54,14 +55,11 @@ FIELD_MAP: tuple[tuple[str, Metric, float, tuple[str, str] | None], ...] = (
     ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", catalog.GPU_TENSOR_ACTIVITY_RATIO, 1, None),
 )
 
-# NVML clock-event reason bits, as dcgm-exporter exports them in one bitmask.
-THROTTLE_BITS = {
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-}
+# NVML clock-event reason bits, as dcgm-exporter exports them in one bitmask: the reasons the
+# alerts and panels read get a series each; the bitmask itself is recorded whole for top.
+THROTTLE_BITS = {reason: GPU_CLOCK_EVENT_BITS[reason] for reason in (
+    "sw_power_cap", "hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown",
+    "hw_power_brake_slowdown")}
 THROTTLE_FIELD = "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS"
 
 _DCGM_ONLY_LABELS = "UUID, modelName, Hostname, device, DCGM_FI_DRIVER_VERSION, pci_bus_id"
@@ -102,6 +100,7 @@ def dcgm_rules(xid_window: str) -> list[dict[str, Any]]:
     for reason, bit in THROTTLE_BITS.items():
         bit_set = f"floor({THROTTLE_FIELD} / {bit}) % 2"
         rules.append(_mapped(catalog.GPU_CLOCK_EVENT_ACTIVE, bit_set, ("reason", reason)))
+    rules.append(_mapped(catalog.GPU_CLOCK_EVENT_REASONS, THROTTLE_FIELD, None))
     rules.append({
         "record": catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES.name,
         "expr": _not_ours(relabel(_xid_changed(xid_window))),

@@ -17,6 +17,7 @@ from exporters.sample import NO_POD, GpuSample, HostSample, NodeSample, PodRef, 
 from exporters.sampler import Sampler
 from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME
+from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS
 from fsdpmon.families import Families
 
 
@@ -99,6 +100,10 @@ def _gpu(out: Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -
         metric = BY_NAME[name]
         for extra, value in by_label.items():
             out.add(metric, [*labels, extra], value)
+    active = gpu.labelled.get(catalog.GPU_CLOCK_EVENT_ACTIVE.name)
+    if active is not None:  # the same reasons as one bitmask, as NVML gives them
+        out.add(catalog.GPU_CLOCK_EVENT_REASONS, labels, float(sum(
+            bit for reason, bit in GPU_CLOCK_EVENT_BITS.items() if active.get(reason))))
     for process in gpu.processes:
         plabels = [*base, *pods.get(process.pid, NO_POD).labels(), str(process.pid)]
         if process.memory_used_bytes is not None:
@@ -114,8 +119,9 @@ def _opt(number: int | None) -> str:
 def _host(out: Families, node: str, host: HostSample) -> None:
     for mode, seconds in host.cpu_seconds.items():
         out.add(catalog.HOST_CPU_SECONDS_TOTAL, [node, mode], seconds)
-    for cpu, share in host.cpu_utilization.items():
-        out.add(catalog.HOST_CPU_UTILIZATION_RATIO, [node, cpu], share)
+    for cpu, share in host.cpu_utilization.items():  # the total, then each core on its own
+        out.add(catalog.HOST_CPU_UTILIZATION_RATIO if cpu == "all" else
+                catalog.HOST_CPU_CORE_UTILIZATION_RATIO, [node, cpu], share)
     loads = (catalog.HOST_LOAD1, catalog.HOST_LOAD5, catalog.HOST_LOAD15)
     for metric, value in zip(loads, host.load, strict=False):
         out.add(metric, [node], value)

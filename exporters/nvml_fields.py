@@ -13,22 +13,13 @@ from typing import Any
 
 from exporters.sample import GpuProcess
 from fsdpmon import catalog
+from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS
 
 MIB = 1024
 _UINT_MAX = 0xFFFFFFFF  # NVLink field scope meaning "summed over all links"
 
 # Clock-event (throttle) reason bits -> the `reason` label.
-CLOCK_EVENT_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
+CLOCK_EVENT_REASONS = GPU_CLOCK_EVENT_BITS
 
 # Reasons NVML accumulates time for (field values, nanoseconds since the driver loaded; drivers
 # 535+) -> the field's name in pynvml. hw_slowdown has no counter of its own.

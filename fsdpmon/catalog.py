@@ -305,6 +305,12 @@ GPU_MEMORY_CLOCK_MAX_HERTZ = Metric(
 GPU_CLOCK_EVENT_ACTIVE = Metric(
     "fsdpmon_gpu_clock_event_active", Gg, "",
     "1 while a clock-event (throttle) reason is active, per reason.", (*GP, "reason"))
+GPU_CLOCK_EVENT_REASONS = Metric(
+    "fsdpmon_gpu_clock_event_reasons", Gg, "",
+    "The active clock-event (throttle) reasons as NVML's bitmask (the bits of "
+    "conventions.GPU_CLOCK_EVENT_BITS; dcgm-exporter's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS): "
+    "fsdpmon_gpu_clock_event_active in one series per GPU, for readers of every GPU at once.",
+    GP)
 GPU_CLOCK_EVENT_SECONDS_TOTAL = Metric(
     "fsdpmon_gpu_clock_event_seconds_total", C, "seconds",
     "Time clocks were held down since the driver loaded, per clock-event reason (NVML's "
@@ -347,7 +353,8 @@ GPU: tuple[Metric, ...] = (
     GPU_MEMORY_RESERVED_BYTES, GPU_TEMPERATURE_CELSIUS, GPU_MEMORY_TEMPERATURE_CELSIUS,
     GPU_POWER_WATTS, GPU_POWER_LIMIT_WATTS, GPU_ENERGY_JOULES_TOTAL, GPU_SM_CLOCK_HERTZ,
     GPU_MEMORY_CLOCK_HERTZ, GPU_SM_CLOCK_MAX_HERTZ, GPU_MEMORY_CLOCK_MAX_HERTZ,
-    GPU_CLOCK_EVENT_ACTIVE, GPU_CLOCK_EVENT_SECONDS_TOTAL, GPU_ECC_ERRORS_TOTAL,
+    GPU_CLOCK_EVENT_ACTIVE, GPU_CLOCK_EVENT_REASONS, GPU_CLOCK_EVENT_SECONDS_TOTAL,
+    GPU_ECC_ERRORS_TOTAL,
     GPU_REMAPPED_ROWS, GPU_XID_ERRORS_TOTAL,
     GPU_PCIE_BYTES_PER_SECOND, GPU_PCIE_REPLAY_ERRORS_TOTAL, GPU_NVLINK_BYTES_PER_SECOND,
     GPU_SM_ACTIVITY_RATIO, GPU_TENSOR_ACTIVITY_RATIO, GPU_PROCESS_MEMORY_USED_BYTES,
@@ -375,7 +382,11 @@ HOST_CPU_SECONDS_TOTAL = Metric(
     ("node", "mode"))
 HOST_CPU_UTILIZATION_RATIO = Metric(
     "fsdpmon_host_cpu_utilization_ratio", Gg, "ratio",
-    "Host CPU busy share, per core and in total (cpu=\"all\").", ("node", "cpu"))
+    "Host CPU busy share in total (one series, cpu=\"all\"; per core: "
+    "fsdpmon_host_cpu_core_utilization_ratio).", ("node", "cpu"))
+HOST_CPU_CORE_UTILIZATION_RATIO = Metric(
+    "fsdpmon_host_cpu_core_utilization_ratio", Gg, "ratio",
+    "Host CPU busy share per core (cpu=\"0\", \"1\", ...).", ("node", "cpu"))
 HOST_LOAD1 = Metric("fsdpmon_host_load1", Gg, "", "1-minute load average.", ("node",))
 HOST_LOAD5 = Metric("fsdpmon_host_load5", Gg, "", "5-minute load average.", ("node",))
 HOST_LOAD15 = Metric("fsdpmon_host_load15", Gg, "", "15-minute load average.", ("node",))
@@ -389,8 +400,8 @@ HOST_MEMORY_USED_BYTES = Metric(
 HOST: tuple[Metric, ...] = (
     EXPORTER_INFO, EXPORTER_SAMPLE_AGE_SECONDS, EXPORTER_SAMPLE_STALE,
     EXPORTER_SAMPLE_DURATION_SECONDS, EXPORTER_ERRORS_TOTAL, HOST_CPU_SECONDS_TOTAL,
-    HOST_CPU_UTILIZATION_RATIO, HOST_LOAD1, HOST_LOAD5, HOST_LOAD15, HOST_MEMORY_TOTAL_BYTES,
-    HOST_MEMORY_AVAILABLE_BYTES, HOST_MEMORY_USED_BYTES,
+    HOST_CPU_UTILIZATION_RATIO, HOST_CPU_CORE_UTILIZATION_RATIO, HOST_LOAD1, HOST_LOAD5,
+    HOST_LOAD15, HOST_MEMORY_TOTAL_BYTES, HOST_MEMORY_AVAILABLE_BYTES, HOST_MEMORY_USED_BYTES,
 )
 
 P = ("node", "pid", *POD_LABELS)

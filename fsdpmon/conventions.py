@@ -85,6 +85,19 @@ EXIT_HOWS = (EXIT_KILLED, EXIT_SIGTERM, EXIT_ERROR, EXIT_NORMAL)
 # A restarted rank's report that its previous incarnation died names it for this long after the
 # restart: as long as the diagnosis history keeps a restart counter's rise in view.
 CRASH_EVIDENCE_SECONDS = 12 * DIAGNOSIS_EVIDENCE_SECONDS
+# NVML's clock-event (throttle) reason bits (nvmlClocksEventReason*) -> the reason's name: the
+# `reason` label of the per-reason series, and how a reader decodes the bitmask series.
+GPU_CLOCK_EVENT_BITS = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
 # Clock-event reasons that mean a GPU runs slower than it should (NVML clock event reasons).
 # sw_power_cap is also active on healthy GPUs at full load, so it counts only on a straggler.
 GPU_THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",

@@ -15,7 +15,11 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from fsdpmon import catalog
-from fsdpmon.conventions import SIMULATED_GPU_MODEL, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.conventions import (
+    GPU_CLOCK_EVENT_BITS,
+    SIMULATED_GPU_MODEL,
+    STRAGGLER_SCORE_THRESHOLD,
+)
 from fsdpmon.families import Families
 
 
@@ -247,9 +251,11 @@ def exporter_exposition(node: str, gpus: Sequence[GpuSpec], namespace: str = "de
         if "xid" in metric.labels:
             continue  # a healthy node has no XID series
         if "gpu" not in metric.labels and "pid" not in metric.labels:
-            if "cpu" in metric.labels:
-                for cpu, value in (("all", 0.35), *((str(c), 0.3) for c in range(HOST_CORES))):
-                    _add(fams, metric, {**node_known, "cpu": cpu}, value)
+            if metric is catalog.HOST_CPU_UTILIZATION_RATIO:  # the node total
+                _add(fams, metric, {**node_known, "cpu": "all"}, 0.35)
+            elif metric is catalog.HOST_CPU_CORE_UTILIZATION_RATIO:
+                for cpu in range(HOST_CORES):
+                    _add(fams, metric, {**node_known, "cpu": str(cpu)}, 0.3)
             else:
                 _add(fams, metric, node_known, _node_value(metric, None))
             continue
@@ -268,6 +274,8 @@ def _add_gpu(fams: Families, metric: catalog.Metric, known: dict[str, str],
              g: GpuSpec) -> None:
     if metric is catalog.GPU_CLOCK_EVENT_ACTIVE:
         _add(fams, metric, known, 0.0, dict.fromkeys(g.clock_events, 1.0))
+    elif metric is catalog.GPU_CLOCK_EVENT_REASONS:  # the same reasons, as NVML's bitmask
+        _add(fams, metric, known, float(sum(GPU_CLOCK_EVENT_BITS[r] for r in g.clock_events)))
     elif metric is catalog.GPU_ECC_ERRORS_TOTAL:
         _add(fams, metric, known, 0.0, {"uncorrected": float(g.ecc_uncorrected)})
     else:

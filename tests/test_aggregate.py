@@ -153,8 +153,10 @@ def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
     assert hot.ecc_uncorrected == 3 and hot.xid_counts == (("79", 1.0),), hot
     assert idle.clock_events == () and idle.ecc_uncorrected == 0 and idle.xid_counts == ()
     assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)
-    kept = [s for s in samples if s.name == "fsdpmon_gpu_clock_event_active"]
-    assert len(kept) == 2, f"{len(kept)} clock-event series kept, 2 are active"
+    masks = [s.value for s in samples if s.name == "fsdpmon_gpu_clock_event_reasons"]
+    assert masks == [0x8 | 0x20, 0.0], f"one clock-event bitmask per GPU: {masks}"
+    assert not [s for s in samples if s.name == "fsdpmon_gpu_clock_event_active"], \
+        "the per-reason series are not read"
 
 
 def test_ties_sort_many_gpus_and_processes_of_a_rank_and_many_ranks_of_a_gpu():
@@ -170,3 +172,22 @@ def test_ties_sort_many_gpus_and_processes_of_a_rank_and_many_ranks_of_a_gpu():
     gpus_of, ranks_on = ties(procs)
     assert gpus_of == {5: ("n0/3", "n1/2", "n1/10"), 7: ("n0/3",), 1: ("n0/3",)}, gpus_of
     assert ranks_on == {("n0", "3"): (1, 5, 7), ("n1", "2"): (5,), ("n1", "10"): (5,)}, ranks_on
+
+
+@pytest.mark.parametrize(("served", "shown"), [
+    ("72", ("hw_slowdown", "hw_thermal_slowdown")),  # 0x8 | 0x40
+    ("4.0", ("sw_power_cap",)),
+    ("0", ()),
+    ("520", ("hw_slowdown",)),  # 0x200 has no name (a newer driver's reason): not shown
+    ("NaN", ()), ("+Inf", ()), ("-4", ()), ("4.5", ()), ("1e300", ()), ("4294967296", ()),
+])
+def test_a_gpus_clock_event_bitmask_names_its_reasons_and_nothing_else(served, shown):
+    """The bitmask a pod serves is untrusted: a value that is no 32-bit mask (not finite,
+    negative, fractional, too large) shows no reason and breaks nothing."""
+    body = (b'fsdpmon_gpu_utilization_ratio{gpu="0",node="n0"} 0.5\n'
+            b'fsdpmon_gpu_clock_event_reasons{gpu="0",node="n0"} ' + served.encode() + b"\n")
+    from fsdpmon.top.wanted import new_parser
+
+    snap = aggregate([ScrapeResult(Target("http://n0:9521/metrics"), new_parser().parse(body))],
+                     now=0.0, source="test")
+    assert [g.clock_events for g in snap.gpus] == [shown], (served, snap.gpus)

@@ -9,11 +9,11 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.collector import ExporterCollector
+from exporters.collector import ExporterCollector, sample_families
 from exporters.host import HostReader
 from exporters.nvml import NvmlReader
 from exporters.procs import ProcessScanner
-from exporters.sample import PodRef
+from exporters.sample import GpuReading, HostSample, NodeSample, PodRef
 from exporters.sampler import Sampler
 from exporters.simulated import SimulatedReader
 from fsdpmon import catalog
@@ -120,3 +120,32 @@ def test_without_nvml_host_and_processes_are_still_served(missing: bool) -> None
         "node": "node-a", "pid": "3000", "namespace": "", "pod": "", "container": ""}) > 0
     gpu_lines = [f for f in registry.collect() if f.name.startswith("fsdpmon_gpu_")]
     assert bool(gpu_lines) is not missing
+
+
+def test_clock_events_also_as_one_bitmask_and_host_cores_under_their_own_name() -> None:
+    """A GPU's active clock-event reasons are served per reason and as NVML's bitmask (what
+    top reads: one series per GPU); the host's CPU total keeps its name, its cores get theirs
+    (a reader asking for the total by name gets nothing per core)."""
+    gpu = FakeGpu(index=0, uuid="GPU-0", clock_event_mask=0x8 | 0x40)
+    reader = NvmlReader(FakeNvml([gpu]))
+    reader.open()
+    registry = _registry(reader)
+    labels = {"gpu": "0", "uuid": "GPU-0", "model": "NVIDIA H100 80GB HBM3", "node": "node-a",
+              "namespace": "", "pod": "", "container": ""}
+    assert registry.get_sample_value("fsdpmon_gpu_clock_event_reasons", labels) == 0x48
+    active = {r for r in ("hw_slowdown", "hw_thermal_slowdown", "sw_power_cap") if
+              registry.get_sample_value("fsdpmon_gpu_clock_event_active",
+                                        {**labels, "reason": r})}
+    assert active == {"hw_slowdown", "hw_thermal_slowdown"}, active
+    promtool_check(generate_latest(registry))
+    host = HostSample(cpu_seconds={"idle": 1.0}, cpu_utilization={"all": 0.5, "0": 0.25,
+                                                                    "1": 0.75},
+                      load=(1.0, 1.0, 1.0), memory_total_bytes=2.0, memory_available_bytes=1.0)
+    sample = NodeSample(node="node-a", taken_at=0.0, gpu=GpuReading(nvml_up=False), host=host,
+                        processes=(), durations={}, errors_total={})
+    series = {(f.name, s.labels.get("cpu")): s.value
+              for f in sample_families(sample, "node-a", "0.1.0", False) for s in f.samples
+              if f.name.startswith("fsdpmon_host_cpu_") and "utilization" in f.name}
+    assert series == {("fsdpmon_host_cpu_utilization_ratio", "all"): 0.5,
+                      ("fsdpmon_host_cpu_core_utilization_ratio", "0"): 0.25,
+                      ("fsdpmon_host_cpu_core_utilization_ratio", "1"): 0.75}, series

@@ -8,10 +8,11 @@ samples cost two dict lookups and a store.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from fsdpmon.conventions import JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
+from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.top.expfmt import Sample
 from fsdpmon.top.snapshot import TargetStatus
 from fsdpmon.top.wanted import (
@@ -136,12 +137,23 @@ def _gpu_entry(acc: Acc, labels: dict[str, str]) -> Row:
 def _add_gpu_event(gpu: Row, name: str, labels: dict[str, str], value: float) -> None:
     """Throttle reasons active now, XID counts by code, uncorrected ECC count."""
     if name == GPU_CLOCK_EVENT:
-        if value == 1.0:
-            gpu.setdefault("clock_events", []).append(labels.get("reason", ""))  # type: ignore[union-attr]
+        if value:
+            gpu.setdefault("clock_events", []).extend(clock_event_reasons(value))  # type: ignore[union-attr]
     elif name == GPU_XID:
         gpu.setdefault("xid_counts", []).append((labels.get("xid", ""), value))  # type: ignore[union-attr]
     elif name == GPU_ECC and labels.get("type") == "uncorrected":
         gpu["ecc_uncorrected"] = value
+
+
+@functools.lru_cache(maxsize=64)  # a handful of masks, each seen on many GPUs
+def clock_event_reasons(mask: float) -> tuple[str, ...]:
+    """The reasons set in NVML's clock-event bitmask, by name; none for a value that is no
+    such mask (negative, fractional, not finite or past 32 bits: what a pod serves is
+    untrusted), and bits without a name are not shown."""
+    if not 0 < mask < 2**32 or mask != int(mask):  # NaN fails both comparisons
+        return ()
+    bits = int(mask)
+    return tuple(reason for reason, bit in GPU_CLOCK_EVENT_BITS.items() if bits & bit)
 
 
 def _add_host(acc: Acc, name: str, key: str, labels: dict[str, str], value: float,

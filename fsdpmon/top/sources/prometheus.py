@@ -7,11 +7,11 @@ Queries per refresh (independent of the job's size): the job's training series; 
 exporters served those nodes; and `up` for all of them, so a target that stopped answering is
 shown as down rather than silently missing.
 
-Each query returns only the series top shows: where a target serves one series per core,
-ECC type or clock-event reason, the selector of that name is narrowed to the one shown (``or``
-keeps it one query); the process and static ``*_info`` families are asked for at the cadence a
-direct scrape uses (sources/cadence.py). Series that share their labels share one dict, so the
-aggregation's memo by label set works as it does for a scrape.
+Each query returns only the series top shows: where a target serves one series per ECC type
+(or, before the cores had a name of their own, per core), the selector of that name is narrowed
+to the one shown (``or`` keeps it one query); the process and static ``*_info`` families are
+asked for at the cadence a direct scrape uses (sources/cadence.py). Series that share their
+labels share one dict, so the aggregation's memo by label set works as it does for a scrape.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from fsdpmon.top.sources.httpget import ScrapeError, http_get
 from fsdpmon.top.sources.targets import normalise_url
 from fsdpmon.top.wanted import (
     EXPORTER_INFO,
-    GPU_CLOCK_EVENT,
     GPU_ECC,
     HOST_CPU,
     JOB_METRICS,
@@ -62,11 +61,10 @@ def _alternatives(values: Iterable[str]) -> str:
     return "|".join(re.escape(v) for v in sorted(set(values))) or "$^"
 
 
-# Names of which top shows one series of several: (the matcher that selects it, a filter).
+# Names of which top shows one series of several: the matcher that selects it.
 _NARROWED = {
-    HOST_CPU: ('cpu="all"', ""),  # the node total, not one series per core
-    GPU_ECC: ('type="uncorrected"', ""),
-    GPU_CLOCK_EVENT: ("", " == 1"),  # the active reasons (a comparison keeps the name)
+    HOST_CPU: 'cpu="all"',  # the node total (older exporters served the cores here too)
+    GPU_ECC: 'type="uncorrected"',
 }
 
 
@@ -78,9 +76,8 @@ def select(names: Iterable[str], where: str) -> str:
     plain = [n for n in wanted if n not in _NARROWED]
     parts = [f"{{__name__=~{_quote(_names_regex(plain))}{where}}}"] if plain else []
     for name in (n for n in wanted if n in _NARROWED):
-        matcher, compare = _NARROWED[name]
-        inner = ",".join(m for m in (where.lstrip(","), matcher) if m)
-        parts.append(f"{name}{{{inner}}}{compare}")
+        inner = ",".join(m for m in (where.lstrip(","), _NARROWED[name]) if m)
+        parts.append(f"{name}{{{inner}}}")
     return " or ".join(parts)
 
 
