@@ -261,3 +261,18 @@ def test_local_logs_follow_what_is_appended(tmp_path):
     assert logs.read()[0] == "exporter"
     exporter.write_text("")  # truncated: starts over
     assert logs.read() == ("exporter", ())
+
+
+def test_the_demo_source_passes_on_which_view_is_shown(tmp_path):
+    """The live view tells its source which screen is up (process tables on it fetch their
+    families every refresh); the demo's source hands that to the scraping source it wraps."""
+    from fsdpmon.demo.source import DemoSource
+
+    source = DemoSource(["http://127.0.0.1:1/metrics"], "demo", tmp_path, set, lambda: None)
+    try:
+        for view, processes, expected in (("ranks", True, True), ("gpus", False, False),
+                                          ("processes", False, True), ("ranks", False, False)):
+            source.showing(view, processes)
+            assert source.inner.cadence.processes_open is expected, (view, processes)
+    finally:
+        source.close()

@@ -20,7 +20,7 @@ from fsdpmon.top import fmt
 from fsdpmon.top.aggregate import ScrapeResult, aggregate
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.ui_state import ENTER, ViewState, handle_key
-from fsdpmon.top.views import frame, nav, once_frame
+from fsdpmon.top.views import frame, nav, once_frame, shows_processes
 
 GOLDEN = Path(__file__).parent / "golden" / "top"
 
@@ -210,6 +210,22 @@ def test_wide_screen_shows_ranks_gpus_and_processes_of_a_small_job():
     text = render(frame(snapshot(), ViewState(), 50), 200, 50)
     check_golden("healthy_ranks_200x50", text)
     assert "4 ranks" in text and "4 GPUs ·" in text and "4 processes" in text
+
+
+@pytest.mark.parametrize(("view", "height", "shown"), [
+    ("ranks", 50, True),  # room below the ranks for the GPUs and the processes tables
+    ("ranks", 22, True),  # one process row fits
+    ("ranks", 20, False), ("ranks", 14, False),  # the ranks and the GPUs, the ranks alone
+    ("gpus", 50, False), ("processes", 24, True), ("rank", 24, True), ("help", 50, False),
+])
+def test_a_screen_says_whether_it_shows_process_figures(view, height, shown):
+    """What tells the sources to fetch the process families every refresh (not every 5th):
+    every screen that draws a process table, and only those."""
+    snap = snapshot()
+    state = ViewState(view=view, subject="0" if view == "rank" else "")
+    assert shows_processes(snap, state, height) is shown, (view, height)
+    assert ("4 processes" in render(frame(snap, state, height), 200, height)) is (
+        view in ("ranks", "processes") and shown), "the table on screen and the answer differ"
 
 
 def test_one_of_a_kind_is_not_plural():

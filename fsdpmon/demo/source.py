@@ -94,6 +94,9 @@ class DemoSource:
                            f"{self.log_dir / 'train.log'}"}])
         return snap
 
+    def showing(self, view: str, processes: bool = False) -> None:
+        self.inner.showing(view, processes)
+
     def follow_logs(self, which: int | str | None) -> None:
         self.logs.follow(which)
 

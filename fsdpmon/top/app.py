@@ -27,7 +27,7 @@ from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.gcpause import top_owns_this_process
 from fsdpmon.top.stack_evidence import Diagnoser
 from fsdpmon.top.ui_state import ViewState, handle_key
-from fsdpmon.top.views import frame, nav, waiting_frame
+from fsdpmon.top.views import frame, nav, shows_processes, waiting_frame
 
 MAX_BACKOFF_S = 30.0
 
@@ -136,12 +136,14 @@ def _render(console: Console, latest: _Latest, state: ViewState, what: str) -> R
     return frame(latest.snapshot, state, console.size.height, latest.notice, latest.verdict)
 
 
-def _show(source: Source, state: ViewState) -> None:
-    """Sources that fetch some families less often (cadence) fetch a view's every refresh
-    while it is open."""
+def _show(source: Source, state: ViewState, latest: _Latest, height: int) -> None:
+    """Sources that fetch some families less often (cadence) fetch those on screen every
+    refresh: the process families wherever process figures are shown."""
     showing = getattr(source, "showing", None)
     if showing is not None:
-        showing(state.view)
+        snap = latest.snapshot
+        showing(state.view, snap is not None and shows_processes(
+            snap, state, height, latest.notice, latest.verdict))
 
 
 def _follow_logs(source: Source, state: ViewState, snap: JobSnapshot | None) -> None:
@@ -186,12 +188,12 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
                 state = _press(state, keys, latest, console.size.height)
                 if keys:
                     _follow_logs(source, state, latest.snapshot)
-                    _show(source, state)
                 if (latest.version, state) != shown or resized.is_set():
                     resized.clear()
                     live.update(_render(console, latest, state, source.description),
                                 refresh=True)
                     shown = (latest.version, state)
+                    _show(source, state, latest, console.size.height)
     finally:
         refresher.stop.set()
         signal.signal(signal.SIGWINCH, old_winch)

@@ -168,6 +168,17 @@ def layout(snap: JobSnapshot, state: ViewState, avail: int) -> Layout:
     return Layout([], 1)
 
 
+def shows_processes(snap: JobSnapshot, state: ViewState, height: int, notice: str = "",
+                    verdict: Verdict | None = None) -> bool:
+    """Whether this screen shows process figures: the Processes view, a rank's or a GPU's
+    screen, or the Ranks view of a small job with room left for the processes table."""
+    if state.view in ("processes", "rank", "gpu"):
+        return True
+    if state.view != "ranks" or not snap.processes:
+        return False
+    return bool(layout(snap, state, _avail(snap, height, notice, verdict)).process_page)
+
+
 def _followed(snap: JobSnapshot, state: ViewState) -> str:
     if not (state.follow and state.view == "ranks"):
         return state.selected

@@ -98,9 +98,10 @@ class PrometheusSource:
         # Prometheus answers concurrent queries on its own threads, and the wait is off the GIL.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsdpmon-promql")
 
-    def showing(self, view: str) -> None:
-        """The view on screen: the Processes view gets its families on every refresh."""
-        self.cadence.processes_open = view == "processes"
+    def showing(self, view: str, processes: bool = False) -> None:
+        """The view on screen, and whether process figures are on it (``processes``; the
+        Processes view always): the process families then come on every refresh."""
+        self.cadence.processes_open = processes or view == "processes"
 
     @property
     def description(self) -> str:

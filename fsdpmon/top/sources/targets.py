@@ -186,9 +186,10 @@ class TargetsSource:
         """The helper process's id while one runs."""
         return self._helper.process.pid if self._helper is not None else None
 
-    def showing(self, view: str) -> None:
-        """The view on screen: the Processes view gets its families on every refresh."""
-        self.cadence.processes_open = view == "processes"
+    def showing(self, view: str, processes: bool = False) -> None:
+        """The view on screen, and whether process figures are on it (``processes``; the
+        Processes view always): the process families then come on every refresh."""
+        self.cadence.processes_open = processes or view == "processes"
 
     def fetch(self) -> JobSnapshot:
         with collector_paused():
