@@ -16,6 +16,7 @@ Measures, in one run, and prints:
   - the CPU the stand-in pods' servers spend per refresh (on this machine they share top's
     cores; real pods would not)
   - drawing each view's table: fsdpmon's CellTable against rich's Table holding the same rows
+  - reading and filing the payloads: parsed into samples and then filed, against filed as read
   - the Prometheus source's refresh against a real Prometheus holding the same job
     (benchmarks/top_prometheus.py) and its queries per refresh
   - the last two lines: the slowest view's refresh over prometheus_client's parse of the full
@@ -53,9 +54,12 @@ import urllib3
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
+from fsdpmon.families import restrict
 from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.sources.cadence import SLOW_EVERY
+from fsdpmon.top.filing import Acc, file_result
+from fsdpmon.top.fused import new_filing_parser
+from fsdpmon.top.sources.cadence import SLOW_EVERY, SLOW_NAMES, STATIC_NAMES
 from fsdpmon.top.sources.gcpause import top_owns_this_process
 from fsdpmon.top.sources.httpget import IN_FLIGHT, get_all
 from fsdpmon.top.sources.targets import TargetsSource, with_names
@@ -307,6 +311,37 @@ def draw_compare(payloads: list[bytes], rounds: int = 20) -> None:
           "Table: " + "; ".join(parts))
 
 
+def filing_compare(payloads: list[bytes], rounds: int = 7) -> None:
+    """Reading and filing what the Processes view asks for: parsing into Samples and then
+    filing them, against filing the stored figures as they are read (fused.FilingParser), CPU
+    time, best of ``rounds`` each, in turn."""
+    bodies = [(Target(f"http://stand-in/{i}"), restrict(body, set(WANTED - STATIC_NAMES)))
+              for i, body in enumerate(payloads)]
+    plain, fused = new_parser(), new_filing_parser(SLOW_NAMES)
+
+    def parse_then_file() -> None:
+        acc = Acc()
+        for target, body in bodies:
+            file_result(acc, ScrapeResult(target, plain.parse(body)))
+
+    def file_as_read() -> None:
+        acc = Acc()
+        for target, body in bodies:
+            samples, filed = fused.parse_into(body, acc, target)
+            file_result(acc, ScrapeResult(target, samples, filed=filed))
+
+    best = {parse_then_file: float("inf"), file_as_read: float("inf")}
+    for _ in range(rounds):
+        for fn in best:
+            start = time.process_time()
+            fn()
+            best[fn] = min(best[fn], time.process_time() - start)
+    size = sum(len(body) for _, body in bodies) / 2**20
+    print(f"reading and filing the Processes view's payloads ({size:.1f} MiB), CPU: parsed then "
+          f"filed {best[parse_then_file] * 1e3:.0f} ms, filed as read "
+          f"{best[file_as_read] * 1e3:.0f} ms ({best[file_as_read] / best[parse_then_file]:.2f})")
+
+
 def _timed(fn, texts: list[str]) -> tuple[float, float, int]:
     wall, cpu = time.perf_counter(), time.process_time()
     count = fn(texts)
@@ -378,6 +413,7 @@ def main() -> None:
     slowest = bench_refresh(args, parsers.round)
     reference, reference_cpu = parsers.report()
     draw_compare(parsers.payloads)
+    filing_compare(parsers.payloads)
     if shutil.which("promtool") and shutil.which("prometheus"):
         print(top_prometheus.report(args.nodes, args.gpus))
     else:

@@ -41,6 +41,11 @@ class JobAggregator:
         self._down: dict[int, ScrapeResult] = {}
         self._statuses: dict[int, TargetStatus] = {}
 
+    @property
+    def acc(self) -> Acc:
+        """The accumulators results are filed into (what a FilingParser files into)."""
+        return self._acc
+
     def add(self, index: int, result: ScrapeResult) -> None:
         """Files the result of target number ``index``."""
         if result.samples is None:

@@ -162,9 +162,10 @@ def _histogram(data: bytes, name: str) -> bool:
                      data) is not None
 
 
-def _terminated(data: bytes) -> bytes:
-    """``\n`` + the payload up to its last newline: an unterminated last line is dropped, as
-    Prometheus's parser rejects it (and a body cut short ends in one)."""
+def _terminated(payload: str | bytes) -> bytes:
+    """``\n`` + the payload's bytes up to its last newline: an unterminated last line is
+    dropped, as Prometheus's parser rejects it (and a body cut short ends in one)."""
+    data = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
     return b"\n" + data[: data.rfind(b"\n") + 1]
 
 
@@ -201,13 +202,8 @@ class Parser:
         out: list[Sample] = []
         append, new = out.append, tuple.__new__  # tuple.__new__ skips NamedTuple's slow __new__
         series_of = self._series
-        if len(series_of) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
-            # bounded against hostile label churn
-            series_of.clear()
-            self._blocks.clear()
-            self._blocks[b""] = {}
-        data = payload.encode("utf-8", "surrogatepass") if isinstance(payload, str) else payload
-        data = _terminated(data)
+        self._bound()
+        data = _terminated(payload)
         for series, raw, odd in self._line.findall(data):
             known = series_of.get(series, _MISSING)
             if known is _MISSING:
@@ -228,6 +224,13 @@ class Parser:
                 continue  # Prometheus rejects a negative bucket or count of a histogram
             append(new(Sample, (name, labels, value)))
         return out
+
+    def _bound(self) -> None:
+        """Empties the caches once they pass their limits (against hostile label churn)."""
+        if len(self._series) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
+            self._series.clear()
+            self._blocks.clear()
+            self._blocks[b""] = {}
 
     def _new_series(self, series: bytes) -> tuple[str, dict[str, str]] | None:
         """(name, labels) of a series seen for the first time; None when unwanted or invalid.

@@ -46,11 +46,23 @@ class Target:
 
 
 @dataclass(frozen=True)
+class Filed:
+    """What was filed of a target's body while it was read (fused.FilingParser); its other
+    samples are the result's ``samples``."""
+
+    samples: int
+    train: bool  # a rank's or the job's figure
+    exporter: bool  # a GPU's figure
+    node: str = ""  # the node label of the last GPU series
+
+
+@dataclass(frozen=True)
 class ScrapeResult:
     target: Target
     samples: Sequence[Sample] | None  # None when the target did not answer
     error: str = ""
     duration_s: float = 0.0
+    filed: Filed | None = None
 
 
 Row = dict[str, object]
@@ -70,6 +82,15 @@ class Acc:
     # id(labels) -> row, one memo per kind: the same dict may label a rank and a GPU series
     rank_memo: dict[int, Row | None] = field(default_factory=dict)
     gpu_memo: dict[int, Row] = field(default_factory=dict)
+    # The label dicts the memos are keyed by, held so that none of those ids is reused while
+    # the memos live (a parser that empties its caches mid-refresh frees its dicts).
+    memo_labels: list[dict[str, str]] = field(default_factory=list)
+
+    def drop_memos(self) -> None:
+        """Empties the memos (ids mean nothing in another process)."""
+        self.rank_memo.clear()
+        self.gpu_memo.clear()
+        self.memo_labels.clear()
 
 
 def as_int(text: str) -> int | None:
@@ -96,6 +117,22 @@ _KIND: dict[str, tuple[int, str]] = {
     HOST_CPU: (_HOST, ""), EXPORTER_INFO: (_HOST, ""),
 }
 _NONE = (_OTHER, "")
+# The names whose samples are a figure stored under a field of one row (a rank's, a GPU's, the
+# job's): what fused.FilingParser files as it reads.
+STORED = {name: kind_key for name, kind_key in _KIND.items()
+          if kind_key[0] in (_RANK, _GPU, _JOB)}
+GPU_KIND = _GPU
+
+
+def row_of(acc: Acc, kind: int, labels: dict[str, str], target: Target) -> Row | None:
+    """The row a STORED name's series with these labels is stored in, as file_result finds
+    it (None: a rank series without a rank)."""
+    if kind == _RANK:
+        row = acc.rank_memo.get(id(labels), acc.rank_memo)
+        return _rank_entry(acc, labels, target) if row is acc.rank_memo else row
+    if kind == _GPU:
+        return acc.gpu_memo.get(id(labels)) or _gpu_entry(acc, labels)
+    return acc.job
 
 
 def _rank_entry(acc: Acc, labels: dict[str, str], target: Target) -> Row | None:
@@ -109,6 +146,7 @@ def _rank_entry(acc: Acc, labels: dict[str, str], target: Target) -> Row | None:
                                      "local_rank": as_int(labels.get(LOCAL_RANK_LABEL, ""))}
             acc.job_name = acc.job_name or labels.get(JOB_LABEL, "")
     acc.rank_memo[id(labels)] = row
+    acc.memo_labels.append(labels)
     return row
 
 
@@ -131,6 +169,7 @@ def _gpu_entry(acc: Acc, labels: dict[str, str]) -> Row:
         if value:
             gpu[name] = value
     acc.gpu_memo[id(labels)] = gpu
+    acc.memo_labels.append(labels)
     return gpu
 
 
@@ -199,8 +238,9 @@ def _add_process(proc: Row, name: str, key: str, labels: dict[str, str], value: 
 def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     """Files one target's samples into the accumulators; returns the target's status."""
     target, rank_memo, gpu_memo, kinds = result.target, acc.rank_memo, acc.gpu_memo, _KIND
-    train = exporter = False
-    node = target.node
+    filed = result.filed or _NOTHING_FILED
+    train, exporter = filed.train, filed.exporter
+    node = filed.node or target.node
     # Process rows are keyed by node and pid, the node maybe the target's: memoised per target
     # and per node the target is known by.
     proc_memo: dict[int, Row | None] = {}
@@ -252,7 +292,10 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
             exporter = True
     kind_name = "train" if train else "exporter" if exporter else "unknown"
     return TargetStatus(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
-                        samples=len(samples), pod=target.pod, node=node)
+                        samples=filed.samples + len(samples), pod=target.pod, node=node)
+
+
+_NOTHING_FILED = Filed(0, False, False)
 
 
 # A rank's row as its first target made it: kept when another process's share has the rank too.

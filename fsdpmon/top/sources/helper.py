@@ -25,10 +25,10 @@ from pathlib import Path
 
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result
+from fsdpmon.top.fused import new_filing_parser
 from fsdpmon.top.snapshot import TargetStatus
-from fsdpmon.top.sources.cadence import Cadence
+from fsdpmon.top.sources.cadence import SLOW_NAMES, Cadence
 from fsdpmon.top.sources.gcpause import collector_paused, top_owns_this_process
-from fsdpmon.top.wanted import new_parser
 
 # Fewer plain-HTTP targets than this are all scraped in the main process: a helper's start
 # (~1 s, once) and the pickled rows it sends back (~1/10 of what filing them costs) only pay for
@@ -58,7 +58,7 @@ def main() -> None:
     except (EOFError, OSError):
         return
     targets = [Target(u) for u in urls]
-    parser, cadence = new_parser(), Cadence()
+    parser, cadence = new_filing_parser(samples_of=SLOW_NAMES), Cadence()
     while True:
         try:
             request = conn.recv()
@@ -96,9 +96,8 @@ def _refresh(targets: list[Target], parser: Parser, cadence: Cadence, timeout_s:
         else:
             statuses[i] = file_result(acc, result)
 
-    received = scrape_urls(targets, parser, timeout_s, limit, None, add, names)
-    acc.rank_memo.clear()
-    acc.gpu_memo.clear()
+    received = scrape_urls(targets, parser, timeout_s, limit, None, add, names, acc)
+    acc.drop_memos()
     return Share(acc, statuses, down, received, cadence.lacking, time.process_time() - cpu)
 
 

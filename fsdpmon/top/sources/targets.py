@@ -22,12 +22,13 @@ from urllib.parse import urlencode, urlsplit
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target
 from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.filing import Acc
+from fsdpmon.top.fused import FilingParser, new_filing_parser
 from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.cadence import Cadence
+from fsdpmon.top.sources.cadence import SLOW_NAMES, Cadence
 from fsdpmon.top.sources.gcpause import collector_paused
 from fsdpmon.top.sources.helper import SPLIT_MIN_TARGETS, Helper
 from fsdpmon.top.sources.httpget import IN_FLIGHT, ScrapeError, get_all, http_get
-from fsdpmon.top.wanted import new_parser
 
 
 def normalise_url(url: str, field: str = "--targets") -> str:
@@ -72,11 +73,17 @@ def scrape_all(
 
 
 def _parsed(
-    target: Target, body: bytes | None, error: str, duration_s: float, parser: Parser
+    target: Target, body: bytes | None, error: str, duration_s: float, parser: Parser,
+    into: Acc | None = None,
 ) -> ScrapeResult:
+    """The result of one scrape; with ``into`` (and a FilingParser), its stored figures are
+    filed there as the body is read."""
     if body is None:
         return ScrapeResult(target, None, error, duration_s)
     try:
+        if into is not None and isinstance(parser, FilingParser):
+            samples, filed = parser.parse_into(body, into, target)
+            return ScrapeResult(target, samples, "", duration_s, filed)
         samples = parser.parse(body)
     except Exception as exc:  # a parser bug must not take the whole view down
         return ScrapeResult(target, None, f"unreadable exposition: {exc}", duration_s)
@@ -101,11 +108,12 @@ def _names_query(names: frozenset[str]) -> str:
 def scrape_urls(
     targets: Sequence[Target], parser: Parser, timeout_s: float, limit: int,
     pool: ThreadPoolExecutor | None, add: Callable[[int, ScrapeResult], None],
-    names: Iterable[str] | None = None,
+    names: Iterable[str] | None = None, into: Acc | None = None,
 ) -> int:
     """Scrapes every target's URL (asking for ``names`` only, when given); ``add`` gets each
     result (with the target's index) on this thread as soon as it is parsed. Returns the
-    bytes of the bodies received.
+    bytes of the bodies received. With ``into``, the accumulators ``add`` files into, a
+    FilingParser files its stored figures there as it reads (see fused).
 
     Plain-HTTP targets share one selector loop on this thread (httpget.get_all); https ones
     are fetched by blocking GETs on ``pool`` meanwhile (TLS and its certificate checks).
@@ -123,13 +131,13 @@ def scrape_urls(
         nonlocal received
         i = plain[j]
         received += len(body or b"")
-        add(i, _parsed(targets[i], body, error, duration_s, parser))
+        add(i, _parsed(targets[i], body, error, duration_s, parser, into))
 
     get_all([with_names(targets[i].url, names) for i in plain], timeout_s, limit, file)
     for i, future in tls.items():
         body, error, duration_s = future.result()
         received += len(body or b"")
-        add(i, _parsed(targets[i], body, error, duration_s, parser))
+        add(i, _parsed(targets[i], body, error, duration_s, parser, into))
     return received
 
 
@@ -160,7 +168,7 @@ class TargetsSource:
         self.targets = [Target(normalise_url(u)) for u in urls]
         self.timeout_s = timeout_s
         self.job_name = job_name
-        self._parser = new_parser()
+        self._parser = new_filing_parser(samples_of=SLOW_NAMES)  # the cadence keeps those
         self._limit = min(IN_FLIGHT, len(self.targets))  # plain HTTP, split with the helper
         tls = any(not t.url.startswith("http:") for t in self.targets)
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets)))
@@ -207,7 +215,8 @@ class TargetsSource:
         self.bytes_received = scrape_urls(
             [self.targets[i] for i in own], self._parser, self.timeout_s,
             max(1, self._limit // 2) if helper else self._limit, self._pool,
-            lambda i, result: aggregator.add(own[i], cadence.complete(result)), names)
+            lambda i, result: aggregator.add(own[i], cadence.complete(result)), names,
+            aggregator.acc)
         if helper is not None:
             self._take_share(helper, aggregator)
         snap = aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,

@@ -1,0 +1,126 @@
+"""Reading and filing fused: the hot path of a refresh of plain-HTTP targets.
+
+Most of a large job's samples are one figure of a rank, a GPU or the job, stored under its
+field in that row (filing.STORED). Parsed into a Sample and then filed, each costs a tuple and
+a list entry, then a name lookup and a row lookup by its label dict. Here a series seen before
+maps to its field and to a cell shared by every series with the same labels (one rank's, one
+GPU's), which holds the row of the refresh in progress: such a sample costs one lookup, a
+float and a store (benchmarks/bench_top.py prints both ways' time on a job's payloads). The
+other samples (info series, events, hosts, processes, the families a cadence carries, lines
+the strict reader takes) come back as Samples, filed by filing.file_result as before.
+
+Read on the refreshing thread only: cells are shared by every target of a refresh.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from fsdpmon.top.expfmt import _COUNTS, _MISSING, Parser, Sample, _histogram, _terminated
+from fsdpmon.top.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
+from fsdpmon.top.wanted import REQUIRE, WANTED
+
+# One cell per label dict and kind of row: [the Acc of the refresh that found its row, the
+# row (None: a rank series without a rank), the kind, the labels, whether it is a GPU's].
+Cell = list[object]
+
+
+class FilingParser(Parser):
+    """A Parser that can also file what it reads (``parse_into``); ``parse`` is unchanged.
+
+    ``samples_of`` names STORED names to return as Samples all the same (those a cadence keeps
+    between refreshes)."""
+
+    def __init__(self, names: Iterable[str], require: dict[str, str] | None = None,
+                 samples_of: Iterable[str] = ()) -> None:
+        super().__init__(names, require)
+        kept = frozenset(samples_of)
+        self._stored = {name: kind_key for name, kind_key in STORED.items()
+                        if name in self._name_of.values() and name not in kept
+                        and not name.endswith(_COUNTS)}
+        self._hot: dict[bytes, tuple[Cell, str]] = {}  # series as written → (cell, field)
+        self._cells: dict[tuple[int, int], Cell] = {}  # (kind, id(labels)) → cell
+
+    def _bound(self) -> None:
+        if len(self._series) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
+            self._hot.clear()  # their label dicts go with the caches
+            self._cells.clear()
+        super()._bound()
+
+    def parse_into(self, payload: str | bytes, acc: Acc,
+                   target: Target) -> tuple[list[Sample], Filed]:
+        """Files the stored figures of one exposition into ``acc`` (as filing.file_result
+        would, ``target`` being where it came from); returns the other samples and a tally."""
+        out: list[Sample] = []
+        series_of, hot_of = self._series, self._hot
+        self._bound()
+        data = _terminated(payload)
+        count, train, gpu = 0, False, None
+        for series, raw, odd in self._line.findall(data):
+            hot = hot_of.get(series)
+            if hot is None:
+                known = series_of.get(series, _MISSING)
+                if known is _MISSING:
+                    if odd:
+                        out.extend(self._strict(odd, data))
+                        continue
+                    known = series_of[series] = self._new_series(series)
+                    hot = self._new_hot(series, known)
+                if hot is None:
+                    if known is not None:
+                        self._add_sample(out, known, raw, data)
+                    continue
+            cell, field = hot
+            try:
+                value = float(raw)
+            except ValueError:
+                continue
+            if value != value and raw[:1] in b"+-":  # Go's float takes no signed NaN
+                continue
+            if cell[0] is not acc:  # the first of its series this refresh
+                cell[0], cell[1] = acc, row_of(acc, cell[2], cell[3], target)  # type: ignore[arg-type]
+            row = cell[1]
+            if row is not None:
+                row[field] = value  # type: ignore[index]
+            count += 1
+            if cell[4]:
+                gpu = cell
+            else:
+                train = True
+        node = gpu[3].get("node", "") if gpu is not None else ""  # type: ignore[attr-defined]
+        return out, Filed(count, train, gpu is not None, node)
+
+    def _new_hot(self, series: bytes,
+                 known: tuple[str, dict[str, str]] | None) -> tuple[Cell, str] | None:
+        """The cell and field of a series seen for the first time; None if it is no STORED
+        name's (or is invalid)."""
+        if known is None or known[0] not in self._stored:
+            return None
+        name, labels = known
+        kind, field = self._stored[name]
+        cell = self._cells.get((kind, id(labels)))
+        if cell is None:
+            cell = self._cells[kind, id(labels)] = [None, None, kind, labels, kind == GPU_KIND]
+        hot = self._hot[series] = (cell, field)
+        return hot
+
+    @staticmethod
+    def _add_sample(out: list[Sample], known: tuple[str, dict[str, str]], raw: bytes,
+                    data: bytes) -> None:
+        """Parser.parse's checks of one value, for the samples returned."""
+        try:
+            value = float(raw)
+        except ValueError:
+            return
+        name, labels = known
+        if value != value and raw[:1] in b"+-":
+            return
+        if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
+            return
+        out.append(Sample(name, labels, value))
+
+
+def new_filing_parser(samples_of: Iterable[str] = ()) -> FilingParser:
+    """The parser of the plain-HTTP sources: only what top reads, filed as it is read."""
+    return FilingParser(WANTED, REQUIRE, samples_of)
+
