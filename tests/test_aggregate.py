@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.top import fmt
 from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.top.rows import ties
-from fsdpmon.top.snapshot import JobState, ProcessRow
+from fsdpmon.top.snapshot import SPARK_WIDTH, JobState, ProcessRow
+from fsdpmon.top.tables import table_of
+from fsdpmon.top.ui_state import ViewState
 
 
 def _kinds(snap) -> set[str]:
@@ -36,6 +40,24 @@ def test_healthy_job_header_figures():
     proc = snap.processes[0]
     assert proc.pid == 4000 and proc.pod == "llama-worker-0" and proc.gpu_memory_bytes == 60e9
     assert proc.command.startswith("python -m trainer.train")
+
+
+def test_a_gpu_keeps_the_utilization_its_sparkline_shows_and_no_more():
+    """Each refresh adds the GPU's utilization; the row keeps the last SPARK_WIDTH, in order,
+    which is what the GPU table draws (its history column is that wide)."""
+    snap = None
+    for i in range(SPARK_WIDTH + 5):
+        util = {(0, 0): i / 100}
+        snap = aggregate(results(ranks(), gpu_util=util), now=T0 + 2 * i, source="targets",
+                         previous=snap)
+    gpu = next(g for g in snap.gpus if (g.node, g.gpu) == ("node-0", "0"))
+    expected = tuple(i / 100 for i in range(5, SPARK_WIDTH + 5))
+    assert gpu.utilization_history == expected, f"{gpu.utilization_history} != {expected}"
+    drawn = table_of(list(snap.gpus), "gpus", ViewState(view="gpus"), 10)
+    console = Console(width=200, record=True)
+    console.print(drawn)
+    assert fmt.sparkline(expected, SPARK_WIDTH) in console.export_text(), \
+        console.export_text()
 
 
 def test_each_gpu_names_the_rank_whose_process_holds_it_and_each_rank_its_gpu():

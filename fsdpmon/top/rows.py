@@ -16,7 +16,14 @@ from typing import TypeVar
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.top.filing import Acc, as_int
-from fsdpmon.top.snapshot import GpuRow, JobSnapshot, NodeRow, ProcessRow, RankRow
+from fsdpmon.top.snapshot import (
+    SPARK_WIDTH,
+    GpuRow,
+    JobSnapshot,
+    NodeRow,
+    ProcessRow,
+    RankRow,
+)
 
 HISTORY_LEN = 60
 Ties = tuple[dict[int, tuple[str, ...]], dict[tuple[str, str], tuple[int, ...]]]
@@ -96,10 +103,12 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
     )
 
 
-def push(history: tuple[float, ...], value: float | None) -> tuple[float, ...]:
+def push(history: tuple[float, ...], value: float | None,
+         keep: int = HISTORY_LEN) -> tuple[float, ...]:
+    """``history`` and ``value``: its last ``keep`` values (as it is when there is no value)."""
     if value is None:
         return history
-    return (*history[-(HISTORY_LEN - 1):], value)
+    return (*history[-(keep - 1):], value)
 
 
 def gpu_rows(acc: Acc, previous: JobSnapshot | None, down_nodes: set[str],
@@ -110,16 +119,13 @@ def gpu_rows(acc: Acc, previous: JobSnapshot | None, down_nodes: set[str],
         # filed under the fields' names: the figures (floats) and the labels (model, uuid, pod...)
         get = d.get
         old = before.get((node, gpu))
-        util, mem_used = get("utilization_ratio"), get("memory_used_bytes")
-        mem_total = get("memory_total_bytes")
-        mem_ratio = mem_used / mem_total if mem_used is not None and mem_total else None  # type: ignore[operator]
         events, xids = get("clock_events"), get("xid_counts")
         rows.append(new_gpu_row(
             d, node=node, gpu=gpu, up=get("up", 1.0) == 1.0,
             clock_events=tuple(sorted(events)) if events else (),  # type: ignore[call-overload]
             xid_counts=tuple(sorted(xids)) if xids else (),  # type: ignore[call-overload]
-            utilization_history=push(old.utilization_history if old else (), util),  # type: ignore[arg-type]
-            memory_history=push(old.memory_history if old else (), mem_ratio),
+            utilization_history=push(old.utilization_history if old else (),
+                                     get("utilization_ratio"), SPARK_WIDTH),  # type: ignore[arg-type]
             ranks=ranks_on.get((node, gpu), ()),
         ))
     # GPUs of an exporter that stopped answering stay visible, marked down.

@@ -100,6 +100,12 @@ class RankRow:
         return " ".join(marks)
 
 
+# The values a sparkline shows (the header's figures, a GPU's utilization), and so all of a
+# GPU's history its row keeps: copying longer histories of 2048 GPUs each refresh, for values
+# no view shows, made a large job's refresh measurably slower (top_side_by_side.py).
+SPARK_WIDTH = 10
+
+
 @dataclass(frozen=True)
 class GpuRow:
     node: str
@@ -120,8 +126,7 @@ class GpuRow:
     xid_counts: tuple[tuple[str, float], ...] = ()  # (XID code, count since driver load)
     ecc_uncorrected: float | None = None  # uncorrected ECC errors since driver load
     ranks: tuple[int, ...] = ()  # training ranks whose processes hold this GPU
-    utilization_history: tuple[float, ...] = ()
-    memory_history: tuple[float, ...] = ()
+    utilization_history: tuple[float, ...] = ()  # the last SPARK_WIDTH refreshes
 
     @property
     def memory_ratio(self) -> float | None:

@@ -16,12 +16,11 @@ from fsdpmon.top import fmt
 from fsdpmon.top.celltable import CellColumn, CellTable
 from fsdpmon.top.columns import COLUMNS, Column, Row, column
 from fsdpmon.top.fitted import FittedLine, Part
-from fsdpmon.top.snapshot import GpuRow, RankRow
+from fsdpmon.top.snapshot import SPARK_WIDTH, GpuRow, RankRow
 from fsdpmon.top.ui_state import ViewState
 
 MARK = "▸"
 HEADER_STYLE = "bold reverse"
-SPARK_WIDTH = 10
 NOUNS = {"ranks": ("rank", "ranks"), "gpus": ("GPU", "GPUs"),
          "processes": ("process", "processes")}
 

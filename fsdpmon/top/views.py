@@ -21,7 +21,7 @@ from fsdpmon.top import details, fmt
 from fsdpmon.top.columns import Row
 from fsdpmon.top.diagnosis_view import DiagnosisPane, header_line
 from fsdpmon.top.fitted import FittedLine, Part, WordCutLine
-from fsdpmon.top.snapshot import JobSnapshot, JobState, Severity
+from fsdpmon.top.snapshot import SPARK_WIDTH, JobSnapshot, JobState, Severity
 from fsdpmon.top.tables import gpu_summary, row_key, select_rows, table_of
 from fsdpmon.top.ui_state import VIEWS, Nav, ViewState
 
@@ -35,7 +35,6 @@ STATE_STYLE = {
     JobState.DOWN: "bold white on red",
 }
 MAX_ALERT_LINES = 3
-SPARK_WIDTH = 10
 TABLE_VIEWS = ("ranks", "gpus", "processes")
 VIEW_TITLES = {"ranks": "Ranks", "gpus": "GPUs", "processes": "Processes", "logs": "Logs",
                "diagnosis": "Diagnosis", "help": "Help", "rank": "rank", "gpu": "GPU",
