@@ -421,14 +421,15 @@ def main() -> None:
     one, one_cpu = slowest["one"]
     print(f"one process: full refresh (slowest view, p50) / prometheus_client's parse of the full "
           f"payloads (same run): {one * 1e3:.0f} / {reference * 1e3:.0f} ms = "
-          f"1/{reference / one:.0f}; CPU time: {one_cpu * 1e3:.0f} / {reference_cpu * 1e3:.0f} "
-          f"ms = 1/{reference_cpu / one_cpu:.0f}")
+          f"1/{reference / one:.1f}; CPU time: {one_cpu * 1e3:.0f} / {reference_cpu * 1e3:.0f} "
+          f"ms = 1/{reference_cpu / one_cpu:.1f}")
     wall, cpu = slowest["split"]
+    met = "met" if reference / wall >= 50 else "not met"
     print(f"full refresh (slowest view, p50) / prometheus_client's parse of the full payloads "
-          f"(same run): {wall * 1e3:.0f} / {reference * 1e3:.0f} ms = 1/{reference / wall:.0f} "
-          f"(goal: at most 1/50; top's default, 2 processes on 2 cores); CPU time of both "
+          f"(same run): {wall * 1e3:.0f} / {reference * 1e3:.0f} ms = 1/{reference / wall:.1f} "
+          f"(goal at most 1/50: {met}; top's default, 2 processes on 2 cores); CPU time of both "
           f"(what load from other work hardly moves): {cpu * 1e3:.0f} / "
-          f"{reference_cpu * 1e3:.0f} ms = 1/{reference_cpu / cpu:.0f}")
+          f"{reference_cpu * 1e3:.0f} ms = 1/{reference_cpu / cpu:.1f}")
 
 
 if __name__ == "__main__":
