@@ -213,6 +213,7 @@ class Parser:
                 known = series_of[series] = self._new_series(series)
             if known is None:
                 continue
+            # _add_sample, inlined: this loop runs once per sample
             try:
                 value = float(raw)
             except ValueError:
@@ -224,6 +225,22 @@ class Parser:
                 continue  # Prometheus rejects a negative bucket or count of a histogram
             append(new(Sample, (name, labels, value)))
         return out
+
+    @staticmethod
+    def _add_sample(out: list[Sample], known: tuple[str, dict[str, str]], raw: bytes,
+                    data: bytes) -> None:
+        """Appends the sample of a known series' line to ``out``, unless its value is one
+        Prometheus rejects."""
+        try:
+            value = float(raw)
+        except ValueError:
+            return
+        name, labels = known
+        if value != value and raw[:1] in b"+-":  # Go's float takes no signed NaN
+            return
+        if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
+            return  # Prometheus rejects a negative bucket or count of a histogram
+        out.append(Sample(name, labels, value))
 
     def _bound(self) -> None:
         """Empties the caches once they pass their limits (against hostile label churn)."""

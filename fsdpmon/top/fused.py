@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fsdpmon.top.expfmt import _COUNTS, _MISSING, Parser, Sample, _histogram, _terminated
+from fsdpmon.top.expfmt import _COUNTS, _MISSING, Parser, Sample, _terminated
 from fsdpmon.top.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
 from fsdpmon.top.wanted import REQUIRE, WANTED
 
-# One cell per label dict and kind of row: [the Acc of the refresh that found its row, the
-# row (None: a rank series without a rank), the kind, the labels, whether it is a GPU's].
+# One cell per label dict and kind of row: [the Acc of the refresh that found its row (kept
+# until the next refresh finds its own), the row (None: a rank series without a rank), the
+# kind, the labels, whether it is a GPU's].
 Cell = list[object]
 
 
@@ -104,23 +105,7 @@ class FilingParser(Parser):
         hot = self._hot[series] = (cell, field)
         return hot
 
-    @staticmethod
-    def _add_sample(out: list[Sample], known: tuple[str, dict[str, str]], raw: bytes,
-                    data: bytes) -> None:
-        """Parser.parse's checks of one value, for the samples returned."""
-        try:
-            value = float(raw)
-        except ValueError:
-            return
-        name, labels = known
-        if value != value and raw[:1] in b"+-":
-            return
-        if value < 0 and name.endswith(_COUNTS) and _histogram(data, name):
-            return
-        out.append(Sample(name, labels, value))
-
 
 def new_filing_parser(samples_of: Iterable[str] = ()) -> FilingParser:
     """The parser of the plain-HTTP sources: only what top reads, filed as it is read."""
     return FilingParser(WANTED, REQUIRE, samples_of)
-
