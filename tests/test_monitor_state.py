@@ -100,3 +100,29 @@ def test_state_dir_is_per_job_and_port(tmp_path):
     assert "/" not in a.name[len("fsdpmon-"):] and " " not in a.name
     assert a != job_state_dir("llama/7b run", 9521, str(tmp_path))
     assert a != job_state_dir("other", 9520, str(tmp_path))
+
+
+def test_the_last_rank_out_removes_what_dead_writers_left_half_written(tmp_path):
+    """A rank killed between writing a file and renaming it into place (or stopped by SIGTERM,
+    whose clean-up runs on the thread it interrupted mid-write) leaves a half-written file:
+    the last rank out removes those of processes that are gone, and the directory goes; a live
+    process's write in progress is left alone."""
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # reaped: the PID is gone
+    job_dir = tmp_path / "job"
+    writer = RankStateWriter(job_dir, 0)
+    writer.snapshot(_snapshot(0))
+    for name in (f".rank1.json.{exited.pid}", f".rank1.hb.{exited.pid}",
+                 f".rank1.exit.{exited.pid}", f".rank0.json.{os.getpid()}"):
+        (job_dir / name).write_bytes(b"{half")
+    live = subprocess.Popen(["sleep", "30"])
+    try:
+        (job_dir / f".rank2.json.{live.pid}").write_bytes(b"{half")
+        writer.close()
+        left = sorted(p.name for p in job_dir.iterdir())
+        assert left == [f".rank2.json.{live.pid}"], left
+    finally:
+        live.kill()
+        live.wait()
+    RankStateWriter(job_dir, 3).close()  # its writer is gone now: the next last rank out
+    assert not job_dir.exists(), list(job_dir.iterdir())

@@ -133,6 +133,7 @@ class RankStateWriter:
                         path.unlink()
             read_job_states(self.directory)  # clears out ranks that died without closing
             exit_record.sweep(self.directory)  # unless a record tells of a rank killed
+            _remove_dead_writes(self.directory)
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # the last rank out removes the (then empty) directory
 
@@ -216,6 +217,23 @@ def _owner_pid(path: Path) -> int | None:
         return int(json.loads(path.read_text()).get("pid"))
     except (OSError, ValueError, TypeError, AttributeError):
         return None
+
+
+# A file being written before its rename into place: named by the writing process's pid.
+_UNFINISHED = re.compile(r"\.rank\d+\.(?:hb|json|exit)\.(\d+)")
+
+
+def _remove_dead_writes(directory: Path) -> None:
+    """Removes the half-written files of processes that are gone: a rank killed, or stopped by
+    a signal whose clean-up interrupted its own write, between writing one and renaming it
+    (the directory could not go otherwise). A live process's write is left alone."""
+    with contextlib.suppress(OSError):
+        for path in directory.iterdir():
+            match = _UNFINISHED.fullmatch(path.name)
+            if match and (int(match.group(1)) == os.getpid() or
+                          not pid_alive(int(match.group(1)))):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def _remove_dead(json_path: Path, pid: int) -> None:
