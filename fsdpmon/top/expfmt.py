@@ -207,10 +207,7 @@ class Parser:
         for series, raw, odd in self._line.findall(data):
             known = series_of.get(series, _MISSING)
             if known is _MISSING:
-                if odd:
-                    out.extend(self._strict(odd, data))
-                    continue
-                known = series_of[series] = self._new_series(series)
+                known = self._first_seen(series, odd, data, out)
             if known is None:
                 continue
             # _add_sample, inlined: this loop runs once per sample
@@ -225,6 +222,17 @@ class Parser:
                 continue  # Prometheus rejects a negative bucket or count of a histogram
             append(new(Sample, (name, labels, value)))
         return out
+
+    def _first_seen(self, series: bytes, odd: bytes, data: bytes,
+                    out: list[Sample]) -> tuple[str, dict[str, str]] | None:
+        """A line whose series is not cached: a canonical one's series is parsed and cached
+        ((name, labels), or None when unwanted or invalid); any other line's sample is read by
+        the strict reader into ``out`` (None: nothing more to do with it)."""
+        if odd:
+            out.extend(self._strict(odd, data))
+            return None
+        known = self._series[series] = self._new_series(series)
+        return known
 
     @staticmethod
     def _add_sample(out: list[Sample], known: tuple[str, dict[str, str]], raw: bytes,

@@ -62,10 +62,7 @@ class FilingParser(Parser):
             if hot is None:
                 known = series_of.get(series, _MISSING)
                 if known is _MISSING:
-                    if odd:
-                        out.extend(self._strict(odd, data))
-                        continue
-                    known = series_of[series] = self._new_series(series)
+                    known = self._first_seen(series, odd, data, out)
                     hot = self._new_hot(series, known)
                 if hot is None:
                     if known is not None:

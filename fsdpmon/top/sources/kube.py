@@ -23,6 +23,7 @@ from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.top import discovery
 from fsdpmon.top.aggregate import JobAggregator, Target
+from fsdpmon.top.fused import new_filing_parser
 from fsdpmon.top.health import with_conditions
 from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.top.sources.gcpause import collector_paused
@@ -36,7 +37,7 @@ from fsdpmon.top.sources.kube_client import (
     transient,
 )
 from fsdpmon.top.sources.targets import scrape_all, scrape_urls
-from fsdpmon.top.wanted import WANTED, new_parser
+from fsdpmon.top.wanted import WANTED
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
 RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this namespace and "
@@ -66,7 +67,7 @@ class KubeSource:
         self.host = conf.host
         self.api = client.CoreV1Api(client.ApiClient(conf))
         self.custom = client.CustomObjectsApi(self.api.api_client)
-        self._parser = new_parser()
+        self._parser = new_filing_parser()  # files as it reads in the cluster (scrape_urls)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_workers,
                                         thread_name_prefix="fsdpmon-kube")
         self._targets: list[Target] = []
@@ -221,7 +222,7 @@ class KubeSource:
         aggregator = JobAggregator()
         if self.inside:  # pod IPs: one selector loop for every scrape, as for --targets
             scrape_urls(self._targets, self._parser, self.cfg.timeout_s, IN_FLIGHT,
-                        self._pool, aggregator.add, WANTED)
+                        self._pool, aggregator.add, WANTED, aggregator.acc)
         else:  # through the API server's pod proxy, with the client's auth
             scraped = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
             for i, result in enumerate(scraped):
