@@ -18,12 +18,8 @@ from collections.abc import Iterable
 
 from fsdpmon.top.expfmt import _COUNTS, _MISSING, Parser, Sample, _terminated
 from fsdpmon.top.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
+from fsdpmon.top.layout import Cell, Layout, Match, file_by_layout, layout_of, series_of
 from fsdpmon.top.wanted import REQUIRE, WANTED
-
-# One cell per label dict and kind of row: [the Acc of the refresh that found its row (kept
-# until the next refresh finds its own), the row (None: a rank series without a rank), the
-# kind, the labels, whether it is a GPU's].
-Cell = list[object]
 
 
 class FilingParser(Parser):
@@ -41,23 +37,47 @@ class FilingParser(Parser):
                         and not name.endswith(_COUNTS)}
         self._hot: dict[bytes, tuple[Cell, str]] = {}  # series as written → (cell, field)
         self._cells: dict[tuple[int, int], Cell] = {}  # (kind, id(labels)) → cell
+        # (target URL, lines) → the layout of its last body (its series alone when no layout
+        # can be exact): keyed by the count too, as a cadence asks for more every few refreshes.
+        self._layouts: dict[tuple[str, int], Layout | list[bytes]] = {}
 
     def _bound(self) -> None:
         if len(self._series) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
             self._hot.clear()  # their label dicts go with the caches
             self._cells.clear()
+            self._layouts.clear()
+        elif len(self._layouts) > self._CACHE_LIMIT // 8:  # targets that come and go
+            self._layouts.clear()
         super()._bound()
 
     def parse_into(self, payload: str | bytes, acc: Acc,
                    target: Target) -> tuple[list[Sample], Filed]:
         """Files the stored figures of one exposition into ``acc`` (as filing.file_result
         would, ``target`` being where it came from); returns the other samples and a tally."""
-        out: list[Sample] = []
-        series_of, hot_of = self._series, self._hot
         self._bound()
         data = _terminated(payload)
+        matches = self._line.findall(data)
+        series = series_of(matches)
+        key = (target.url, len(series))
+        kept = self._layouts.get(key)
+        same = kept is not None and (kept.series if isinstance(kept, Layout) else kept) == series
+        if same and isinstance(kept, Layout):
+            done = file_by_layout(kept, matches, acc, target)
+            if done is not None:
+                return done
+        done = self._read(matches, data, acc, target)
+        if not same:  # a new body: its layout, or its series when none can be exact
+            self._layouts[key] = layout_of(series, matches, acc, self._hot, self._series) or \
+                series
+        return done
+
+    def _read(self, matches: list[Match], data: bytes, acc: Acc,
+              target: Target) -> tuple[list[Sample], Filed]:
+        """parse_into line by line."""
+        out: list[Sample] = []
+        series_of, hot_of = self._series, self._hot
         count, train, gpu = 0, False, None
-        for series, raw, odd in self._line.findall(data):
+        for series, raw, odd in matches:
             hot = hot_of.get(series)
             if hot is None:
                 known = series_of.get(series, _MISSING)

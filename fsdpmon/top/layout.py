@@ -1,0 +1,135 @@
+"""A target's layout: the series its body holds, in order, and where each line's value goes;
+a later body with the same series in the same order is filed from its values alone.
+
+A pod serves the same series every refresh; only the values change. Read line by line, each
+line costs a loop turn in Python (a lookup, a float, a store). Checked against the layout, the
+whole body costs a few passes in C: the series compared as one list, the values picked and
+converted by ``map``, each row's figures stored by one ``dict.update``, the other samples made
+by ``map`` (benchmarks/bench_top.py prints both ways' time). The result is what reading line
+by line gives, or nothing (then the body is read line by line): a layout is only made when it
+can be exact, and only used when every value reads as the line-by-line reading would take it.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+
+from fsdpmon.top.expfmt import _COUNTS, _MISSING, Sample
+from fsdpmon.top.filing import Acc, Filed, Target, row_of
+
+# One cell per label dict and kind of row: [the Acc of the refresh that found its row (kept
+# until the next refresh finds its own), the row (None: a rank series without a rank), the
+# kind, the labels, whether it is a GPU's].
+Cell = list[object]
+Known = tuple[str, dict[str, str]]  # a series' name and labels (expfmt.Parser's cache)
+Match = tuple[bytes, bytes, bytes]  # a line as the scan finds it: series, value, odd line
+
+_SERIES, _VALUE = itemgetter(0), itemgetter(1)
+_new_sample = functools.partial(tuple.__new__, Sample)  # NamedTuple's own __new__ is Python
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    series: list[bytes]  # every line's series as written, in order: what a body must match
+    pick: itemgetter[tuple[bytes, ...]]  # the values used: the groups' in turn, then samples'
+    groups: tuple[tuple[Cell, tuple[str, ...], int, int], ...]  # cell, fields, their values
+    heads: tuple[tuple[str, ...], tuple[dict[str, str], ...]]  # the samples' names, labels
+    first_sample: int  # where the samples' values start
+    counted: tuple[int, ...]  # values of _bucket/_count samples: a negative one reads slowly
+    filed: Filed
+
+
+def series_of(matches: list[Match]) -> list[bytes]:
+    """The lines' series, in order."""
+    return list(map(_SERIES, matches))
+
+
+def layout_of(series: list[bytes], matches: Sequence[Match], acc: Acc,
+              hot: dict[bytes, tuple[Cell, str]],
+              known: dict[bytes, Known | None]) -> Layout | None:
+    """The layout of a body just filed into ``acc`` line by line (``hot`` and ``known`` the
+    parser's caches: a series filed as read, a series returned as a sample); None where it
+    could not be exact: an odd line, a series not cached, a cell whose row this refresh did not
+    find, or two label dicts of one row storing one field (line order decides which wins)."""
+    groups: dict[int, tuple[Cell, list[str], list[int]]] = {}
+    samples: list[int] = []
+    heads: list[Known] = []
+    gpu: Cell | None = None
+    for i, (line, _value, odd) in enumerate(matches):
+        if odd:
+            return None
+        stored = hot.get(line)
+        if stored is not None:
+            cell, field = stored
+            if cell[0] is not acc:
+                return None
+            group = groups.get(id(cell))
+            if group is None:
+                group = groups[id(cell)] = (cell, [], [])
+            group[1].append(field)
+            group[2].append(i)
+            gpu = cell if cell[4] else gpu
+            continue
+        head = known.get(line, _MISSING)
+        if head is _MISSING:
+            return None
+        if head is not None:
+            samples.append(i)
+            heads.append(head)  # type: ignore[arg-type]
+    if not _one_writer_per_field(list(groups.values())):
+        return None
+    order = [i for group in groups.values() for i in group[2]] + samples
+    if len(order) < 2:  # itemgetter of one index gives the value, not a tuple
+        return None
+    spans, start = [], 0
+    for cell, fields, lines in groups.values():
+        spans.append((cell, tuple(fields), start, start + len(lines)))
+        start += len(lines)
+    names = tuple(name for name, _labels in heads)
+    return Layout(
+        series=series, pick=itemgetter(*order), groups=tuple(spans),
+        heads=(names, tuple(labels for _name, labels in heads)), first_sample=start,
+        counted=tuple(start + j for j, name in enumerate(names) if name.endswith(_COUNTS)),
+        filed=Filed(start, any(not g[0][4] for g in spans), gpu is not None,
+                    gpu[3].get("node", "") if gpu is not None else ""))  # type: ignore[attr-defined]
+
+
+def _one_writer_per_field(groups: list[tuple[Cell, list[str], list[int]]]) -> bool:
+    """No row gets one field from two cells (whose stores, grouped, would lose line order)."""
+    fields_of: dict[int, set[str]] = {}
+    for cell, fields, _lines in groups:
+        row = cell[1]
+        if row is None:
+            continue
+        mine = set(fields)
+        theirs = fields_of.setdefault(id(row), set())
+        if theirs & mine:
+            return False
+        theirs |= mine
+    return True
+
+
+def file_by_layout(layout: Layout, matches: list[Match], acc: Acc,
+                   target: Target) -> tuple[list[Sample], Filed] | None:
+    """Files the stored figures of a body with the layout's series into ``acc`` and returns
+    its other samples, as reading line by line would; None (nothing filed) when a value needs
+    reading line by line (not a number, NaN, a negative bucket or count)."""
+    try:
+        values = list(map(float, layout.pick(list(map(_VALUE, matches)))))
+    except ValueError:
+        return None
+    if any(map(math.isnan, values)) or any(values[i] < 0 for i in layout.counted):
+        return None
+    for cell, fields, start, stop in layout.groups:
+        if cell[0] is not acc:  # the first of its series this refresh
+            cell[0], cell[1] = acc, row_of(acc, cell[2], cell[3], target)  # type: ignore[arg-type]
+        row = cell[1]
+        if row is not None:
+            row.update(zip(fields, values[start:stop], strict=True))  # type: ignore[attr-defined]
+    names, labels = layout.heads
+    samples = map(_new_sample, zip(names, labels, values[layout.first_sample:], strict=True))
+    return list(samples), layout.filed

@@ -1,0 +1,112 @@
+"""A body with the same series as its target's last one is filed from its values alone
+(layout.file_by_layout), exactly as reading it line by line files it; what a layout cannot
+take exactly is read line by line."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
+from test_fused import _file
+
+from fsdpmon import catalog
+from fsdpmon.top.expfmt import Parser
+from fsdpmon.top.filing import ScrapeResult, Target
+from fsdpmon.top.fused import FilingParser
+from fsdpmon.top.sources.cadence import SLOW_NAMES
+from fsdpmon.top.wanted import REQUIRE, WANTED
+
+STEP = catalog.TRAIN_STEP.name
+LOSS = catalog.TRAIN_LOSS.name
+
+
+def _payloads(step: int, tail: str = "") -> list[tuple[Target, bytes]]:
+    """Two training pods (``tail`` ending the second) and two exporters; the values move with
+    ``step``, the series stay."""
+    ranks = [RankSpec(rank=r, local_rank=r % 2, node=f"n{r // 2}", world_size=4, nodes=2,
+                      step=step + r, loss=2.0 + step / 100, straggler_score=0.5 + r / 10)
+             for r in range(4)]
+    gpus = [GpuSpec(gpu=i, pod="p", pid=100 + i, rank=i, clock_events=("hw_slowdown",) * i,
+                    utilization_ratio=0.5 + step / 1000 + i / 10) for i in range(2)]
+    return [(Target("http://a/train", pod="p0"), training_exposition("j", ranks[:2], ranks)),
+            (Target("http://b/train", pod="p1"),
+             training_exposition("j", ranks[2:]) + tail.encode()),
+            (Target("http://a/node", node="n0"), exporter_exposition("n0", gpus)),
+            (Target("http://b/node"), exporter_exposition("n1", gpus[:1]))]
+
+
+class Reader:
+    """One FilingParser over refreshes, counting the bodies it read line by line."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, samples_of=frozenset()) -> None:
+        self.fused, self.plain = FilingParser(WANTED, REQUIRE, samples_of), Parser(WANTED, REQUIRE)
+        self.by_line: list[str] = []
+        read = FilingParser._read
+
+        def counted(parser, matches, data, acc, target):
+            self.by_line.append(target.url)
+            return read(parser, matches, data, acc, target)
+
+        monkeypatch.setattr(FilingParser, "_read", counted)
+
+    def refresh(self, payloads: list[tuple[Target, bytes]]) -> list[str]:
+        """Checks one refresh against parsing then filing; returns the targets read by line."""
+        self.by_line.clear()
+
+        def read(acc, target, body):
+            samples, filed = self.fused.parse_into(body, acc, target)
+            return ScrapeResult(target, samples, filed=filed)
+
+        expected = _file(payloads, lambda acc, t, b: ScrapeResult(t, self.plain.parse(b)))
+        got = _file(payloads, read)
+        assert got[1] == expected[1], f"statuses differ: {got[1]} != {expected[1]}"
+        assert got[0] == expected[0], f"rows differ: {got[0]} != {expected[0]}"
+        return list(self.by_line)
+
+
+@pytest.mark.parametrize("samples_of", [frozenset(), SLOW_NAMES], ids=["all", "cadence"])
+def test_a_body_like_the_last_is_filed_from_its_values(monkeypatch, samples_of):
+    reader = Reader(monkeypatch, samples_of)
+    first = reader.refresh(_payloads(10))
+    assert len(first) == 4, f"the first bodies are read line by line: {first}"
+    for step in (11, 12, 13):  # new values, the same series
+        by_line = reader.refresh(_payloads(step))
+        assert by_line == [], f"step {step}: read line by line: {by_line}"
+
+
+@pytest.mark.parametrize("value", ["NaN", "-NaN", "+Inf", "1_0", "0x10", "abc"])
+def test_values_a_layout_cannot_take_are_read_line_by_line(monkeypatch, value):
+    """NaN (Go refuses it signed), a value Python's float reads and Go's does not, and no number
+    at all: the body is read line by line, then the layout serves again."""
+    reader = Reader(monkeypatch)
+    line = f'{LOSS}{{job_name="j",rank="9"}} '
+    reader.refresh(_payloads(10, line + "1.5\n"))
+    assert reader.refresh(_payloads(11, line + "2.5\n")) == []
+    by_line = reader.refresh(_payloads(12, line + value + "\n"))
+    if value == "+Inf":  # a number like any other
+        assert by_line == [], by_line
+    else:
+        assert by_line == ["http://b/train"], by_line
+    reader.refresh(_payloads(13, line + "3.5\n"))
+    assert reader.refresh(_payloads(14, line + "4.5\n")) == []
+
+
+def test_one_field_of_one_row_from_two_label_sets_keeps_line_order(monkeypatch):
+    """Rank 9's step under two label orders (two label dicts, one row): the line written last
+    wins, as line by line, so no layout is made for that body."""
+    reader = Reader(monkeypatch)
+    for step in (10, 11, 12):
+        tail = (f'{STEP}{{rank="9",job_name="j"}} {step}\n'
+                f'{LOSS}{{rank="9",job_name="j"}} 1.0\n'
+                f'{STEP}{{job_name="j",rank="9"}} {step * 2}\n')
+        by_line = reader.refresh(_payloads(step, tail))
+        assert by_line == ["http://b/train"] if step > 10 else len(by_line) == 4, by_line
+
+
+def test_new_series_are_read_line_by_line_and_laid_out_anew(monkeypatch):
+    reader = Reader(monkeypatch)
+    reader.refresh(_payloads(10))
+    rank = f'{STEP}{{job_name="j",rank="7"}} '
+    assert reader.refresh(_payloads(11, rank + "1\n")) == ["http://b/train"]  # a new rank
+    assert reader.refresh(_payloads(12, rank + "2\n")) == []
+    assert reader.refresh(_payloads(13)) == []  # gone again: the first layout serves
+    assert reader.refresh(_payloads(14, rank.replace("7", "8") + "3\n")) == ["http://b/train"]
