@@ -12,6 +12,7 @@ from fsdpmon import catalog
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.filing import ScrapeResult, Target
 from fsdpmon.top.fused import FilingParser
+from fsdpmon.top.layout import Layout
 from fsdpmon.top.sources.cadence import SLOW_NAMES
 from fsdpmon.top.wanted import REQUIRE, WANTED
 
@@ -110,3 +111,18 @@ def test_new_series_are_read_line_by_line_and_laid_out_anew(monkeypatch):
     assert reader.refresh(_payloads(12, rank + "2\n")) == []
     assert reader.refresh(_payloads(13)) == []  # gone again: the first layout serves
     assert reader.refresh(_payloads(14, rank.replace("7", "8") + "3\n")) == ["http://b/train"]
+
+
+def test_layouts_of_targets_that_come_and_go_are_bounded(monkeypatch):
+    """Pods that come and go (a new URL each) leave layouts behind: once they hold more
+    series than the parser's series limit, they go, and reading stays exact."""
+    reader = Reader(monkeypatch)
+    monkeypatch.setattr(FilingParser, "_SERIES_LIMIT", 400)
+    for generation in range(12):
+        payloads = [(Target(f"{t.url}/{generation}", t.pod, t.node), body)
+                    for t, body in _payloads(10 + generation)]
+        reader.refresh(payloads)
+        held = [len(v.series if isinstance(v, Layout) else v)
+                for v in reader.fused._layouts.values()]
+        # at most the limit, and then this refresh's bodies, laid out since the last clearing
+        assert sum(held) <= 400 + sum(held[-4:]), f"generation {generation}: {held} series"

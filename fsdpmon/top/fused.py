@@ -40,14 +40,17 @@ class FilingParser(Parser):
         # (target URL, lines) → the layout of its last body (its series alone when no layout
         # can be exact): keyed by the count too, as a cadence asks for more every few refreshes.
         self._layouts: dict[tuple[str, int], Layout | list[bytes]] = {}
+        self._laid = 0  # the series the layouts hold: they go once past _SERIES_LIMIT
 
     def _bound(self) -> None:
         if len(self._series) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
             self._hot.clear()  # their label dicts go with the caches
             self._cells.clear()
             self._layouts.clear()
-        elif len(self._layouts) > self._CACHE_LIMIT // 8:  # targets that come and go
-            self._layouts.clear()
+        if len(self._layouts) > self._CACHE_LIMIT or self._laid > self._SERIES_LIMIT:
+            self._layouts.clear()  # targets that came and went
+        if not self._layouts:
+            self._laid = 0
         super()._bound()
 
     def parse_into(self, payload: str | bytes, acc: Acc,
@@ -69,6 +72,7 @@ class FilingParser(Parser):
         if not same:  # a new body: its layout, or its series when none can be exact
             self._layouts[key] = layout_of(series, matches, acc, self._hot, self._series) or \
                 series
+            self._laid += len(series)
         return done
 
     def _read(self, matches: list[Match], data: bytes, acc: Acc,
