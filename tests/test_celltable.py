@@ -35,6 +35,7 @@ CELLS = [
     Text.assemble(("██▌", "green"), ("      ", "dim"), " 97%"),
     Text("python -m trainer.train --local-rank 7 --config /etc/fsdpmon/run.yaml " * 2),
     Text("[/x] not markup"), Text("line\u2028separator and\x1cfile separator"),
+    Text.assemble(("  lead", "cyan"), ("trail   ", "bold")), Text("   ", style="red"),
 ]
 ROW_STYLES = ["", "dim", "bold red", "yellow reverse", "dim red"]
 

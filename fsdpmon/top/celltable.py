@@ -150,8 +150,13 @@ class CellTable:
         inner = width - left - right
         if inner < 1:
             return []
-        lines = cell.wrap(console, inner, justify=self.columns[index].justify,  # type: ignore[arg-type]
-                          overflow="ellipsis", tab_size=console.tab_size or 8, no_wrap=True)
+        justify = self.columns[index].justify
+        plain = cell.plain
+        if justify in _ONE_LINE and "\n" not in plain and "\t" not in plain:
+            lines = [_one_line(cell, inner, justify)]
+        else:
+            lines = cell.wrap(console, inner, justify=justify,  # type: ignore[arg-type]
+                              overflow="ellipsis", tab_size=console.tab_size or 8, no_wrap=True)
         out = []
         for line in lines or [Text("")]:
             line.truncate(inner, overflow="ellipsis", pad=True)
@@ -160,3 +165,21 @@ class CellTable:
                 padded.stylize_before(style)
             out.append(padded)
         return out
+
+
+_ONE_LINE = ("left", "right")
+
+
+def _one_line(cell: Text, width: int, justify: str) -> Text:
+    """What ``cell.wrap(..., justify, overflow="ellipsis", no_wrap=True)`` makes of a cell of
+    one line without tabs, left or right justified (rich's Text.wrap and Lines.justify, step
+    for step), without the Lines and the split around it: most cells of a frame are such."""
+    line = cell.copy()
+    if justify == "left":
+        line.truncate(width, overflow="ellipsis", pad=True)
+    else:
+        line.rstrip()
+        line.truncate(width, overflow="ellipsis")
+        line.pad_left(width - cell_len(line.plain))
+    line.truncate(width, overflow="ellipsis")
+    return line

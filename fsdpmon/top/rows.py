@@ -8,6 +8,7 @@ the exporter's process table, as the rows are built.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -131,7 +132,7 @@ def gpu_rows(acc: Acc, previous: JobSnapshot | None, down_nodes: set[str],
     # GPUs of an exporter that stopped answering stay visible, marked down.
     rows += [replace(g, up=False, ranks=ranks_on.get((g.node, g.gpu), g.ranks))
              for g in before.values() if g.node in down_nodes and (g.node, g.gpu) not in acc.gpus]
-    return sorted(rows, key=lambda g: (g.node, as_int(g.gpu) or 0, g.gpu))
+    return sorted(rows, key=lambda g: (g.node, _gpu_order(g.gpu)))
 
 
 def node_rows(acc: Acc, gpus: Sequence[GpuRow]) -> list[NodeRow]:
@@ -164,6 +165,7 @@ def _held(gpus: set[str]) -> tuple[str, ...]:
     return tuple(gpus) if len(gpus) == 1 else tuple(sorted(gpus, key=_gpu_order))
 
 
+@functools.lru_cache(maxsize=1024)  # a node's few GPU ids, the same on every node
 def _gpu_order(gpu: str) -> tuple[int, str]:
     return (as_int(gpu) or 0, gpu)
 
@@ -181,7 +183,8 @@ def ties(processes: Sequence[ProcessRow]) -> Ties:
     held: dict[int, list[tuple[str, str]]] = {}
     for p in processes:
         if p.rank is not None and p.gpus:
-            keys = [(p.node, g) for g in p.gpus]
+            gpus = p.gpus  # most often one: no comprehension for it
+            keys = [(p.node, gpus[0])] if len(gpus) == 1 else [(p.node, g) for g in gpus]
             mine = held.setdefault(p.rank, keys)
             if mine is not keys:
                 mine += keys
