@@ -282,3 +282,28 @@ def test_header_lines_are_never_cut_mid_word():
         # the clock, like every header part, is there whole or not at all
         assert "13:14:15Z" in title or ":" not in title.replace("job", ""), title
         assert "…" not in title, title
+
+
+def test_rows_sort_by_the_column_stably_with_unknown_values_last():
+    """Rows with equal values keep their order either way; rows without one come last."""
+    from fsdpmon.top.tables import select_rows
+
+    specs = ranks(3, 2, r1={"step_time_s": 0.7}, r2={"step_time_s": 0.7},
+                  r4={"step_time_s": 0.7})
+    snap = snapshot(specs, refreshes=1)
+    rows = [replace(r, step_time_s=None) if r.rank == 3 else r for r in snap.ranks]
+    for descending, order in ((True, [1, 2, 4, 5, 0, 3]), (False, [0, 5, 1, 2, 4, 3])):
+        state = ViewState(view="ranks", sort_key="step_time", descending=descending)
+        got = [r.rank for r in select_rows(rows, "ranks", state)]
+        assert got == order, f"descending={descending}: {got} != {order}"
+
+
+def test_the_table_shows_the_selected_row_far_down_the_list():
+    from fsdpmon.top.tables import table_of
+
+    snap = snapshot(ranks(20, 5), refreshes=1)  # 100 ranks
+    state = ViewState(view="ranks", sort_key="rank", descending=False, selected="73",
+                      cursor=2)
+    text = render(table_of(list(snap.ranks), "ranks", state, 10, current="73"), width=120)
+    marked = [line.split()[0] for line in text.splitlines() if "▸" in line]
+    assert marked == ["▸73"], f"marked: {marked}\n{text}"

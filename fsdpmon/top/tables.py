@@ -8,6 +8,7 @@ its row when a refresh reorders the table, as htop's does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import itemgetter
 
 from rich.console import Group
 from rich.text import Text
@@ -37,6 +38,9 @@ def _matches(row: Row, cols: Sequence[Column], needle: str) -> bool:
     return any(needle in str(c.value(row)).lower() for c in cols)
 
 
+_VALUE = itemgetter(0)
+
+
 def select_rows(rows: Sequence[Row], view: str, state: ViewState,
                 needle: str | None = None) -> list[Row]:
     """Filtered (by the view's filter, or ``needle``), then sorted by the chosen column
@@ -47,19 +51,20 @@ def select_rows(rows: Sequence[Row], view: str, state: ViewState,
         rows = [r for r in rows if _matches(r, cols, needle)]
     key, descending = state.sort_for(view)
     col = column(view, key)
-    known = [r for r in rows if col.value(r) not in (None, "")]
-    unknown = [r for r in rows if col.value(r) in (None, "")]
-    known.sort(key=col.value, reverse=descending)
-    return known + unknown
+    valued = list(zip(map(col.value, rows), rows, strict=True))  # each value taken once
+    known = [pair for pair in valued if pair[0] not in (None, "")]
+    known.sort(key=_VALUE, reverse=descending)  # by the value alone: stable, as rows were
+    return [r for _, r in known] + [r for value, r in valued if value in (None, "")]
 
 
-def window(keys: Sequence[str], state: ViewState, page: int, current: str) -> tuple[int, int]:
-    """(first row on screen, selected index): the selection stays on screen, the window moves
-    as little as it must (the state's ``top`` is where the keys left it)."""
-    n, page = len(keys), max(1, page)
+def window(n: int, position: int | None, state: ViewState, page: int) -> tuple[int, int]:
+    """(first row on screen, selected index) of ``n`` rows, the current one at ``position``
+    (None: not among them): the selection stays on screen, the window moves as little as it
+    must (the state's ``top`` is where the keys left it)."""
+    page = max(1, page)
     if n == 0:
         return 0, -1
-    index = keys.index(current) if current in keys else min(state.cursor, n - 1)
+    index = position if position is not None else min(state.cursor, n - 1)
     top = min(state.top, index, max(0, n - page))
     return max(top, index - page + 1, 0), index
 
@@ -119,8 +124,10 @@ def table_of(rows: Sequence[Row], view: str, state: ViewState, page: int, *,
              interactive: bool = True, current: str = "", sort_view: str = "") -> Group:
     """At most ``page`` rows around the selection, the selected one marked, and a footer."""
     cols = GPU_TABLE if view == "gpus" else COLUMNS[sort_view or view]
-    keys = [row_key(r) for r in rows]
-    start, index = window(keys, state, page, current) if interactive else (0, -1)
+    # where the current row is: looked for only when there is one (the rows run to thousands)
+    position = next((i for i, r in enumerate(rows) if row_key(r) == current), None) \
+        if current else None
+    start, index = window(len(rows), position, state, page) if interactive else (0, -1)
     sort = state.sort_for(sort_view or view)
     table = new_table(cols, sort, marker=interactive)
     shown = rows[start:start + max(1, page)]
