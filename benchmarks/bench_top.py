@@ -17,6 +17,7 @@ Measures, in one run, and prints:
     cores; real pods would not)
   - drawing each view's table: fsdpmon's CellTable against rich's Table holding the same rows
   - reading and filing the payloads: parsed into samples and then filed, against filed as read
+    (bodies whose series are their target's last ones filed from their values alone)
   - the Prometheus source's refresh against a real Prometheus holding the same job
     (benchmarks/top_prometheus.py) and its queries per refresh
   - the last two lines: the slowest view's refresh over prometheus_client's parse of the full
@@ -313,8 +314,9 @@ def draw_compare(payloads: list[bytes], rounds: int = 20) -> None:
 
 def filing_compare(payloads: list[bytes], rounds: int = 7) -> None:
     """Reading and filing what the Processes view asks for: parsing into Samples and then
-    filing them, against filing the stored figures as they are read (fused.FilingParser), CPU
-    time, best of ``rounds`` each, in turn."""
+    filing them, against filing the stored figures as they are read (fused.FilingParser: from
+    each target's layout after the first round, as on every refresh after a target's first),
+    CPU time, best of ``rounds`` each, in turn."""
     bodies = [(Target(f"http://stand-in/{i}"), restrict(body, set(WANTED - STATIC_NAMES)))
               for i, body in enumerate(payloads)]
     plain, fused = new_parser(), new_filing_parser(SLOW_NAMES)
