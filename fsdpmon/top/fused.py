@@ -7,7 +7,8 @@ maps to its field and to a cell shared by every series with the same labels (one
 GPU's), which holds the row of the refresh in progress: such a sample costs one lookup, a
 float and a store (benchmarks/bench_top.py prints both ways' time on a job's payloads). The
 other samples (info series, events, hosts, processes, the families a cadence carries, lines
-the strict reader takes) come back as Samples, filed by filing.file_result as before.
+the strict reader takes) come back as Samples, filed by filing.file_result as before. A body
+with the same series as its target's last one is filed from its values alone (layout.py).
 
 Read on the refreshing thread only: cells are shared by every target of a refresh.
 """
