@@ -307,3 +307,14 @@ def test_the_table_shows_the_selected_row_far_down_the_list():
     text = render(table_of(list(snap.ranks), "ranks", state, 10, current="73"), width=120)
     marked = [line.split()[0] for line in text.splitlines() if "▸" in line]
     assert marked == ["▸73"], f"marked: {marked}\n{text}"
+
+
+def test_fewer_ranks_left_by_a_filter_leave_room_for_the_processes():
+    """At a height where the four ranks leave no room for the processes table, a filter that
+    leaves two of them does: the answer follows the rows on screen, not all the ranks."""
+    snap = snapshot()
+    for needle, shown in (("", False), ("node-0", True)):
+        state = ViewState(view="ranks", filter=needle)
+        text = render(frame(snap, state, 20), 200, 20)
+        assert shows_processes(snap, state, 20) is shown, (needle, text)
+        assert ("4 processes" in text) is shown, (needle, text)

@@ -41,14 +41,19 @@ def _matches(row: Row, cols: Sequence[Column], needle: str) -> bool:
 _VALUE = itemgetter(0)
 
 
+def filter_rows(rows: Sequence[Row], view: str, state: ViewState,
+                needle: str | None = None) -> Sequence[Row]:
+    """The rows that match the view's filter (or ``needle``), in their order."""
+    cols = COLUMNS[view]
+    needle = (state.active_filter if needle is None else needle).lower()
+    return [r for r in rows if _matches(r, cols, needle)] if needle else rows
+
+
 def select_rows(rows: Sequence[Row], view: str, state: ViewState,
                 needle: str | None = None) -> list[Row]:
     """Filtered (by the view's filter, or ``needle``), then sorted by the chosen column
     (unknown values last)."""
-    cols = COLUMNS[view]
-    needle = (state.active_filter if needle is None else needle).lower()
-    if needle:
-        rows = [r for r in rows if _matches(r, cols, needle)]
+    rows = filter_rows(rows, view, state, needle)
     key, descending = state.sort_for(view)
     col = column(view, key)
     valued = list(zip(map(col.value, rows), rows, strict=True))  # each value taken once

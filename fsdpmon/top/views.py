@@ -22,7 +22,7 @@ from fsdpmon.top.columns import Row
 from fsdpmon.top.diagnosis_view import DiagnosisPane, header_line
 from fsdpmon.top.fitted import FittedLine, Part, WordCutLine
 from fsdpmon.top.snapshot import SPARK_WIDTH, JobSnapshot, JobState, Severity
-from fsdpmon.top.tables import gpu_summary, row_key, select_rows, table_of
+from fsdpmon.top.tables import filter_rows, gpu_summary, row_key, select_rows, table_of
 from fsdpmon.top.ui_state import VIEWS, Nav, ViewState
 
 STATE_STYLE = {
@@ -153,13 +153,9 @@ def layout(snap: JobSnapshot, state: ViewState, avail: int) -> Layout:
         rows = select_rows(getattr(snap, view), view, state)
         if view == "gpus":
             return Layout(rows, max(1, avail - 3))
-        if view == "ranks" and snap.gpus:
-            spare = avail - (len(rows) + 2) - 1  # blank line between the panes
-            if spare >= 4:  # summary, header, a row, footer
-                gpu_page = min(len(snap.gpus), spare - 3)
-                rest = spare - (gpu_page + 3) - 1
-                procs = rest - 2 if rest >= 3 and snap.processes else 0
-                return Layout(rows, max(1, len(rows)), gpu_page, procs)
+        panes = _panes_under_ranks(snap, len(rows), avail) if view == "ranks" else None
+        if panes is not None:
+            return Layout(rows, max(1, len(rows)), *panes)
         return Layout(rows, max(1, avail - 2))
     if view in ("rank", "gpu"):
         rows = details.processes_for(snap, state)
@@ -167,15 +163,29 @@ def layout(snap: JobSnapshot, state: ViewState, avail: int) -> Layout:
     return Layout([], 1)
 
 
+def _panes_under_ranks(snap: JobSnapshot, ranks: int, avail: int) -> tuple[int, int] | None:
+    """(GPU pane rows, process pane rows) under a Ranks table of ``ranks`` rows, when the
+    screen has room for them (a small job); None when it has not."""
+    spare = avail - (ranks + 2) - 1  # blank line between the panes
+    if not snap.gpus or spare < 4:  # summary, header, a row, footer
+        return None
+    gpu_page = min(len(snap.gpus), spare - 3)
+    rest = spare - (gpu_page + 3) - 1
+    return gpu_page, (rest - 2 if rest >= 3 and snap.processes else 0)
+
+
 def shows_processes(snap: JobSnapshot, state: ViewState, height: int, notice: str = "",
                     verdict: Verdict | None = None) -> bool:
     """Whether this screen shows process figures: the Processes view, a rank's or a GPU's
-    screen, or the Ranks view of a small job with room left for the processes table."""
+    screen, or the Ranks view of a small job with room left for the processes table (which
+    depends on how many ranks the filter leaves, not on their order: no sort)."""
     if state.view in ("processes", "rank", "gpu"):
         return True
     if state.view != "ranks" or not snap.processes:
         return False
-    return bool(layout(snap, state, _avail(snap, height, notice, verdict)).process_page)
+    ranks = len(filter_rows(snap.ranks, "ranks", state))
+    panes = _panes_under_ranks(snap, ranks, _avail(snap, height, notice, verdict))
+    return panes is not None and panes[1] > 0
 
 
 def _followed(snap: JobSnapshot, state: ViewState) -> str:
