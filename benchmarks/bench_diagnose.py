@@ -117,25 +117,12 @@ def _stacks(world: int, odd: int) -> list[RankStack]:
             for r in range(world)]
 
 
-def start_servers(n: int, nodes: int, gpus: int):
-    """bench_top's stand-in pods, given longer to render on a loaded machine."""
-    import multiprocessing as mp
-
-    ports: mp.Queue = mp.Queue()
-    stop = mp.Event()
-    procs = [mp.Process(target=bench_top._serve, args=(nodes, gpus, ports, stop), daemon=True)
-             for _ in range(n)]
-    for p in procs:
-        p.start()
-    return [ports.get(timeout=900) for _ in procs], stop, procs
-
-
 def bench_engine(args: argparse.Namespace) -> None:
-    ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
+    ports, stop, procs = bench_top.start_servers(args.servers, args.nodes, args.gpus)
     from synthetic_job import job_expositions
 
     paths = sorted(job_expositions("x", args.nodes, 1))
-    urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+    urls = bench_top.pod_urls(ports, paths)
     source = TargetsSource(urls, timeout_s=10.0, max_workers=16)
     console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
     try:

@@ -96,6 +96,11 @@ def start_servers(n: int, nodes: int, gpus: int) -> tuple[list[int], mp.Event, l
 VIEWS = (("ranks", "step_time"), ("gpus", "util"), ("processes", "cpu"))
 
 
+def pod_urls(ports: list[int], paths: list[str]) -> list[str]:
+    """The stand-in pods' URLs: each path on the server processes' ports in turn."""
+    return [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+
+
 def timed_refresh(source: TargetsSource, console: Console,
                   view: str = "ranks", sort_key: str = "step_time") -> tuple[float, ...]:
     """(total, fetch+parse+aggregate, render, CPU time of this process, CPU time of its helper
@@ -218,7 +223,7 @@ def bench_refresh(args: argparse.Namespace,
     payloads = job_expositions("llama2-7b", args.nodes, args.gpus)
     full_bytes = sum(len(b) for b in payloads.values())
     paths = sorted(payloads)
-    urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+    urls = pod_urls(ports, paths)
     # top's default (a helper process files half the targets) and the same on one process,
     # refreshed in turn, so that load from other work hits both alike.
     tops = {"split": Refresher(urls, True), "one": Refresher(urls, False)}

@@ -32,7 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_top import VIEWS, start_servers  # noqa: E402 - after the path set-up
+from bench_top import VIEWS, pod_urls, start_servers  # noqa: E402 - after the path set-up
 from synthetic_job import job_expositions  # noqa: E402
 
 # One version's `top`: imports fsdpmon from the tree given, refreshes a view per input line and
@@ -91,7 +91,7 @@ class OwnPods:
                           for _ in range(servers)]
         answers = [json.loads(p.stdout.readline()) for p in self.processes]  # type: ignore[union-attr]
         ports, paths = [a[0] for a in answers], answers[0][1]
-        self.urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+        self.urls = pod_urls(ports, paths)
 
     def close(self) -> None:
         for p in self.processes:
@@ -170,7 +170,7 @@ def main() -> None:
     ports, stop, procs = start_servers(0 if args.own_pods else args.servers, args.nodes,
                                        args.gpus)
     paths = [] if args.own_pods else sorted(job_expositions("llama2-7b", args.nodes, args.gpus))
-    urls = [f"http://127.0.0.1:{ports[i % len(ports)]}{p}" for i, p in enumerate(paths)]
+    urls = pod_urls(ports, paths)
     scratch = Path(tempfile.mkdtemp(prefix="top-side-by-side-"))
     versions: list[Version] = []
     pods: list[OwnPods] = []

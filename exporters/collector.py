@@ -17,7 +17,7 @@ from exporters.sample import NO_POD, GpuSample, HostSample, NodeSample, PodRef, 
 from exporters.sampler import Sampler
 from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME
-from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS
+from fsdpmon.conventions import clock_event_mask
 from fsdpmon.families import Families
 
 
@@ -102,8 +102,8 @@ def _gpu(out: Families, node: str, gpu: GpuSample, pods: Mapping[int, PodRef]) -
             out.add(metric, [*labels, extra], value)
     active = gpu.labelled.get(catalog.GPU_CLOCK_EVENT_ACTIVE.name)
     if active is not None:  # the same reasons as one bitmask, as NVML gives them
-        out.add(catalog.GPU_CLOCK_EVENT_REASONS, labels, float(sum(
-            bit for reason, bit in GPU_CLOCK_EVENT_BITS.items() if active.get(reason))))
+        out.add(catalog.GPU_CLOCK_EVENT_REASONS, labels,
+                clock_event_mask(reason for reason, on in active.items() if on))
     for process in gpu.processes:
         plabels = [*base, *pods.get(process.pid, NO_POD).labels(), str(process.pid)]
         if process.memory_used_bytes is not None:

@@ -6,6 +6,8 @@ they live in one place.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 # Default ports. 9400 is dcgm-exporter's; we stay clear of it.
 TRAINING_PORT = 9520
 EXPORTER_PORT = 9521
@@ -98,6 +100,12 @@ GPU_CLOCK_EVENT_BITS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
+
+
+def clock_event_mask(active: Iterable[str]) -> float:
+    """NVML's bitmask of the clock-event reasons named in ``active`` (unknown names add
+    nothing, a name given twice counts once), as the exporter serves it."""
+    return float(sum(GPU_CLOCK_EVENT_BITS.get(reason, 0) for reason in set(active)))
 # Clock-event reasons that mean a GPU runs slower than it should (NVML clock event reasons).
 # sw_power_cap is also active on healthy GPUs at full load, so it counts only on a straggler.
 GPU_THROTTLE_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown",

@@ -16,9 +16,9 @@ from prometheus_client.core import Metric
 
 from fsdpmon import catalog
 from fsdpmon.conventions import (
-    GPU_CLOCK_EVENT_BITS,
     SIMULATED_GPU_MODEL,
     STRAGGLER_SCORE_THRESHOLD,
+    clock_event_mask,
 )
 from fsdpmon.families import Families
 
@@ -275,7 +275,7 @@ def _add_gpu(fams: Families, metric: catalog.Metric, known: dict[str, str],
     if metric is catalog.GPU_CLOCK_EVENT_ACTIVE:
         _add(fams, metric, known, 0.0, dict.fromkeys(g.clock_events, 1.0))
     elif metric is catalog.GPU_CLOCK_EVENT_REASONS:  # the same reasons, as NVML's bitmask
-        _add(fams, metric, known, float(sum(GPU_CLOCK_EVENT_BITS[r] for r in g.clock_events)))
+        _add(fams, metric, known, clock_event_mask(g.clock_events))
     elif metric is catalog.GPU_ECC_ERRORS_TOTAL:
         _add(fams, metric, known, 0.0, {"uncorrected": float(g.ecc_uncorrected)})
     else:

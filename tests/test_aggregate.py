@@ -213,3 +213,18 @@ def test_a_gpus_clock_event_bitmask_names_its_reasons_and_nothing_else(served, s
     snap = aggregate([ScrapeResult(Target("http://n0:9521/metrics"), new_parser().parse(body))],
                      now=0.0, source="test")
     assert [g.clock_events for g in snap.gpus] == [shown], (served, snap.gpus)
+
+
+def test_a_clock_event_mask_reads_back_as_its_reasons():
+    """The exporter's mask (conventions.clock_event_mask) and top's reading of it
+    (filing.clock_event_reasons) are each other's inverse; a reason named twice counts once,
+    an unknown one adds nothing."""
+    from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, clock_event_mask
+    from fsdpmon.top.filing import clock_event_reasons
+
+    for reason, bit in GPU_CLOCK_EVENT_BITS.items():
+        assert clock_event_mask([reason, reason, "no_such_reason"]) == float(bit), reason
+    every = clock_event_mask(GPU_CLOCK_EVENT_BITS)
+    assert every == float(0x1FF), hex(int(every))
+    assert clock_event_reasons(every) == tuple(GPU_CLOCK_EVENT_BITS), clock_event_reasons(every)
+    assert clock_event_mask([]) == 0.0 and clock_event_reasons(0.0) == ()
