@@ -80,12 +80,12 @@ class FilingParser(Parser):
               target: Target) -> tuple[list[Sample], Filed]:
         """parse_into line by line."""
         out: list[Sample] = []
-        series_of, hot_of = self._series, self._hot
+        known_of, hot_of = self._series, self._hot
         count, train, gpu = 0, False, None
         for series, raw, odd in matches:
             hot = hot_of.get(series)
             if hot is None:
-                known = series_of.get(series, _MISSING)
+                known = known_of.get(series, _MISSING)
                 if known is _MISSING:
                     known = self._first_seen(series, odd, data, out)
                     hot = self._new_hot(series, known)
