@@ -39,8 +39,11 @@ venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-
 [ -x .venv/bin/python ] || { echo "==> creating .venv ${venv_flags[*]}" >&2
   python3 -m venv "${venv_flags[@]}" .venv; }
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
-stamp=".venv/.fsdpmon-$(sha1sum pyproject.toml | cut -c1-12)-$extras"
-[ -f "$stamp" ] && exit 0
+stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/top/_lines.c | sha1sum | cut -c1-12)-$extras"
+# The C half of top's layouts is built by the install below (pyproject.toml): its absence
+# (a tree cleaned since) re-runs it, unless this machine has no C compiler to build it.
+[ -f "$stamp" ] && { compgen -G "fsdpmon/top/_lines.*.so" >/dev/null || ! command -v cc >/dev/null; } \
+  && exit 0
 
 log=.venv/pip-install.log
 pip() { .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1 || {

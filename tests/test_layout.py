@@ -1,6 +1,7 @@
 """A body with the same series as its target's last one is filed from its values alone
 (layout.file_by_layout), exactly as reading it line by line files it; what a layout cannot
-take exactly is read line by line."""
+take exactly is read line by line. Each test runs with the C half of the layouts (the body
+checked against the last one's bytes, _lines.c) and without it (the scan's series compared)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_expos
 from test_fused import _file
 
 from fsdpmon import catalog
+from fsdpmon.top import fused, layout
 from fsdpmon.top.expfmt import Parser
 from fsdpmon.top.filing import ScrapeResult, Target
 from fsdpmon.top.fused import FilingParser
@@ -35,13 +37,32 @@ def _payloads(step: int, tail: str = "") -> list[tuple[Target, bytes]]:
             (Target("http://b/node"), exporter_exposition("n1", gpus[:1]))]
 
 
+@pytest.fixture(params=["c", "python"], autouse=True)
+def c_half(request, monkeypatch) -> bool:
+    """Whether the C half serves (else it is taken away)."""
+    if request.param == "python":
+        monkeypatch.setattr(layout, "fill", None)
+    elif layout.fill is None:
+        pytest.skip("fsdpmon.top._lines is not built")
+    return request.param == "c"
+
+
 class Reader:
     """One FilingParser over refreshes, counting the bodies it read line by line."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, samples_of=frozenset()) -> None:
         self.fused, self.plain = FilingParser(WANTED, REQUIRE, samples_of), Parser(WANTED, REQUIRE)
         self.by_line: list[str] = []
-        read = FilingParser._read
+        self.templated: list[str] = []  # the bodies _lines.fill took, this refresh
+        read, by_template = FilingParser._read, fused.file_by_template
+
+        def templated(kept, data, acc, target):
+            done = by_template(kept, data, acc, target)
+            if done is not None:
+                self.templated.append(target.url)
+            return done
+
+        monkeypatch.setattr(fused, "file_by_template", templated)
 
         def counted(parser, matches, data, acc, target):
             self.by_line.append(target.url)
@@ -52,6 +73,7 @@ class Reader:
     def refresh(self, payloads: list[tuple[Target, bytes]]) -> list[str]:
         """Checks one refresh against parsing then filing; returns the targets read by line."""
         self.by_line.clear()
+        self.templated.clear()
 
         def read(acc, target, body):
             samples, filed = self.fused.parse_into(body, acc, target)
@@ -65,13 +87,15 @@ class Reader:
 
 
 @pytest.mark.parametrize("samples_of", [frozenset(), SLOW_NAMES], ids=["all", "cadence"])
-def test_a_body_like_the_last_is_filed_from_its_values(monkeypatch, samples_of):
+def test_a_body_like_the_last_is_filed_from_its_values(monkeypatch, samples_of, c_half):
     reader = Reader(monkeypatch, samples_of)
     first = reader.refresh(_payloads(10))
     assert len(first) == 4, f"the first bodies are read line by line: {first}"
     for step in (11, 12, 13):  # new values, the same series
         by_line = reader.refresh(_payloads(step))
         assert by_line == [], f"step {step}: read line by line: {by_line}"
+        assert len(reader.templated) == (4 if c_half else 0), \
+            f"step {step}: {reader.templated} taken by the C half"
 
 
 @pytest.mark.parametrize("value", ["NaN", "-NaN", "+Inf", "1_0", "0x10", "abc"])
@@ -126,3 +150,14 @@ def test_layouts_of_targets_that_come_and_go_are_bounded(monkeypatch):
                 for v in reader.fused._layouts.values()]
         # at most the limit, and then this refresh's bodies, laid out since the last clearing
         assert sum(held) <= 400 + sum(held[-4:]), f"generation {generation}: {held} series"
+
+
+def test_a_template_whose_other_bytes_changed_is_made_anew(monkeypatch, c_half):
+    """A comment changed, the series did not: the scan's layout serves, and with the C half
+    the next body is checked against this one."""
+    reader = Reader(monkeypatch)
+    reader.refresh(_payloads(10, "# HELP x one y\n"))
+    assert reader.refresh(_payloads(11, "# HELP x two y\n")) == []
+    assert "http://b/train" not in reader.templated, reader.templated
+    assert reader.refresh(_payloads(12, "# HELP x two y\n")) == []
+    assert len(reader.templated) == (4 if c_half else 0), reader.templated

@@ -19,7 +19,16 @@ from collections.abc import Iterable
 
 from fsdpmon.top.expfmt import _COUNTS, _MISSING, Parser, Sample, _terminated
 from fsdpmon.top.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
-from fsdpmon.top.layout import Cell, Layout, Match, file_by_layout, layout_of, series_of
+from fsdpmon.top.layout import (
+    Cell,
+    Layout,
+    Match,
+    file_by_layout,
+    file_by_template,
+    layout_of,
+    series_of,
+    with_template,
+)
 from fsdpmon.top.wanted import REQUIRE, WANTED
 
 
@@ -41,6 +50,10 @@ class FilingParser(Parser):
         # (target URL, lines) → the layout of its last body (its series alone when no layout
         # can be exact): keyed by the count too, as a cadence asks for more every few refreshes.
         self._layouts: dict[tuple[str, int], Layout | list[bytes]] = {}
+        # The scan's pattern, for the layouts' templates (layout.with_template): only where
+        # every required text ends in '"', which no value holds.
+        self._template_line = self._line if all(
+            text.endswith(b'"') for text in self._require.values()) else None
         self._laid = 0  # the series the layouts hold: they go once past _SERIES_LIMIT
 
     def _bound(self) -> None:
@@ -60,19 +73,26 @@ class FilingParser(Parser):
         would, ``target`` being where it came from); returns the other samples and a tally."""
         self._bound()
         data = _terminated(payload)
+        key = (target.url, data.count(b"\n"))
+        kept = self._layouts.get(key)
+        if isinstance(kept, Layout) and kept.slots is not None:
+            done = file_by_template(kept, data, acc, target)
+            if done is not None:
+                return done
         matches = self._line.findall(data)
         series = series_of(matches)
-        key = (target.url, len(series))
-        kept = self._layouts.get(key)
         same = kept is not None and (kept.series if isinstance(kept, Layout) else kept) == series
         if same and isinstance(kept, Layout):
             done = file_by_layout(kept, matches, acc, target)
             if done is not None:
+                if kept.slots is not None and self._template_line is not None:
+                    # the template's bytes differ but its series do not: anew from this body
+                    self._layouts[key] = with_template(kept, data, self._template_line)
                 return done
         done = self._read(matches, data, acc, target)
         if not same:  # a new body: its layout, or its series when none can be exact
-            self._layouts[key] = layout_of(series, matches, acc, self._hot, self._series) or \
-                series
+            self._layouts[key] = layout_of(series, matches, acc, self._hot, self._series,
+                                           data, self._template_line) or series
             self._laid += len(series)
         return done
 

@@ -12,14 +12,22 @@ can be exact, and only used when every value reads as the line-by-line reading w
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
+import re
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
 from fsdpmon.top.expfmt import _COUNTS, _MISSING, Sample
 from fsdpmon.top.filing import Acc, Filed, Target, row_of
+
+try:
+    from fsdpmon.top._lines import fill
+except ImportError:  # not built (no C compiler): the scan and the series' comparison serve
+    fill = None
 
 # One cell per label dict and kind of row: [the Acc of the refresh that found its row (kept
 # until the next refresh finds its own), the row (None: a rank series without a rank), the
@@ -41,6 +49,9 @@ class Layout:
     first_sample: int  # where the samples' values start
     counted: tuple[int, ...]  # values of _bucket/_count samples: a negative one reads slowly
     filed: Filed
+    order: tuple[int, ...]  # the lines (their numbers among the matches) pick takes, in turn
+    body: bytes = b""  # the body the template was made from (_lines.fill's ``old``)
+    slots: bytes | None = None  # per line of body, where its value goes in pick's order or -1
 
 
 def series_of(matches: list[Match]) -> list[bytes]:
@@ -50,11 +61,14 @@ def series_of(matches: list[Match]) -> list[bytes]:
 
 def layout_of(series: list[bytes], matches: Sequence[Match], acc: Acc,
               hot: dict[bytes, tuple[Cell, str]],
-              known: dict[bytes, Known | None]) -> Layout | None:
+              known: dict[bytes, Known | None], data: bytes = b"",
+              pattern: re.Pattern[bytes] | None = None) -> Layout | None:
     """The layout of a body just filed into ``acc`` line by line (``hot`` and ``known`` the
     parser's caches: a series filed as read, a series returned as a sample); None where it
     could not be exact: an odd line, a series not cached, a cell whose row this refresh did not
-    find, or two label dicts of one row storing one field (line order decides which wins)."""
+    find, or two label dicts of one row storing one field (line order decides which wins).
+    With ``data`` (the body) and ``pattern`` (the scan's), it also holds the template of
+    the body for _lines.fill."""
     groups: dict[int, tuple[Cell, list[str], list[int]]] = {}
     samples: list[int] = []
     heads: list[Known] = []
@@ -90,12 +104,14 @@ def layout_of(series: list[bytes], matches: Sequence[Match], acc: Acc,
         spans.append((cell, tuple(fields), start, start + len(lines)))
         start += len(lines)
     names = tuple(name for name, _labels in heads)
-    return Layout(
+    layout = Layout(
         series=series, pick=itemgetter(*order), groups=tuple(spans),
         heads=(names, tuple(labels for _name, labels in heads)), first_sample=start,
         counted=tuple(start + j for j, name in enumerate(names) if name.endswith(_COUNTS)),
         filed=Filed(start, any(not g[0][4] for g in spans), gpu is not None,
-                    gpu[3].get("node", "") if gpu is not None else ""))  # type: ignore[attr-defined]
+                    gpu[3].get("node", "") if gpu is not None else ""),  # type: ignore[attr-defined]
+        order=tuple(order))
+    return with_template(layout, data, pattern) if pattern is not None else layout
 
 
 def _one_writer_per_field(groups: list[tuple[Cell, list[str], list[int]]]) -> bool:
@@ -122,6 +138,22 @@ def file_by_layout(layout: Layout, matches: list[Match], acc: Acc,
         values = list(map(float, layout.pick(list(map(_VALUE, matches)))))
     except ValueError:
         return None
+    return file_values(layout, values, acc, target)
+
+
+def file_by_template(layout: Layout, data: bytes, acc: Acc,
+                     target: Target) -> tuple[list[Sample], Filed] | None:
+    """file_by_layout for a body that is the template's but for its values (checked and read
+    in C); None (nothing filed) when it is not, or a value needs reading line by line."""
+    if fill is None or layout.slots is None:
+        return None
+    values = fill(layout.body, data, layout.slots, len(layout.order))
+    return None if values is None else file_values(layout, values, acc, target)
+
+
+def file_values(layout: Layout, values: list[float], acc: Acc,
+                target: Target) -> tuple[list[Sample], Filed] | None:
+    """Files the values the layout picks (in its order) as file_by_layout does."""
     if any(map(math.isnan, values)) or any(values[i] < 0 for i in layout.counted):
         return None
     for cell, fields, start, stop in layout.groups:
@@ -133,3 +165,39 @@ def file_by_layout(layout: Layout, matches: list[Match], acc: Acc,
     names, labels = layout.heads
     samples = map(_new_sample, zip(names, labels, values[layout.first_sample:], strict=True))
     return list(samples), layout.filed
+
+
+def with_template(layout: Layout, data: bytes, pattern: re.Pattern[bytes]) -> Layout:
+    """The layout with the template of ``data``, a body with its series, for _lines.fill (the
+    layout alone where there is no C half or a value picked is not its line's last token)."""
+    slots = template_slots(data, pattern, layout.order) if fill is not None else None
+    return layout if slots is None else dataclasses.replace(layout, body=data, slots=slots)
+
+
+def template_slots(data: bytes, pattern: re.Pattern[bytes], order: Sequence[int]) -> bytes | None:
+    """_lines.fill's slots for ``data`` (a body as scanned: a newline first and last) and the
+    matches of ``pattern`` numbered in ``order``; None where one of those values is not its
+    line's last token (a timestamp follows).
+
+    Why a line that differs only in its last token is scanned as the template's line was: the
+    scan (expfmt's line pattern) takes one line at a time. Its verdict on a line of a name top
+    drops, on a comment, or on a required name without its text (the text ends in '"', which no
+    token holds) is made within the line's prefix, once that holds more than blanks. On a line
+    it matched, the series runs to the last '}' (none in a token) and the value, a token with
+    neither '{' nor '_', is the last token here (checked below for every value picked), so a
+    new token of the same characters is read as the value in the same place."""
+    slots = array("i", [-1]) * (data.count(b"\n") - 1)  # lines: each ends at the next
+    slot_of = {j: k for k, j in enumerate(order)}
+    number, at = 0, 0
+    for j, match in enumerate(pattern.finditer(data)):
+        number += data.count(b"\n", at, match.start())
+        at = match.start()
+        k = slot_of.get(j)
+        if k is None:
+            continue
+        text = data[at + 1:match.end()].rstrip(b" \t")
+        token = max(text.rfind(b" "), text.rfind(b"\t")) + 1
+        if match.span(2) != (at + 1 + token, at + 1 + len(text)):
+            return None
+        slots[number] = k
+    return slots.tobytes()

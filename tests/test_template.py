@@ -1,0 +1,163 @@
+"""The C half of the layouts (fsdpmon/top/_lines.c): a body it takes as its template's but for
+the values is one the regex scan reads as the template's series with those values, on every line
+of the Prometheus projects' parser cases and of a job's bodies, each line's last token replaced
+by numbers, words and the characters the scan treats apart."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sysconfig
+
+import pytest
+from synthetic_job import job_expositions
+from test_expfmt_refs import CASES
+
+from fsdpmon.top import layout
+from fsdpmon.top.expfmt import Parser, _terminated
+from fsdpmon.top.wanted import REQUIRE, WANTED
+
+fill = layout.fill
+needs_c = pytest.mark.skipif(fill is None, reason="fsdpmon.top._lines is not built")
+
+# New last tokens: numbers as Go and Python write them, words, and what the scan reads apart
+# (a brace, an underscore, a quote, a blank, a comment sign, a name, a token past 63 bytes).
+TOKENS = [b"7", b"-1.5e+3", b"0", b"NaN", b"+Inf", b"-Inf", b"abc", b"1_0", b"0x10", b"{",
+          b"}", b"_", b'a"b', b"", b"1 2", b"#", b"fsdpmon_train_step", b"9" * 70, b"1e999",
+          b"\r", b"up", b"foo"]
+
+# Bodies of lines the scan reads apart: a lone token (with blanks around it), a name top may
+# want after blanks, a label value holding '}' and blanks, a required name with and without its
+# text, a comment whose last word is a name.
+CRAFTED = [
+    b'x\n  x\nx  \nfoo 1\nfoo{a="} 2"} 3\nbar{type="x"} 4\nbar{type="y"} 5\n# HELP foo\n',
+    b'foo 1\n \t \nup 2\t \nfoo{a="1"}\t6\n# TYPE foo gauge\nbar 7\n',
+]
+
+
+def _lines_of(data: bytes) -> list[bytes]:
+    return data.split(b"\n")[1:-1]
+
+
+def _with_token(line: bytes, token: bytes) -> bytes:
+    """The line with its last token (after the last blank run, before trailing blanks) made
+    ``token``."""
+    text = line.rstrip(b" \t")
+    start = max(text.rfind(b" "), text.rfind(b"\t")) + 1
+    return text[:start] + token + line[len(text):]
+
+
+def _check(pattern, data: bytes, mutated: list[bytes]) -> tuple[int, list[str]]:
+    """Each body of ``mutated`` against ``data`` as its template: (how many fill took, what
+    went wrong)."""
+    old = pattern.findall(data)
+    slots = layout.template_slots(data, pattern, range(len(old)))
+    if slots is None:
+        return 0, []
+    taken, wrong = 0, []
+    for new in mutated:
+        values = fill(data, new, slots, len(old))
+        if values is None:
+            continue
+        taken += 1
+        scanned = pattern.findall(new)
+        if [(s, odd) for s, _v, odd in scanned] != [(s, odd) for s, _v, odd in old]:
+            wrong.append(f"series differ: {scanned} vs {old} on {new!r}")
+            continue
+        for (_s, raw, _odd), value in zip(scanned, values, strict=True):
+            expected = float(raw)
+            if not (value == expected or (math.isnan(value) and math.isnan(expected))):
+                wrong.append(f"value {value!r} for {raw!r} (float: {expected!r}) on {new!r}")
+    return taken, wrong
+
+
+def _mutations(data: bytes) -> list[bytes]:
+    lines = _lines_of(data)
+    out = []
+    for i, line in enumerate(lines):
+        for token in TOKENS:
+            changed = [*lines[:i], _with_token(line, token), *lines[i + 1:]]
+            out.append(b"\n" + b"".join(x + b"\n" for x in changed))
+    return out
+
+
+@needs_c
+def test_what_fill_takes_the_scan_reads_alike_on_the_reference_cases():
+    taken, wrong, patterns = 0, [], 0
+    for case in CASES:
+        data = _terminated(case["input"].encode("utf-8", "surrogateescape"))
+        names = sorted({s[0] for s in case["expected"]})
+        require = {names[0]: 'type="x"'} if names else {}
+        for parser in (Parser(None), Parser(names), Parser(names, require)):
+            got, bad = _check(parser._line, data, _mutations(data))
+            taken, patterns = taken + got, patterns + 1
+            wrong += [f"{case['source']}/{case['case']}: {w}" for w in bad]
+    assert not wrong, f"{len(wrong)} bodies fill took differ from the scan:\n" + \
+        "\n".join(wrong[:20])
+    assert taken > 1000, f"fill took only {taken} mutated bodies over {patterns} patterns"
+
+
+@needs_c
+def test_what_fill_takes_the_scan_reads_alike_on_lines_read_apart():
+    taken, wrong = 0, []
+    for body in CRAFTED:
+        data = _terminated(body)
+        for parser in (Parser(None), Parser(["foo", "up"]), Parser(["foo", "bar", "up"],
+                                                                   {"bar": 'type="x"'})):
+            got, bad = _check(parser._line, data, _mutations(data))
+            taken, wrong = taken + got, wrong + bad
+    assert not wrong, f"{len(wrong)} differ:\n" + "\n".join(wrong[:20])
+    assert taken > 50, f"fill took only {taken} mutated bodies"
+
+
+@needs_c
+def test_what_fill_takes_the_scan_reads_alike_on_a_jobs_bodies():
+    """Top's own scan (its names, the required texts) on a training pod's and an exporter's
+    bodies; new numbers on every line but the comments are all taken."""
+    pattern = Parser(WANTED, REQUIRE)._line
+    bodies = job_expositions("llama2-7b", 2, 2)
+    taken, wrong = 0, []
+    for path in sorted(bodies)[:2] + sorted(bodies)[-2:]:
+        data = _terminated(bodies[path])
+        got, bad = _check(pattern, data, _mutations(data))
+        taken, wrong = taken + got, wrong + [f"{path}: {w}" for w in bad]
+        numbers = [b"\n" + b"".join((x if x.startswith(b"#") else _with_token(x, b"42.5"))
+                                      + b"\n" for x in _lines_of(data))]
+        assert _check(pattern, data, numbers)[0] == 1, f"{path}: new numbers not taken"
+    assert not wrong, f"{len(wrong)} differ:\n" + "\n".join(wrong[:20])
+    assert taken > 100, f"fill took only {taken} mutated bodies"
+
+
+@needs_c
+def test_fill_refuses_what_does_not_fit_the_template():
+    data = b"\na 1\nb{x=\"1\"} 2\n"
+    slots = layout.template_slots(data, Parser(None)._line, [1, 0])
+    assert fill(data, data, slots, 2) == [2.0, 1.0]
+    assert fill(data, b"\na 3\nb{x=\"1\"} 4\n", slots, 2) == [4.0, 3.0]
+    blanks = b"\na\t1 \t\n"  # blanks before and after the value
+    one = layout.template_slots(blanks, Parser(None)._line, [0])
+    assert fill(blanks, b"\na\t-2e3 \t\n", one, 1) == [-2000.0]
+    for new in (b"\na 3\nb{x=\"2\"} 4\n", b"\na 3\n", b"\na 3\nb{x=\"1\"} 4\nc 5\n",
+                b"a 3\nb{x=\"1\"} 4\n", b"\na 3\nb{x=\"1\"} 4", b"\na  3\nb{x=\"1\"} 4\n",
+                b"\na 3 \nb{x=\"1\"} 4\n", b"\na 0x3\nb{x=\"1\"} 4\n", b""):
+        assert fill(data, new, slots, 2) is None, f"took {new!r}"
+    for count in (1, 3):  # the slots name other values than asked for
+        assert fill(data, data, slots, count) is None, f"count {count} taken"
+    assert fill(data, data, slots[:4], 2) is None, "slots for fewer lines taken"
+    assert fill(data, data, slots + slots[:4], 2) is None, "slots for more lines taken"
+    for bad in ((None, data, slots, 2), (data, data, slots, -1), (data, data, slots)):
+        with pytest.raises((TypeError, ValueError)):
+            fill(*bad)
+
+
+def test_a_timestamped_value_has_no_template():
+    data = b"\na 1 1700000000\n"
+    assert layout.template_slots(data, Parser(None)._line, [0]) is None
+
+
+def test_the_c_half_is_built_where_a_compiler_is():
+    """setup.sh builds it (an optional extension: without a compiler, top scans instead)."""
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler})")
+    assert fill is not None, f"fsdpmon.top._lines is not built though {compiler} is here"
