@@ -100,7 +100,9 @@ def test_headless_demo_trains_two_ranks_and_leaves_nothing_behind(tmp_path):
         assert len(watcher.seen) >= 4  # exporter, torchrun and its two workers
         demo_pids = set(watcher.seen)
     snap = json.loads(out)
-    assert (snap["state"], snap["step"], snap["total_steps"]) == ("DONE", MAX_STEPS, MAX_STEPS)
+    assert (snap["state"], snap["step"], snap["total_steps"]) == ("DONE", MAX_STEPS, MAX_STEPS), \
+        f"final snapshot {snap['state']} at step {snap['step']} of {snap['total_steps']}; " \
+        f"ranks {[(r['rank'], r['step'], r['down']) for r in snap['ranks']]}; {err[-2000:]}"
     assert snap["world_size"] == 2, err[-2000:]
     assert sorted((r["rank"], r["finished"]) for r in snap["ranks"]) == [(0, True), (1, True)]
     progress = [tuple(map(int, m.groups())) for m in STEPS.finditer(err)]
