@@ -41,9 +41,16 @@ venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
 stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/top/_lines.c | sha1sum | cut -c1-12)-$extras"
 # The C half of top's layouts is built by the install below (pyproject.toml): its absence
-# (a tree cleaned since) re-runs it, unless this machine has no C compiler to build it.
-[ -f "$stamp" ] && { compgen -G "fsdpmon/top/_lines.*.so" >/dev/null || ! command -v cc >/dev/null; } \
-  && exit 0
+# (a tree cleaned since) re-runs it, unless this machine lacks a C compiler or Python's headers.
+c_half_missing() {
+  ! compgen -G "fsdpmon/top/_lines.*.so" >/dev/null && .venv/bin/python - <<'PY'
+import os, shutil, sys, sysconfig
+compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
+sys.exit(0 if shutil.which(compiler) and os.path.exists(headers) else 1)
+PY
+}
+[ -f "$stamp" ] && ! c_half_missing && exit 0
 
 log=.venv/pip-install.log
 pip() { .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1 || {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import shutil
 import sysconfig
+from pathlib import Path
 
 import pytest
 from synthetic_job import job_expositions
@@ -156,8 +157,11 @@ def test_a_timestamped_value_has_no_template():
 
 
 def test_the_c_half_is_built_where_a_compiler_is():
-    """setup.sh builds it (an optional extension: without a compiler, top scans instead)."""
+    """setup.sh builds it (an optional extension: without a compiler or Python's headers, top
+    scans instead)."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    if shutil.which(compiler) is None:
-        pytest.skip(f"no C compiler ({compiler})")
-    assert fill is not None, f"fsdpmon.top._lines is not built though {compiler} is here"
+    headers = Path(sysconfig.get_paths()["include"], "Python.h")
+    if shutil.which(compiler) is None or not headers.exists():
+        pytest.skip(f"no C compiler ({compiler}) or no {headers}")
+    assert fill is not None, f"fsdpmon.top._lines is not built though {compiler} and " \
+        f"{headers} are here"
