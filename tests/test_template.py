@@ -165,3 +165,12 @@ def test_the_c_half_is_built_where_a_compiler_is():
         pytest.skip(f"no C compiler ({compiler}) or no {headers}")
     assert fill is not None, f"fsdpmon.top._lines is not built though {compiler} and " \
         f"{headers} are here"
+
+
+def test_a_line_dropped_with_a_timestamp_leaves_no_template():
+    """A matched line whose value is not its last token makes no template even when its value
+    is not picked (``order`` leaves it out): its new last token could make it read otherwise."""
+    data = b"\na 1\nb 2 1700000000\n"
+    pattern = Parser(None)._line
+    assert layout.template_slots(data, pattern, [0]) is None
+    assert layout.template_slots(b"\na 1\nb 2\n", pattern, [0]) is not None

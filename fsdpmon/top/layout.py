@@ -176,15 +176,15 @@ def with_template(layout: Layout, data: bytes, pattern: re.Pattern[bytes]) -> La
 
 def template_slots(data: bytes, pattern: re.Pattern[bytes], order: Sequence[int]) -> bytes | None:
     """_lines.fill's slots for ``data`` (a body as scanned: a newline first and last) and the
-    matches of ``pattern`` numbered in ``order``; None where one of those values is not its
-    line's last token (a timestamp follows).
+    matches of ``pattern`` numbered in ``order``; None where a matched line's value is not its
+    last token (a timestamp follows, or the line is odd).
 
     Why a line that differs only in its last token is scanned as the template's line was: the
     scan (expfmt's line pattern) takes one line at a time. Its verdict on a line of a name top
     drops, on a comment, or on a required name without its text (the text ends in '"', which no
     token holds) is made within the line's prefix, once that holds more than blanks. On a line
     it matched, the series runs to the last '}' (none in a token) and the value, a token with
-    neither '{' nor '_', is the last token here (checked below for every value picked), so a
+    neither '{' nor '_', is the last token here (checked below for every line matched), so a
     new token of the same characters is read as the value in the same place."""
     slots = array("i", [-1]) * (data.count(b"\n") - 1)  # lines: each ends at the next
     slot_of = {j: k for k, j in enumerate(order)}
@@ -192,12 +192,11 @@ def template_slots(data: bytes, pattern: re.Pattern[bytes], order: Sequence[int]
     for j, match in enumerate(pattern.finditer(data)):
         number += data.count(b"\n", at, match.start())
         at = match.start()
-        k = slot_of.get(j)
-        if k is None:
-            continue
         text = data[at + 1:match.end()].rstrip(b" \t")
         token = max(text.rfind(b" "), text.rfind(b"\t")) + 1
         if match.span(2) != (at + 1 + token, at + 1 + len(text)):
-            return None
-        slots[number] = k
+            return None  # picked or not: a series dropped may be read otherwise when it moves
+        k = slot_of.get(j)
+        if k is not None:
+            slots[number] = k
     return slots.tobytes()
