@@ -75,7 +75,7 @@ class FilingParser(Parser):
         data = _terminated(payload)
         key = (target.url, data.count(b"\n"))
         kept = self._layouts.get(key)
-        if isinstance(kept, Layout) and kept.slots is not None:
+        if isinstance(kept, Layout):
             done = file_by_template(kept, data, acc, target)
             if done is not None:
                 return done
@@ -85,9 +85,8 @@ class FilingParser(Parser):
         if same and isinstance(kept, Layout):
             done = file_by_layout(kept, matches, acc, target)
             if done is not None:
-                if kept.slots is not None and self._template_line is not None:
-                    # the template's bytes differ but its series do not: anew from this body
-                    self._layouts[key] = with_template(kept, data, self._template_line)
+                if kept.slots is not None:  # its bytes differ, its series do not: anew
+                    self._layouts[key] = with_template(kept, data, self._line)
                 return done
         done = self._read(matches, data, acc, target)
         if not same:  # a new body: its layout, or its series when none can be exact
