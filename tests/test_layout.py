@@ -11,8 +11,8 @@ from test_fused import _file
 
 from fsdpmon import catalog
 from fsdpmon.top import fused, layout
-from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.filing import ScrapeResult, Target
+from fsdpmon.top.expfmt import Parser, Sample
+from fsdpmon.top.filing import Acc, Filed, ScrapeResult, Target
 from fsdpmon.top.fused import FilingParser
 from fsdpmon.top.layout import Layout
 from fsdpmon.top.sources.cadence import SLOW_NAMES
@@ -42,6 +42,7 @@ def c_half(request, monkeypatch) -> bool:
     """Whether the C half serves (else it is taken away)."""
     if request.param == "python":
         monkeypatch.setattr(layout, "fill", None)
+        monkeypatch.setattr(layout, "fill_rows", None)
     elif layout.fill is None:
         pytest.skip("fsdpmon.top._lines is not built")
     return request.param == "c"
@@ -161,3 +162,37 @@ def test_a_template_whose_other_bytes_changed_is_made_anew(monkeypatch, c_half):
     assert "http://b/train" not in reader.templated, reader.templated
     assert reader.refresh(_payloads(12, "# HELP x two y\n")) == []
     assert len(reader.templated) == (4 if c_half else 0), reader.templated
+
+
+def _hand_made() -> tuple[Layout, list[list[object]]]:
+    """A layout no parser of top's WANTED names makes (none is a _bucket or _count): two cells,
+    one of a rank without a rank (no row), then a histogram's count and a plain sample."""
+    rank, lost = [None, None, 1, {"rank": "3"}, False], [None, None, 1, {"job_name": "j"}, False]
+    names = (f"{LOSS}_count", STEP)
+    made = Layout(series=[], pick=None, groups=((rank, ("loss", "step"), 0, 2),  # type: ignore[arg-type]
+                                                (lost, ("loss",), 2, 3)),
+                  heads=(names, ({"a": "1"}, {"b": "2"})), first_sample=3, counted=(3,),
+                  filed=Filed(3, True, False), order=())
+    return made, [rank, lost]
+
+
+@pytest.mark.parametrize("values, filed", [
+    ([1.0, 2.0, 3.0, 4.0, 5.0], True), ([1.0, 2.0, 3.0, -4.0, 5.0], False),
+    ([1.0, float("nan"), 3.0, 4.0, 5.0], False), ([1.0, 2.0, 3.0, 4.0, -5.0], True)])
+def test_values_filed_from_a_hand_made_layout(values, filed):
+    """A negative count or any NaN files nothing (the body is then read line by line); else
+    each cell's row takes its fields and the rest come back as samples, with the C half and
+    without."""
+    made, cells = _hand_made()
+    acc = Acc()
+    done = layout.file_values(made, values, acc, Target("http://a/train", pod="p"))
+    if not filed:
+        assert done is None and acc.ranks == {} and cells[0][0] is None, (done, acc.ranks)
+        return
+    samples, what = done
+    assert what is made.filed and samples == [(f"{LOSS}_count", {"a": "1"}, values[3]),
+                                              (STEP, {"b": "2"}, values[4])], samples
+    assert all(type(s) is Sample for s in samples), [type(s) for s in samples]
+    assert acc.ranks[3] == {"pod": "p", "node": "", "target": "http://a/train",
+                            "local_rank": None, "loss": 1.0, "step": 2.0}, acc.ranks
+    assert cells[0][:2] == [acc, acc.ranks[3]] and cells[1][:2] == [acc, None], cells

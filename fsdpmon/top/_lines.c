@@ -9,6 +9,12 @@
  * [0-9A-Za-z.+-]. Line i is the text from the i-th newline of the buffers to the next (both
  * start with one and end with one); slots holds one native int per line: where that line's
  * token goes in the list, or -1. A token that float() would not read whole gives None too.
+ *
+ * fill_rows(layout, values, acc, target, row_of, sample) -> the other samples, None, or
+ * NotImplemented: layout.file_values (its Python twin) for a list of floats, step for step: None
+ * (nothing filed) for a NaN or a negative count; each group's figures stored in its cell's row
+ * (found by row_of on its first use this refresh); the samples made as ``sample`` tuples.
+ * NotImplemented (nothing filed) where the arguments are not what layouts hold.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -165,9 +171,140 @@ done:
     return out;
 }
 
+/* The parts of a layout fill_rows reads, checked against the values before anything is filed. */
+typedef struct {
+    PyObject *groups, *counted, *names, *labels;
+    Py_ssize_t first;
+} Laid;
+
+static int laid_out(PyObject *layout, Py_ssize_t count, Laid *laid) {
+    PyObject *heads = NULL, *first = NULL;
+    int fits = 0;
+    laid->groups = PyObject_GetAttrString(layout, "groups");
+    laid->counted = PyObject_GetAttrString(layout, "counted");
+    heads = PyObject_GetAttrString(layout, "heads");
+    first = PyObject_GetAttrString(layout, "first_sample");
+    if (!laid->groups || !laid->counted || !heads || !first)
+        goto done;
+    if (!PyTuple_Check(laid->groups) || !PyTuple_Check(laid->counted) || !PyTuple_Check(heads) ||
+        PyTuple_GET_SIZE(heads) != 2 || !PyLong_Check(first))
+        goto done;
+    laid->names = PyTuple_GET_ITEM(heads, 0);
+    laid->labels = PyTuple_GET_ITEM(heads, 1);
+    laid->first = PyLong_AsSsize_t(first);
+    if (laid->first < 0 || laid->first > count || !PyTuple_Check(laid->names) ||
+        !PyTuple_Check(laid->labels) || PyTuple_GET_SIZE(laid->names) != count - laid->first ||
+        PyTuple_GET_SIZE(laid->labels) != count - laid->first)
+        goto done;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid->counted); i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(laid->counted, i));
+        if (at < 0 || at >= count)
+            goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid->groups); i++) {
+        PyObject *group = PyTuple_GET_ITEM(laid->groups, i);
+        if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 4 ||
+            !PyList_CheckExact(PyTuple_GET_ITEM(group, 0)) ||
+            PyList_GET_SIZE(PyTuple_GET_ITEM(group, 0)) < 4 || !PyTuple_Check(PyTuple_GET_ITEM(group, 1)))
+            goto done;
+        Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 2));
+        Py_ssize_t stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 3));
+        if (start < 0 || stop > count || stop - start != PyTuple_GET_SIZE(PyTuple_GET_ITEM(group, 1)))
+            goto done;
+    }
+    fits = 1;
+done:
+    PyErr_Clear(); /* a layout that does not fit is filed by the Python twin, which says why */
+    Py_XDECREF(heads);
+    Py_XDECREF(first);
+    return fits;
+}
+
+/* The cell's row this refresh: `if cell[0] is not acc: cell[0], cell[1] = acc, row_of(...)`.
+ * Borrowed (the cell holds it); NULL on error. */
+static PyObject *row_in(PyObject *cell, PyObject *acc, PyObject *target, PyObject *row_of) {
+    if (PyList_GET_ITEM(cell, 0) != acc) {
+        PyObject *row = PyObject_CallFunctionObjArgs(row_of, acc, PyList_GET_ITEM(cell, 2),
+                                                     PyList_GET_ITEM(cell, 3), target, NULL);
+        if (row == NULL || PyList_GET_SIZE(cell) < 2) {
+            Py_XDECREF(row);
+            return NULL;
+        }
+        PyList_SetItem(cell, 0, Py_NewRef(acc));
+        PyList_SetItem(cell, 1, row); /* steals it */
+    }
+    return PyList_GET_ITEM(cell, 1);
+}
+
+static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    (void)self;
+    if (nargs != 6 || !PyList_CheckExact(args[1]) || !PyType_Check(args[5]) ||
+        !PyType_IsSubtype((PyTypeObject *)args[5], &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "fill_rows(layout, values: list, acc, target, row_of, sample)");
+        return NULL;
+    }
+    PyObject *values = args[1], *acc = args[2], *target = args[3], *row_of = args[4], *out = NULL;
+    PyTypeObject *sample = (PyTypeObject *)args[5];
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    Laid laid = {NULL, NULL, NULL, NULL, 0};
+    for (Py_ssize_t i = 0; i < count; i++)
+        if (!PyFloat_CheckExact(PyList_GET_ITEM(values, i)))
+            goto not_ours;
+    if (!laid_out(args[0], count, &laid))
+        goto not_ours;
+    for (Py_ssize_t i = 0; i < count; i++) { /* any(map(math.isnan, values)) */
+        double v = PyFloat_AS_DOUBLE(PyList_GET_ITEM(values, i));
+        if (v != v)
+            goto refused;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid.counted); i++) {
+        PyObject *v = PyList_GET_ITEM(values, PyLong_AsSsize_t(PyTuple_GET_ITEM(laid.counted, i)));
+        if (PyFloat_AS_DOUBLE(v) < 0)
+            goto refused;
+    }
+    for (Py_ssize_t g = 0; g < PyTuple_GET_SIZE(laid.groups); g++) {
+        PyObject *group = PyTuple_GET_ITEM(laid.groups, g), *fields = PyTuple_GET_ITEM(group, 1);
+        PyObject *row = row_in(PyTuple_GET_ITEM(group, 0), acc, target, row_of);
+        if (row == NULL)
+            goto done;
+        if (row == Py_None)
+            continue;
+        Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 2));
+        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(fields); k++)
+            if (PyObject_SetItem(row, PyTuple_GET_ITEM(fields, k), PyList_GET_ITEM(values, start + k)))
+                goto done;
+    }
+    Py_ssize_t made = count - laid.first;
+    if ((out = PyList_New(made)) == NULL)
+        goto done;
+    for (Py_ssize_t j = 0; j < made; j++) { /* tuple.__new__(sample, (name, labels, value)) */
+        PyObject *one = sample->tp_alloc(sample, 3);
+        if (one == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyTuple_SET_ITEM(one, 0, Py_NewRef(PyTuple_GET_ITEM(laid.names, j)));
+        PyTuple_SET_ITEM(one, 1, Py_NewRef(PyTuple_GET_ITEM(laid.labels, j)));
+        PyTuple_SET_ITEM(one, 2, Py_NewRef(PyList_GET_ITEM(values, laid.first + j)));
+        PyList_SET_ITEM(out, j, one);
+    }
+    goto done;
+refused:
+    out = Py_NewRef(Py_None);
+    goto done;
+not_ours:
+    out = Py_NewRef(Py_NotImplemented);
+done:
+    Py_XDECREF(laid.groups);
+    Py_XDECREF(laid.counted);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"fill", (PyCFunction)(void (*)(void))fill, METH_FASTCALL,
      "fill(old, new, slots, count): the values of `new` by slot, or None (see the module)."},
+    {"fill_rows", (PyCFunction)(void (*)(void))fill_rows, METH_FASTCALL,
+     "fill_rows(layout, values, acc, target, row_of, sample): layout.file_values (see the module)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -34,6 +34,11 @@ from fsdpmon.top.wanted import (
     TRAIN_INFO,
 )
 
+try:
+    from fsdpmon.top import _filing
+except ImportError:  # not built (no C compiler): the Python loop files every sample
+    _filing = None
+
 
 @dataclass(frozen=True)
 class Target:
@@ -237,15 +242,26 @@ def _add_process(proc: Row, name: str, key: str, labels: dict[str, str], value: 
 
 def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     """Files one target's samples into the accumulators; returns the target's status."""
-    target, rank_memo, gpu_memo, kinds = result.target, acc.rank_memo, acc.gpu_memo, _KIND
+    target = result.target
     filed = result.filed or _NOTHING_FILED
-    train, exporter = filed.train, filed.exporter
-    node = filed.node or target.node
+    samples = result.samples or ()
+    start = acc, samples, target, filed.train, filed.exporter, filed.node or target.node
+    done = _c_file_samples(*start) if _c_file_samples is not None else None
+    train, exporter, node = done if done is not None else _file_samples(*start)
+    kind_name = "train" if train else "exporter" if exporter else "unknown"
+    return TargetStatus(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
+                        samples=filed.samples + len(samples), pod=target.pod, node=node)
+
+
+def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bool,
+                  exporter: bool, node: str) -> tuple[bool, bool, str]:
+    """file_result's loop (_filing.file_samples where built): whether a rank's and a GPU's
+    figures were among them, and the node the target is known by after them."""
+    rank_memo, gpu_memo, kinds = acc.rank_memo, acc.gpu_memo, _KIND
     # Process rows are keyed by node and pid, the node maybe the target's: memoised per target
     # and per node the target is known by.
     proc_memo: dict[int, Row | None] = {}
     memo_node = node
-    samples = result.samples or ()
     for name, labels, value in samples:
         kind, key = kinds.get(name, _NONE)
         if kind <= _EXIT:  # a rank's series: _RANK, _INFO or _EXIT
@@ -290,12 +306,21 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
             node = labels.get("node") or node
             _add_host(acc, name, key, labels, value, node)
             exporter = True
-    kind_name = "train" if train else "exporter" if exporter else "unknown"
-    return TargetStatus(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
-                        samples=filed.samples + len(samples), pod=target.pod, node=node)
+    return train, exporter, node
 
 
 _NOTHING_FILED = Filed(0, False, False)
+
+# The C half (_filing.c), where built: the loop, row_of and the rank and GPU entries, as above.
+_py_rank_entry, _py_gpu_entry, _py_row_of = _rank_entry, _gpu_entry, row_of
+_c_file_samples = None
+if _filing is not None:
+    _filing.setup(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
+                          GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
+                          LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
+                  _add_host, _add_gpu_event)
+    _rank_entry, _gpu_entry, row_of = _filing.rank_entry, _filing.gpu_entry, _filing.row_of
+    _c_file_samples = _filing.file_samples
 
 
 # A rank's row as its first target made it: kept when another process's share has the rank too.

@@ -25,9 +25,9 @@ from fsdpmon.top.expfmt import _COUNTS, _MISSING, Sample
 from fsdpmon.top.filing import Acc, Filed, Target, row_of
 
 try:
-    from fsdpmon.top._lines import fill
+    from fsdpmon.top._lines import fill, fill_rows
 except ImportError:  # not built (no C compiler): the scan and the series' comparison serve
-    fill = None
+    fill = fill_rows = None
 
 # One cell per label dict and kind of row: [the Acc of the refresh that found its row (kept
 # until the next refresh finds its own), the row (None: a rank series without a rank), the
@@ -153,7 +153,12 @@ def file_by_template(layout: Layout, data: bytes, acc: Acc,
 
 def file_values(layout: Layout, values: list[float], acc: Acc,
                 target: Target) -> tuple[list[Sample], Filed] | None:
-    """Files the values the layout picks (in its order) as file_by_layout does."""
+    """Files the values the layout picks (in its order) as file_by_layout does (in C where
+    _lines is built: fill_rows, which leaves what it cannot take to the lines below)."""
+    if fill_rows is not None:
+        samples = fill_rows(layout, values, acc, target, row_of, Sample)
+        if samples is not NotImplemented:
+            return None if samples is None else (samples, layout.filed)
     if any(map(math.isnan, values)) or any(values[i] < 0 for i in layout.counted):
         return None
     for cell, fields, start, stop in layout.groups:
