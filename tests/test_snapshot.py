@@ -34,7 +34,19 @@ def test_frozen_and_derived_fields():
     assert RankRow(rank=2, down=True, stalled=True, slowest=True).flags == "DOWN STALLED SLOWEST"
 
 
-def test_rows_built_without_init_equal_those_built_with_it():
+@pytest.fixture(params=["c", "python"])
+def maker_half(request, monkeypatch) -> str:
+    """rows.maker with its C half (_rows.make_row) and without."""
+    from fsdpmon.top import rows
+
+    if request.param == "python":
+        monkeypatch.setattr(rows, "make_row", None)
+    elif rows.make_row is None:
+        pytest.skip("fsdpmon.top._rows is not built")
+    return request.param
+
+
+def test_rows_built_without_init_equal_those_built_with_it(maker_half):
     """rows.maker fills a frozen row's __dict__ directly (the generated __init__ was most of a
     2048-rank refresh's row building): the rows are the same objects as the classes' own."""
     from fsdpmon.top.rows import maker
@@ -54,7 +66,7 @@ def test_rows_built_without_init_equal_those_built_with_it():
         maker(JobSnapshot)  # a default_factory field: not for the maker
 
 
-def test_a_row_made_from_its_accumulator_takes_its_fields_and_drops_the_rest():
+def test_a_row_made_from_its_accumulator_takes_its_fields_and_drops_the_rest(maker_half):
     """maker's ``filed`` argument (a row's accumulator): entries named as fields are taken,
     others (filing's bookkeeping, e.g. a rank's total_steps) are not the row's, and ``values``
     win over both; field order, ==, hash and repr as the class's own __init__ gives."""

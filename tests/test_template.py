@@ -5,6 +5,7 @@ by numbers, words and the characters the scan treats apart."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import shutil
 import sysconfig
@@ -156,15 +157,23 @@ def test_a_timestamped_value_has_no_template():
     assert layout.template_slots(data, Parser(None)._line, [0]) is None
 
 
-def test_the_c_half_is_built_where_a_compiler_is():
-    """setup.sh builds it (an optional extension: without a compiler or Python's headers, top
-    scans instead)."""
+def test_the_c_halves_are_built_where_a_compiler_is():
+    """setup.sh builds every fsdpmon/top/_*.c (optional extensions: without a compiler or
+    Python's headers, top scans and files in Python instead), so the skips of the tests that
+    need one cannot hide a broken build."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
     headers = Path(sysconfig.get_paths()["include"], "Python.h")
     if shutil.which(compiler) is None or not headers.exists():
         pytest.skip(f"no C compiler ({compiler}) or no {headers}")
-    assert fill is not None, f"fsdpmon.top._lines is not built though {compiler} and " \
-        f"{headers} are here"
+    sources = sorted(Path(layout.__file__).parent.glob("_*.c"))
+    assert len(sources) >= 3, f"C halves found: {sources}"
+    missing = []
+    for source in sources:
+        try:
+            importlib.import_module(f"fsdpmon.top.{source.stem}")
+        except ImportError as exc:
+            missing.append(f"{source.stem} ({exc})")
+    assert not missing, f"not built though {compiler} and {headers} are here: {missing}"
 
 
 def test_a_line_dropped_with_a_timestamp_leaves_no_template():

@@ -26,6 +26,11 @@ from fsdpmon.top.snapshot import (
     RankRow,
 )
 
+try:
+    from fsdpmon.top._rows import make_row
+except ImportError:  # not built (no C compiler): maker's rows are made in Python
+    make_row = None
+
 HISTORY_LEN = 60
 Ties = tuple[dict[int, tuple[str, ...]], dict[tuple[str, str], tuple[int, ...]]]
 R = TypeVar("R")
@@ -49,6 +54,8 @@ def maker(cls: type[R]) -> Callable[..., R]:
     # rank's accumulator keeps its planned steps, world size and RSS for the header), dropped
     # one by one for less than half of what finding them again each row costs.
     last_extras: list[tuple[str, ...]] = [()]
+    if make_row is not None:  # the C half: the same steps, without a frame and a dict per row
+        return functools.partial(make_row, cls, defaults, last_extras)
 
     def make(filed: dict[str, object] | None = None, /, **values: object) -> R:
         row = new(cls)
