@@ -31,6 +31,9 @@ from fsdpmon.top.layout import (
 )
 from fsdpmon.top.wanted import REQUIRE, WANTED
 
+Names = frozenset[str] | None  # the names a refresh asks for (None: all)
+Where = tuple[str, Names, int]  # a body's target URL, the names asked for it, its lines
+
 
 class FilingParser(Parser):
     """A Parser that can also file what it reads (``parse_into``); ``parse`` is unchanged.
@@ -47,9 +50,14 @@ class FilingParser(Parser):
                         and not name.endswith(_COUNTS)}
         self._hot: dict[bytes, tuple[Cell, str]] = {}  # series as written → (cell, field)
         self._cells: dict[tuple[int, int], Cell] = {}  # (kind, id(labels)) → cell
-        # (target URL, lines) → the layout of its last body (its series alone when no layout
-        # can be exact): keyed by the count too, as a cadence asks for more every few refreshes.
-        self._layouts: dict[tuple[str, int], Layout | list[bytes]] = {}
+        # (target URL, the names asked, lines) → the layout of its last body of that many lines
+        # (its series alone when no layout can be exact): keyed by the names and the count too,
+        # as a cadence asks for more every few refreshes and a pod's series may come and go.
+        self._layouts: dict[Where, Layout | list[bytes]] = {}
+        # (target URL, the names asked) → the lines of its last body: its template is tried
+        # before the body's lines are counted (a body the template takes has as many).
+        self._lines: dict[tuple[str, Names], int] = {}
+        self._asking: Names = None
         # The scan's pattern, for the layouts' templates (layout.with_template): only where
         # every required text ends in '"', which no value holds.
         self._template_line = self._line if all(
@@ -65,7 +73,12 @@ class FilingParser(Parser):
             self._layouts.clear()  # targets that came and went
         if not self._layouts:
             self._laid = 0
+            self._lines.clear()
         super()._bound()
+
+    def asking(self, names: frozenset[str] | None) -> None:
+        """The names this refresh asks every target for (None: all of them)."""
+        self._asking = names
 
     def parse_into(self, payload: str | bytes, acc: Acc,
                    target: Target) -> tuple[list[Sample], Filed]:
@@ -73,12 +86,18 @@ class FilingParser(Parser):
         would, ``target`` being where it came from); returns the other samples and a tally."""
         self._bound()
         data = _terminated(payload)
-        key = (target.url, data.count(b"\n"))
-        kept = self._layouts.get(key)
+        asked = target.url, self._asking
+        lines = self._lines.get(asked)
+        kept = self._layouts.get((*asked, lines)) if lines is not None else None
         if isinstance(kept, Layout):
             done = file_by_template(kept, data, acc, target)
             if done is not None:
                 return done
+        count = data.count(b"\n")
+        key = (*asked, count)
+        if count != lines:
+            self._lines[asked] = count
+            kept = self._layouts.get(key)
         matches = self._line.findall(data)
         series = series_of(matches)
         same = kept is not None and (kept.series if isinstance(kept, Layout) else kept) == series
