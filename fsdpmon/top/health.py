@@ -88,7 +88,7 @@ def _never_seen(snap: JobSnapshot) -> list[Alert]:
 
 def _memory_alerts(snap: JobSnapshot) -> list[Alert]:
     tight = [f"{g.node}/{g.gpu}" for g in snap.gpus
-             if g.memory_ratio is not None and g.memory_ratio >= MEMORY_PRESSURE_RATIO]
+             if (ratio := g.memory_ratio) is not None and ratio >= MEMORY_PRESSURE_RATIO]
     tight += [f"rank {r.rank}" for r in snap.ranks
               if r.peak_memory_bytes and r.memory_capacity_bytes
               and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO]
