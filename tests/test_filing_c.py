@@ -39,8 +39,6 @@ def _python(monkeypatch: pytest.MonkeyPatch) -> None:
     """file_result and row_of (where the fused path and the layouts call it) as they run
     without the C half."""
     monkeypatch.setattr(filing, "_c_file_samples", None)
-    monkeypatch.setattr(filing, "_rank_entry", filing._py_rank_entry)
-    monkeypatch.setattr(filing, "_gpu_entry", filing._py_gpu_entry)
     for module in (filing, fused, layout):
         monkeypatch.setattr(module, "row_of", filing._py_row_of)
 

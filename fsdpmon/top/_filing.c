@@ -1,6 +1,6 @@
 /* The C half of filing.file_result: the samples a layout does not store (info series, events,
  * processes, hosts, the tiers a cadence carries: ~24k a refresh of a large job) filed into a
- * refresh's accumulators, and the rank and GPU rows the fused path finds. Each function does
+ * refresh's accumulators, and the rows the fused path stores figures in. Each function does
  * what its Python twin in filing.py does, step for step and with the same Python operations
  * (int() of a label, `or`, dict stores), so that results and errors are the same;
  * tests/test_filing_c.py files every case it has both ways and compares.
@@ -8,9 +8,8 @@
  * setup(kinds, names, add_host, add_gpu_event): once, from filing.py: the name → (kind, field)
  *     table, the catalog names the loop tests for, and the Python helpers it leaves the rare
  *     samples to (a host's, a GPU's XID count or active clock events).
- * rank_entry(acc, labels, target) -> the rank's row or None      (filing._rank_entry)
- * gpu_entry(acc, labels) -> the GPU's row                         (filing._gpu_entry)
- * row_of(acc, kind, labels, target) -> the row of a stored figure   (filing.row_of)
+ * row_of(acc, kind, labels, target) -> the row of a stored figure   (filing.row_of; the rank and
+ *     GPU entries it finds are filing._rank_entry's and _gpu_entry's)
  * file_samples(acc, samples, target, train, exporter, node) -> (train, exporter, node), or None
  *     (nothing filed) when a sample is not a (str, dict, value) tuple: file_result's loop.
  */
@@ -453,48 +452,6 @@ done:
     return out;
 }
 
-static PyObject *rank_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    Parts p;
-    if (nargs != 3 || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "rank_entry(acc, labels: dict, target)");
-        return NULL;
-    }
-    if (kinds == NULL)
-        return PyErr_SetString(PyExc_RuntimeError, "setup() first"), NULL;
-    p.acc = args[0];
-    if (attribute(p.acc, s_ranks, &p.ranks) || attribute(p.acc, s_rank_memo, &p.rank_memo) ||
-        attribute(p.acc, s_memo_labels, &p.memo_labels))
-        return NULL;
-    PyObject *id = PyLong_FromVoidPtr(args[1]), *row;
-    if (id == NULL)
-        return NULL;
-    row = rank_row(&p, args[1], args[2], id);
-    Py_DECREF(id);
-    return row;
-}
-
-static PyObject *gpu_entry(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    (void)self;
-    Parts p;
-    if (nargs != 2 || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "gpu_entry(acc, labels: dict)");
-        return NULL;
-    }
-    if (kinds == NULL)
-        return PyErr_SetString(PyExc_RuntimeError, "setup() first"), NULL;
-    p.acc = args[0];
-    if (attribute(p.acc, s_gpus_attr, &p.gpus) || attribute(p.acc, s_gpu_memo, &p.gpu_memo) ||
-        attribute(p.acc, s_memo_labels, &p.memo_labels))
-        return NULL;
-    PyObject *id = PyLong_FromVoidPtr(args[1]), *row;
-    if (id == NULL)
-        return NULL;
-    row = gpu_row(&p, args[1], id);
-    Py_DECREF(id);
-    return row;
-}
-
 /* filing.row_of(acc, kind, labels, target): the row a stored figure's series fills. */
 static PyObject *row_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     (void)self;
@@ -574,9 +531,7 @@ static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, "setup(kinds, names, add_host, add_gpu_event)"},
     {"file_samples", (PyCFunction)(void (*)(void))file_samples, METH_FASTCALL,
      "file_samples(acc, samples, target, train, exporter, node) -> (train, exporter, node) or None"},
-    {"rank_entry", (PyCFunction)(void (*)(void))rank_entry, METH_FASTCALL, "filing._rank_entry"},
     {"row_of", (PyCFunction)(void (*)(void))row_of, METH_FASTCALL, "filing.row_of"},
-    {"gpu_entry", (PyCFunction)(void (*)(void))gpu_entry, METH_FASTCALL, "filing._gpu_entry"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -226,10 +226,8 @@ static PyObject *row_in(PyObject *cell, PyObject *acc, PyObject *target, PyObjec
     if (PyList_GET_ITEM(cell, 0) != acc) {
         PyObject *row = PyObject_CallFunctionObjArgs(row_of, acc, PyList_GET_ITEM(cell, 2),
                                                      PyList_GET_ITEM(cell, 3), target, NULL);
-        if (row == NULL || PyList_GET_SIZE(cell) < 2) {
-            Py_XDECREF(row);
+        if (row == NULL)
             return NULL;
-        }
         PyList_SetItem(cell, 0, Py_NewRef(acc));
         PyList_SetItem(cell, 1, row); /* steals it */
     }

@@ -311,15 +311,16 @@ def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bo
 
 _NOTHING_FILED = Filed(0, False, False)
 
-# The C half (_filing.c), where built: the loop, row_of and the rank and GPU entries, as above.
-_py_rank_entry, _py_gpu_entry, _py_row_of = _rank_entry, _gpu_entry, row_of
+# The C half (_filing.c), where built: the loop and row_of, as above (the Python loop still
+# files what the C one leaves to it).
+_py_row_of = row_of
 _c_file_samples = None
 if _filing is not None:
     _filing.setup(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
                           GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
                           LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
                   _add_host, _add_gpu_event)
-    _rank_entry, _gpu_entry, row_of = _filing.rank_entry, _filing.gpu_entry, _filing.row_of
+    row_of = _filing.row_of
     _c_file_samples = _filing.file_samples
 
 
