@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import importlib
 import math
+import random
 import shutil
+import struct
 import sysconfig
+from array import array
 from pathlib import Path
 
 import pytest
@@ -150,6 +153,52 @@ def test_fill_refuses_what_does_not_fit_the_template():
     for bad in ((None, data, slots, 2), (data, data, slots, -1), (data, data, slots)):
         with pytest.raises((TypeError, ValueError)):
             fill(*bad)
+
+
+def _decimals(count: int) -> list[bytes]:
+    """Decimals as exporters write them and past what fill reads without strtod: up to 19
+    digits around the point (the mantissa passes 2^53 from 16), exponents past +-22, signed
+    zeros, and tokens float() refuses."""
+    rnd = random.Random(20261204)
+
+    def digits(most: int) -> str:
+        return "".join(rnd.choice("0123456789") for _ in range(rnd.randint(0, most)))
+
+    out = [b"0", b"-0", b"+0", b"-0.0", b"5.", b".5", b"+.5", b"-.5e1", b".", b"e5", b"1e",
+           b"1e+", b"-", b"9007199254740992", b"9007199254740993", b"9007199254740992.5",
+           b"1e22", b"1e23", b"1e-22", b"1e-23", b"4e+10", b"0.41000000000000003",
+           b"1.7976931348623157e308", b"5e-324", b"1e-400", b"1" * 30, b"0." + b"0" * 30 + b"1"]
+    while len(out) < count:
+        text = rnd.choice(["", "", "-", "+"]) + digits(19)
+        if rnd.random() < 0.6:
+            text += "." + digits(19)
+        if rnd.random() < 0.4:
+            text += rnd.choice("eE") + rnd.choice(["", "+", "-"]) + digits(3)
+        out.append(text.encode())
+    return out
+
+
+@needs_c
+def test_fill_reads_a_decimal_as_float_does_to_the_bit():
+    """fill reads plain decimals whose value is exact in one multiplication or division
+    without PyOS_string_to_double (_lines.read_decimal); every value is float()'s, to the bit
+    (the sign of a zero too), and what float() refuses is refused."""
+    slots, wrong, read = array("i", [0]).tobytes(), [], 0
+    for token in _decimals(20000):
+        got = fill(b"\nm 1\n", b"\nm " + token + b"\n", slots, 1)
+        try:
+            want: float | None = float(token)
+        except ValueError:
+            want = None
+        if got is None or want is None:
+            if (got is None) != (want is None):
+                wrong.append(f"{token!r}: fill {got!r}, float {want!r}")
+            continue
+        read += 1
+        if struct.pack("<d", got[0]) != struct.pack("<d", want):
+            wrong.append(f"{token!r}: fill {got[0]!r}, float {want!r}")
+    assert not wrong, f"{len(wrong)} of 20000 differ:\n" + "\n".join(wrong[:20])
+    assert read > 15000, f"only {read} of 20000 read"
 
 
 def test_a_timestamped_value_has_no_template():

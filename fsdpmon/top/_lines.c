@@ -83,12 +83,71 @@ static int same_but_token(Line *old, Line *new) {
            all_token_chars(new->start + new->token, new_n);
 }
 
+/* 10^0 .. 10^22: each exactly a double (5^22 < 2^53). */
+static const double exact_tens[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                    1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                    1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+#define EXACT_MANTISSA (1ULL << 53)
+
+/* The token as a plain decimal ([+-]digits[.digits][(e|E)[+-]digits]) whose digits make an
+ * integer m <= 2^53 and whose value is m * 10^k with |k| <= 22: then m and 10^|k| are doubles
+ * exactly and one IEEE multiplication or division rounds their product or quotient correctly,
+ * which is what a correctly rounded strtod (PyOS_string_to_double, float()) returns (Clinger's
+ * fast path; dtoa.c takes it too). 0 with the value, or -1 for any other token (the caller then
+ * asks PyOS_string_to_double). Most exposition values are such decimals, and
+ * PyOS_string_to_double costs more than the rest of a line: it sets and restores the x87
+ * control word around each conversion. */
+static int read_decimal(const char *p, Py_ssize_t n, double *value) {
+    const char *end = p + n;
+    int negative = 0, digits = 0;
+    unsigned long long m = 0;
+    long k = 0;
+    if (p < end && (*p == '+' || *p == '-'))
+        negative = *p++ == '-';
+    for (; p < end && *p >= '0' && *p <= '9'; p++, digits++) {
+        m = m * 10 + (unsigned long long)(*p - '0');
+        if (m > EXACT_MANTISSA)
+            return -1;
+    }
+    if (p < end && *p == '.') {
+        for (p++; p < end && *p >= '0' && *p <= '9'; p++, digits++, k--) {
+            m = m * 10 + (unsigned long long)(*p - '0');
+            if (m > EXACT_MANTISSA)
+                return -1;
+        }
+    }
+    if (digits == 0)
+        return -1;
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        int negative_exponent = 0, exponent_digits = 0;
+        long exponent = 0;
+        if (++p < end && (*p == '+' || *p == '-'))
+            negative_exponent = *p++ == '-';
+        for (; p < end && *p >= '0' && *p <= '9'; p++, exponent_digits++) {
+            exponent = exponent * 10 + (*p - '0');
+            if (exponent > 1000)
+                return -1;
+        }
+        if (exponent_digits == 0)
+            return -1;
+        k += negative_exponent ? -exponent : exponent;
+    }
+    if (p != end || k < -22 || k > 22)
+        return -1;
+    double v = (double)m;
+    v = k < 0 ? v / exact_tens[-k] : v * exact_tens[k];
+    *value = negative ? -v : v;
+    return 0;
+}
+
 /* float() of the token, or -1 (no exception set) when it does not read whole. */
 static int read_value(Line *line, double *value) {
     char buffer[MAX_TOKEN + 1];
     Py_ssize_t n = line->end - line->token;
     if (n == 0 || n > MAX_TOKEN)
         return -1;
+    if (read_decimal(line->start + line->token, n, value) == 0)
+        return 0;
     memcpy(buffer, line->start + line->token, (size_t)n);
     buffer[n] = '\0';
     char *end = NULL;
