@@ -36,24 +36,28 @@ def test_frozen_and_derived_fields():
 
 @pytest.fixture(params=["c", "python"])
 def maker_half(request, monkeypatch) -> str:
-    """rows.maker with its C half (_rows.make_row) and without."""
-    from fsdpmon.top import rows
+    """frozen.maker with its C half (_rows.make_row) and without."""
+    from fsdpmon.top import frozen
 
     if request.param == "python":
-        monkeypatch.setattr(rows, "make_row", None)
-    elif rows.make_row is None:
+        monkeypatch.setattr(frozen, "make_row", None)
+    elif frozen.make_row is None:
         pytest.skip("fsdpmon.top._rows is not built")
     return request.param
 
 
 def test_rows_built_without_init_equal_those_built_with_it(maker_half):
-    """rows.maker fills a frozen row's __dict__ directly (the generated __init__ was most of a
-    2048-rank refresh's row building): the rows are the same objects as the classes' own."""
-    from fsdpmon.top.rows import maker
-    from fsdpmon.top.snapshot import GpuRow, NodeRow, ProcessRow
+    """frozen.maker fills a frozen row's __dict__ directly (the generated __init__ was most of a
+    2048-rank refresh's row building): the rows, and each target's result and status, are the
+    same objects as the classes' own."""
+    from fsdpmon.top.filing import ScrapeResult, Target
+    from fsdpmon.top.frozen import maker
+    from fsdpmon.top.snapshot import GpuRow, NodeRow, ProcessRow, TargetStatus
 
     for cls, required in ((RankRow, {"rank": 7}), (GpuRow, {"node": "n", "gpu": "1"}),
-                          (NodeRow, {"node": "n"}), (ProcessRow, {"node": "n", "pid": 9})):
+                          (NodeRow, {"node": "n"}), (ProcessRow, {"node": "n", "pid": 9}),
+                          (TargetStatus, {"url": "u", "kind": "train", "up": True}),
+                          (ScrapeResult, {"target": Target("u"), "samples": ()})):
         values = {**required, dataclasses.fields(cls)[-1].name: None}  # a default overridden too
         for given in (required, values):
             made, built = maker(cls)(**given), cls(**given)
@@ -70,7 +74,7 @@ def test_a_row_made_from_its_accumulator_takes_its_fields_and_drops_the_rest(mak
     """maker's ``filed`` argument (a row's accumulator): entries named as fields are taken,
     others (filing's bookkeeping, e.g. a rank's total_steps) are not the row's, and ``values``
     win over both; field order, ==, hash and repr as the class's own __init__ gives."""
-    from fsdpmon.top.rows import maker
+    from fsdpmon.top.frozen import maker
 
     filed = {"loss": 2.5, "total_steps": 100.0, "pod": "p-0", "step": 7.0, "world_size": 8}
     made = maker(RankRow)(filed, rank=3, step=7)

@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 from dataclasses import asdict
+from types import SimpleNamespace
 
 import pytest
 from payload_server import PayloadServer
@@ -278,6 +279,81 @@ def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_o
     finally:
         split.close()
         alone.close()
+        srv.close()
+
+
+def test_the_helper_sends_most_of_its_share_first_and_its_parts_file_as_one():
+    """The helper's share comes in two parts: EARLY_PART of its targets as soon as they are
+    filed (the main process unpickles them while the helper files the rest), then the rest;
+    the two merged are what one process files from the same targets."""
+    from fsdpmon.top import aggregate
+    from fsdpmon.top.filing import Acc, Target, merge
+    from fsdpmon.top.fused import new_filing_parser
+    from fsdpmon.top.sources import helper
+    from fsdpmon.top.sources.cadence import SLOW_NAMES, Cadence
+    from fsdpmon.top.wanted import WANTED
+
+    payloads = job_expositions("llama", 4, 2)
+    srv = PayloadServer(payloads)
+    targets = [Target(srv.url(p)) for p in sorted(payloads)]
+    try:
+        parts: list[helper.Share] = []
+        last = helper._refresh(targets, new_filing_parser(SLOW_NAMES), Cadence(), 5.0, 4,
+                               WANTED, parts.append)
+        alone = TargetsSource([t.url for t in targets], timeout_s=5.0, split=False)
+        try:
+            expected, received = alone.fetch(), alone.bytes_received
+        finally:
+            alone.close()
+    finally:
+        srv.close()
+    assert [p.last for p in (*parts, last)] == [False, True], "one early part, then the last"
+    early = int(len(targets) * helper.EARLY_PART)
+    assert len(parts[0].statuses) == early and len(last.statuses) == len(targets) - early, \
+        f"parts of {len(parts[0].statuses)} and {len(last.statuses)} of {len(targets)} targets"
+    assert not parts[0].statuses.keys() & last.statuses.keys(), "a target in both parts"
+    assert last.received == received and last.cpu_s > 0, f"{last.received} of {received} bytes"
+    acc = Acc()
+    for part in (*parts, last):
+        merge(acc, part.acc)
+    aggregator = aggregate.JobAggregator()
+    aggregator.add_filed(acc, {**parts[0].statuses, **last.statuses}, {})
+    merged = aggregator.snapshot(now=expected.time, source="targets")
+    assert _rows(merged) == _rows(expected), "the parts merged differ from one process's rows"
+
+
+def test_a_helper_that_dies_after_its_first_part_costs_only_the_targets_it_had_left():
+    """The first part's targets are filed; only the helper's others are down that refresh."""
+    from fsdpmon.top.aggregate import JobAggregator
+    from fsdpmon.top.sources.helper import Share
+
+    payloads = job_expositions("llama", 4, 2)
+    srv = PayloadServer(payloads)
+    urls = [srv.url(p) for p in sorted(payloads)]
+    split = TargetsSource(urls, timeout_s=5.0, split=True)
+    try:
+        split.fetch()  # starts the helper
+        helper = split._helper
+        helper.ask(split.cadence.names())
+        first = helper.answer()
+        assert isinstance(first, Share) and not first.last, f"no first part: {first!r}"
+        assert helper.answer().last
+
+        answers = iter([first, "top's helper process failed: it exited"])
+        dying = SimpleNamespace(answer=lambda: next(answers))  # the first part, then its end
+        aggregator = JobAggregator()
+        split._take_share(dying, aggregator)  # type: ignore[arg-type]
+        hit = aggregator.snapshot(now=time.time(), source="targets")
+        theirs = [urls[i] for i in split._theirs]
+        filed = sorted(theirs[j] for j in first.statuses)
+        assert sorted(t.url for t in hit.targets if t.up) == filed, "not the first part's"
+        down = [t for t in hit.targets if not t.up]
+        assert sorted(t.url for t in down) == sorted(set(theirs) - set(filed)) and down
+        assert all("it exited" in t.error for t in down), [t.error for t in down]
+        assert split._helper is None, "the failed helper is still in use"
+        helper.close()
+    finally:
+        split.close()
         srv.close()
 
 

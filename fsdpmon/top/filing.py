@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.frozen import maker
 from fsdpmon.top.snapshot import TargetStatus
 from fsdpmon.top.wanted import (
     EXPORTER_INFO,
@@ -69,6 +70,9 @@ class ScrapeResult:
     duration_s: float = 0.0
     filed: Filed | None = None
 
+
+# Made for every target of every refresh: without the frozen guard's setattr per field.
+new_result, _new_status = maker(ScrapeResult), maker(TargetStatus)
 
 Row = dict[str, object]
 
@@ -249,8 +253,8 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     done = _c_file_samples(*start) if _c_file_samples is not None else None
     train, exporter, node = done if done is not None else _file_samples(*start)
     kind_name = "train" if train else "exporter" if exporter else "unknown"
-    return TargetStatus(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
-                        samples=filed.samples + len(samples), pod=target.pod, node=node)
+    return _new_status(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
+                       samples=filed.samples + len(samples), pod=target.pod, node=node)
 
 
 def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bool,

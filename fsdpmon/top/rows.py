@@ -7,16 +7,15 @@ the exporter's process table, as the rows are built.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from typing import TypeVar
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.top.filing import Acc, as_int
+from fsdpmon.top.frozen import maker
 from fsdpmon.top.snapshot import (
     SPARK_WIDTH,
     GpuRow,
@@ -26,54 +25,8 @@ from fsdpmon.top.snapshot import (
     RankRow,
 )
 
-try:
-    from fsdpmon.top._rows import make_row
-except ImportError:  # not built (no C compiler): maker's rows are made in Python
-    make_row = None
-
 HISTORY_LEN = 60
 Ties = tuple[dict[int, tuple[str, ...]], dict[tuple[str, str], tuple[int, ...]]]
-R = TypeVar("R")
-
-
-def maker(cls: type[R]) -> Callable[..., R]:
-    """``cls(filed, **values)`` for a frozen row dataclass, built without its generated
-    __init__: that sets each field through ``object.__setattr__`` (the frozen guard), most of
-    the time spent building a 2048-rank job's rows; this fills the new instance's ``__dict__`` at
-    once, in field order: first the entries of ``filed`` (a row's accumulator) that are fields,
-    taken as they are, then ``values``. The same object (==, hash, repr, asdict) as
-    ``cls(**fields of filed, **values)``, which callers must all name when they have no default
-    (test_snapshot checks each class)."""
-    fields = dataclasses.fields(cls)  # type: ignore[arg-type]
-    if any(f.default_factory is not dataclasses.MISSING or not f.init for f in fields) or \
-            hasattr(cls, "__post_init__"):
-        raise TypeError(f"{cls.__name__}: only plain fields with plain defaults")
-    defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in fields}
-    count, new = len(defaults), object.__new__
-    # The entries that were no field of the last row with any: the same few every time (a
-    # rank's accumulator keeps its planned steps, world size and RSS for the header), dropped
-    # one by one for less than half of what finding them again each row costs.
-    last_extras: list[tuple[str, ...]] = [()]
-    if make_row is not None:  # the C half: the same steps, without a frame and a dict per row
-        return functools.partial(make_row, cls, defaults, last_extras)
-
-    def make(filed: dict[str, object] | None = None, /, **values: object) -> R:
-        row = new(cls)
-        slots = row.__dict__
-        slots.update(defaults)
-        if filed:
-            slots.update(filed)
-            if len(slots) != count:  # entries that are no field of the row
-                for key in last_extras[0]:
-                    slots.pop(key, None)
-                if len(slots) != count:
-                    extras = last_extras[0] = tuple(slots.keys() - defaults.keys())
-                    for key in extras:
-                        del slots[key]
-        slots.update(values)
-        return row
-
-    return make
 
 
 new_rank_row, new_gpu_row = maker(RankRow), maker(GpuRow)

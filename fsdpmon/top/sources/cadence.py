@@ -12,11 +12,10 @@ fresh ones are used.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from fsdpmon import catalog
 from fsdpmon.top.aggregate import ScrapeResult
 from fsdpmon.top.expfmt import Sample
+from fsdpmon.top.filing import new_result
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.wanted import (
     EXPORTER_INFO,
@@ -106,4 +105,7 @@ class Cadence:
         # A job that had not published its static facts yet (ranks still starting) would
         # otherwise show rows without a node or pod for SLOW_EVERY refreshes.
         self._lacking = self._lacking or not kept.get(STATIC_NAMES)
-        return replace(result, samples=[*result.samples, *carried]) if carried else result
+        if not carried:
+            return result
+        return new_result(target=result.target, samples=[*result.samples, *carried],
+                          error=result.error, duration_s=result.duration_s, filed=result.filed)

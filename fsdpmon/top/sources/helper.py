@@ -5,20 +5,26 @@ so that a refresh uses two cores: fetching, parsing and filing are plain Python 
 The helper keeps its share of the targets, its own parser (and label caches) and its own carry of
 the slow families (cadence) for the life of the source; each refresh it is told the names to ask
 for, scrapes and files its targets while the main process does the rest, and sends back its
-accumulators (rows as dicts, a few MB pickled), which the main process merges before building
-the rows. A helper that dies or does not answer in time costs its targets (reported down with
-the reason) for that refresh only; the next refresh starts a new one.
+accumulators (rows as dicts, ~600 kB pickled for 256 targets), which the main process merges
+before building the rows. They come in two parts: the first once ``EARLY_PART`` of its targets
+are filed (sent by a thread, so that the helper goes on while the main process is still busy
+with its own targets), the rest at the end; the main process then unpickles most of the share
+while it would otherwise wait for the helper's last targets, and only the last part after.
+A helper that dies or does not answer in time costs its targets (reported down with the
+reason) for that refresh only; the next refresh starts a new one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import pickle
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -34,18 +40,24 @@ from fsdpmon.top.sources.gcpause import collector_paused, top_owns_this_process
 # (~1 s, once) and the pickled rows it sends back (~1/10 of what filing them costs) only pay for
 # themselves on a large job.
 SPLIT_MIN_TARGETS = 64
+# The share of its targets the helper files before it sends what it has (the first part of its
+# share): the main process, done with its own targets a little before the helper, unpickles that
+# part while the rest is filed.
+EARLY_PART = 0.75
 
 
 @dataclass(frozen=True)
 class Share:
-    """One refresh of the helper's targets, numbered as in its own list."""
+    """One part of a refresh of the helper's targets, numbered as in its own list; the figures
+    of the whole refresh are in its last part."""
 
     acc: Acc  # memos emptied: ids mean nothing in another process
     statuses: dict[int, TargetStatus]
     down: dict[int, ScrapeResult]
-    received: int  # body bytes
-    lacking: bool  # a target lacked its static facts: the next refresh asks for all
-    cpu_s: float  # the helper's CPU time for it
+    received: int = 0  # body bytes
+    lacking: bool = False  # a target lacked its static facts: the next refresh asks for all
+    cpu_s: float = 0.0  # the helper's CPU time for it
+    last: bool = True  # more parts of this refresh follow when False
 
 
 def main() -> None:
@@ -67,11 +79,14 @@ def main() -> None:
         if request is None:
             return
         with collector_paused():
+            early = _Early(conn)
             try:
                 share: Share | str = _refresh(targets, parser, cadence, timeout_s, limit,
-                                              request)
+                                              request, early.send)
             except Exception as exc:  # a bug here must not hang the main process
                 share = f"{type(exc).__name__}: {exc}"
+            if not early.sent():
+                return
             try:
                 conn.send(share)
             except (EOFError, OSError):
@@ -79,26 +94,61 @@ def main() -> None:
             del share
 
 
+class _Early:
+    """Sends a refresh's first part from a thread: while the main process is still busy with
+    its own targets it does not read, and the part is larger than the socket's buffer."""
+
+    def __init__(self, conn: Connection) -> None:
+        self._conn = conn
+        self._thread: threading.Thread | None = None
+        self._failed = False
+
+    def send(self, share: Share) -> None:
+        data = pickle.dumps(share, pickle.HIGHEST_PROTOCOL)
+        self._thread = threading.Thread(target=self._send, args=(data,), daemon=True)
+        self._thread.start()
+
+    def _send(self, data: bytes) -> None:
+        try:
+            self._conn.send_bytes(data)
+        except (EOFError, OSError):  # the main process is gone
+            self._failed = True
+
+    def sent(self) -> bool:
+        """Waits for the first part to be sent; False when it could not be."""
+        if self._thread is not None:
+            self._thread.join()
+        return not self._failed
+
+
 def _refresh(targets: list[Target], parser: Parser, cadence: Cadence, timeout_s: float,
-             limit: int, names: frozenset[str]) -> Share:
+             limit: int, names: frozenset[str], send_early: Callable[[Share], None]) -> Share:
+    """Scrapes and files the helper's targets; ``send_early`` gets the first part of the
+    share, the last part is returned."""
     from fsdpmon.top.sources.targets import scrape_urls
 
     cpu = time.process_time()
-    acc = Acc()
-    statuses: dict[int, TargetStatus] = {}
-    down: dict[int, ScrapeResult] = {}
+    part = Share(Acc(), {}, {}, last=False)
+    early_at = int(len(targets) * EARLY_PART) if len(targets) > 1 else -1
     cadence.begin(names)
 
     def add(i: int, result: ScrapeResult) -> None:
+        nonlocal part, early_at
         result = cadence.complete(result)
         if result.samples is None:
-            down[i] = result
+            part.down[i] = result
         else:
-            statuses[i] = file_result(acc, result)
+            part.statuses[i] = file_result(part.acc, result)
+        if len(part.statuses) + len(part.down) == early_at:
+            part.acc.drop_memos()
+            send_early(part)
+            part, early_at = Share(Acc(), {}, {}, last=False), -1  # the rest: see filing.merge
 
-    received = scrape_urls(targets, parser, timeout_s, limit, None, add, names, acc)
-    acc.drop_memos()
-    return Share(acc, statuses, down, received, cadence.lacking, time.process_time() - cpu)
+    received = scrape_urls(targets, parser, timeout_s, limit, None, add, names,
+                           lambda: part.acc)
+    part.acc.drop_memos()
+    return Share(part.acc, part.statuses, part.down, received, cadence.lacking,
+                 time.process_time() - cpu)
 
 
 class Helper:

@@ -222,7 +222,7 @@ class KubeSource:
         aggregator = JobAggregator()
         if self.inside:  # pod IPs: one selector loop for every scrape, as for --targets
             scrape_urls(self._targets, self._parser, self.cfg.timeout_s, IN_FLIGHT,
-                        self._pool, aggregator.add, WANTED, aggregator.acc)
+                        self._pool, aggregator.add, WANTED, lambda: aggregator.acc)
         else:  # through the API server's pod proxy, with the client's auth
             scraped = scrape_all(self._targets, self._fetch_target, self._parser, self._pool)
             for i, result in enumerate(scraped):

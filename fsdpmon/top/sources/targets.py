@@ -22,7 +22,7 @@ from urllib.parse import urlencode, urlsplit
 from fsdpmon.errors import ConfigError
 from fsdpmon.top.aggregate import JobAggregator, ScrapeResult, Target
 from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.filing import Acc
+from fsdpmon.top.filing import Acc, new_result
 from fsdpmon.top.fused import FilingParser, new_filing_parser
 from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.sources.cadence import SLOW_NAMES, Cadence
@@ -83,7 +83,7 @@ def _parsed(
     try:
         if into is not None and isinstance(parser, FilingParser):
             samples, filed = parser.parse_into(body, into, target)
-            return ScrapeResult(target, samples, "", duration_s, filed)
+            return new_result(target=target, samples=samples, duration_s=duration_s, filed=filed)
         samples = parser.parse(body)
     except Exception as exc:  # a parser bug must not take the whole view down
         return ScrapeResult(target, None, f"unreadable exposition: {exc}", duration_s)
@@ -108,12 +108,12 @@ def _names_query(names: frozenset[str]) -> str:
 def scrape_urls(
     targets: Sequence[Target], parser: Parser, timeout_s: float, limit: int,
     pool: ThreadPoolExecutor | None, add: Callable[[int, ScrapeResult], None],
-    names: Iterable[str] | None = None, into: Acc | None = None,
+    names: Iterable[str] | None = None, into: Callable[[], Acc] | None = None,
 ) -> int:
     """Scrapes every target's URL (asking for ``names`` only, when given); ``add`` gets each
     result (with the target's index) on this thread as soon as it is parsed. Returns the
-    bytes of the bodies received. With ``into``, the accumulators ``add`` files into, a
-    FilingParser files its stored figures there as it reads (see fused).
+    bytes of the bodies received. With ``into``, which gives the accumulators ``add`` files the
+    next result into, a FilingParser files its stored figures there as it reads (see fused).
 
     Plain-HTTP targets share one selector loop on this thread (httpget.get_all); https ones
     are fetched by blocking GETs on ``pool`` meanwhile (TLS and its certificate checks).
@@ -133,13 +133,13 @@ def scrape_urls(
         nonlocal received
         i = plain[j]
         received += len(body or b"")
-        add(i, _parsed(targets[i], body, error, duration_s, parser, into))
+        add(i, _parsed(targets[i], body, error, duration_s, parser, into and into()))
 
     get_all([with_names(targets[i].url, names) for i in plain], timeout_s, limit, file)
     for i, future in tls.items():
         body, error, duration_s = future.result()
         received += len(body or b"")
-        add(i, _parsed(targets[i], body, error, duration_s, parser, into))
+        add(i, _parsed(targets[i], body, error, duration_s, parser, into and into()))
     return received
 
 
@@ -213,12 +213,12 @@ class TargetsSource:
         cadence = self.cadence
         names = cadence.names()
         helper = self._ask_helper(names)
-        own = self._own
+        own, acc = self._own, aggregator.acc
         self.bytes_received = scrape_urls(
             [self.targets[i] for i in own], self._parser, self.timeout_s,
             max(1, self._limit // 2) if helper else self._limit, self._pool,
             lambda i, result: aggregator.add(own[i], cadence.complete(result)), names,
-            aggregator.acc)
+            lambda: acc)
         if helper is not None:
             self._take_share(helper, aggregator)
         snap = aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
@@ -237,16 +237,23 @@ class TargetsSource:
         return self._helper
 
     def _take_share(self, helper: Helper, aggregator: JobAggregator) -> None:
-        share = helper.answer()
-        theirs = self._theirs
-        if isinstance(share, str):  # its targets are down for this refresh; next, a new one
-            self._helper = None
-            self.cadence.note_lacking()
-            for i in theirs:
-                aggregator.add(i, ScrapeResult(self.targets[i], None, share))
-            return
-        aggregator.add_filed(share.acc, {theirs[j]: s for j, s in share.statuses.items()},
-                             {theirs[j]: r for j, r in share.down.items()})
+        """Merges the helper's share, part by part (helper.Share), as its parts come."""
+        theirs, got = self._theirs, set()
+        while True:
+            share = helper.answer()
+            if isinstance(share, str):  # its targets are down for this refresh; next, a new one
+                self._helper = None
+                self.cadence.note_lacking()
+                for i in theirs:
+                    if i not in got:
+                        aggregator.add(i, ScrapeResult(self.targets[i], None, share))
+                return
+            statuses = {theirs[j]: s for j, s in share.statuses.items()}
+            down = {theirs[j]: r for j, r in share.down.items()}
+            aggregator.add_filed(share.acc, statuses, down)
+            if share.last:
+                break
+            got.update(statuses, down)
         self.bytes_received += share.received
         self.helper_cpu_s = share.cpu_s
         if share.lacking:
