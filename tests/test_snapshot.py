@@ -70,26 +70,27 @@ def test_rows_built_without_init_equal_those_built_with_it(maker_half):
         maker(JobSnapshot)  # a default_factory field: not for the maker
 
 
-def test_a_row_made_from_its_accumulator_takes_its_fields_and_drops_the_rest(maker_half):
-    """maker's ``filed`` argument (a row's accumulator): entries named as fields are taken,
-    others (filing's bookkeeping, e.g. a rank's total_steps) are not the row's, and ``values``
-    win over both; field order, ==, hash and repr as the class's own __init__ gives."""
+def test_a_row_made_from_its_accumulator_takes_it_over_and_fills_in_its_defaults(maker_half):
+    """maker's ``filed`` argument (a row's accumulator) becomes the row's __dict__, not a copy:
+    the fields it lacks get their defaults and ``values`` win; entries that are no field
+    (filing's bookkeeping, e.g. a rank's total_steps) stay there but are not the row's: ==,
+    hash, repr and asdict are what the class's own __init__ gives."""
     from fsdpmon.top.frozen import maker
 
-    filed = {"loss": 2.5, "total_steps": 100.0, "pod": "p-0", "step": 7.0, "world_size": 8}
-    made = maker(RankRow)(filed, rank=3, step=7)
-    built = RankRow(rank=3, loss=2.5, pod="p-0", step=7)
-    assert made == built and hash(made) == hash(built) and repr(made) == repr(built), \
-        f"{made!r} != {built!r}"
-    assert list(vars(made)) == list(vars(built)), f"extra or reordered: {list(vars(made))}"
-    assert type(made.step) is int, f"values win over filed: step {made.step!r}"
-    assert filed == {"loss": 2.5, "total_steps": 100.0, "pod": "p-0", "step": 7.0,
-                     "world_size": 8}, f"the accumulator was changed: {filed}"
-    # one maker over rows whose extra entries differ (it first drops the last row's extras)
     make = maker(RankRow)
-    for extra in ({"total_steps": 1.0, "world_size": 2}, {"rss_bytes": 3.0}, {},
-                  {"rss_bytes": 4.0, "restarted": True}, {"total_steps": 5.0}):
-        made = make({"loss": 1.5, **extra}, rank=1)
-        assert vars(made) == vars(RankRow(rank=1, loss=1.5)), \
-            f"with {sorted(extra)}: {sorted(vars(made).keys() ^ vars(RankRow(rank=1)).keys())}"
-        assert list(vars(made)) == list(vars(RankRow(rank=1))), f"reordered with {extra}"
+    for extra in ({"total_steps": 100.0, "world_size": 8}, {"rss_bytes": 3.0}, {}):
+        filed = {"loss": 2.5, "pod": "p-0", "step": 7.0, **extra}
+        made = make(filed, rank=3, step=7)
+        built = RankRow(rank=3, loss=2.5, pod="p-0", step=7)
+        assert made == built and hash(made) == hash(built) and repr(made) == repr(built), \
+            f"with {sorted(extra)}: {made!r} != {built!r}"
+        assert dataclasses.asdict(made) == dataclasses.asdict(built), f"with {sorted(extra)}"
+        assert vars(made) is filed, "the accumulator was copied"
+        assert vars(made) == {**vars(built), **extra}, \
+            f"with {sorted(extra)}: {sorted(vars(made).keys() ^ vars(built).keys())}"
+        assert type(made.step) is int, f"values win over filed: step {made.step!r}"
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            made.loss = 1.0  # type: ignore[misc]
+    assert make(None, rank=1) == RankRow(rank=1) and make(rank=1) == RankRow(rank=1)
+    with pytest.raises((TypeError, AttributeError)):
+        make([("loss", 1.0)], rank=1)  # not a dict

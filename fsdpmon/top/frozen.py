@@ -20,38 +20,33 @@ R = TypeVar("R")
 
 def maker(cls: type[R]) -> Callable[..., R]:
     """``cls(filed, **values)`` for a frozen dataclass (a row, a target's result or status),
-    built without its generated __init__: this fills the new instance's ``__dict__`` at once,
-    in field order: first the entries of ``filed`` (a row's accumulator) that are fields,
-    taken as they are, then ``values``. The same object (==, hash, repr, asdict) as
-    ``cls(**fields of filed, **values)``, which callers must all name when they have no default
-    (test_snapshot checks each class)."""
+    built without its generated __init__: the new instance's ``__dict__`` is ``filed`` itself
+    (a row's accumulator, taken over rather than copied: a copy cost as much again, and its
+    values were then released twice, once with each dict), or a new dict; each field it lacks
+    gets its default, then ``values`` are set. The same object (==, hash, repr, asdict) as
+    ``cls(**fields of filed, **values)``, which callers must all name when they have no
+    default; entries of ``filed`` that are no field (filing's bookkeeping, e.g. a rank's
+    planned steps) stay in ``__dict__`` but take no part in any of those (test_snapshot checks
+    each class). ``filed`` must not be changed afterwards: it is the object's state."""
     fields = dataclasses.fields(cls)  # type: ignore[arg-type]
     if any(f.default_factory is not dataclasses.MISSING or not f.init for f in fields) or \
             hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: only plain fields with plain defaults")
     defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in fields}
-    count, new = len(defaults), object.__new__
-    # The entries that were no field of the last row with any: the same few every time (a
-    # rank's accumulator keeps its planned steps, world size and RSS for the header), dropped
-    # one by one for less than half of what finding them again each row costs.
-    last_extras: list[tuple[str, ...]] = [()]
-    if make_row is not None:  # the C half: the same steps, without a frame and a dict per row
-        return functools.partial(make_row, cls, defaults, last_extras)
+    if make_row is not None:  # the C half: the same steps, without a frame and a dict per call
+        return functools.partial(make_row, cls, defaults)
+    new, setattr_ = object.__new__, object.__setattr__
 
     def make(filed: dict[str, object] | None = None, /, **values: object) -> R:
         row = new(cls)
-        slots = row.__dict__
-        slots.update(defaults)
-        if filed:
-            slots.update(filed)
-            if len(slots) != count:  # entries that are no field of the row
-                for key in last_extras[0]:
-                    slots.pop(key, None)
-                if len(slots) != count:
-                    extras = last_extras[0] = tuple(slots.keys() - defaults.keys())
-                    for key in extras:
-                        del slots[key]
+        if filed is None:
+            slots = dict(defaults)
+        else:
+            slots = filed
+            for key, default in defaults.items():
+                slots.setdefault(key, default)
         slots.update(values)
+        setattr_(row, "__dict__", slots)
         return row
 
     return make
