@@ -155,6 +155,25 @@ def test_slowest_flag_needs_the_shared_threshold_and_does_not_flap():
     assert not seen, f"SLOWEST flapped onto ranks {sorted(seen)}"
 
 
+def test_without_published_scores_the_longest_step_is_flagged_only_past_the_line():
+    """A job whose monitor publishes no straggler score (an older one): the slowest rank is the
+    one with the longest step, flagged when median step ÷ its own is below the shared line, and
+    never against the monitor's own verdict where it publishes one."""
+    from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD as LINE
+    from fsdpmon.top.rows import mark_slowest
+    from fsdpmon.top.snapshot import RankRow
+
+    def flagged(score: float, **verdict: object) -> tuple[int | None, list[int]]:
+        rows = [RankRow(rank=r, step_time_s=0.5 if r != 2 else 0.5 / score, **(
+            verdict if r == 2 else {})) for r in range(4)]
+        return mark_slowest(rows, {}), [r.rank for r in rows if r.slowest]
+
+    assert flagged(LINE * 0.9) == (2, [2]), "median/own below the line"
+    assert flagged(LINE * 1.1) == (2, []), "slowest, but above the line"
+    assert flagged(LINE * 0.5, straggling=False) == (2, []), "the monitor's verdict wins"
+    assert flagged(LINE * 1.1, straggler_score=LINE * 0.9) == (2, [2]), "its published score"
+
+
 def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
     """The parser's scan drops inactive clock-event reasons, corrected ECC counts and per-core
     CPU lines (REQUIRE); the active reasons, the uncorrected count, XIDs and the node total

@@ -36,7 +36,8 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
         out.append(Alert("target_down", Severity.CRITICAL,
                             f"{len(down)} of {len(snap.targets)} targets down: {names}"))
     out += _never_seen(snap)
-    early = [r for r in snap.ranks if gone_early(r, snap.total_steps)]
+    gone = [r for r in snap.ranks if r.down]
+    early = [r for r in gone if gone_early(r, snap.total_steps)]
     if early:
         steps = [r.step for r in early if r.step is not None]
         last = f" (last seen at step {min(steps)}" if steps else ""
@@ -44,7 +45,7 @@ def alerts(snap: JobSnapshot) -> list[Alert]:
         out.append(Alert("rank_down", Severity.CRITICAL,
                          f"rank {_fmt_ranks([r.rank for r in early])} gone before the last "
                          f"step{last}"))
-    finished = [r.rank for r in snap.ranks if r.down and not gone_early(r, snap.total_steps)]
+    finished = [r.rank for r in gone if not gone_early(r, snap.total_steps)]
     if finished:
         out.append(Alert("rank_down", Severity.WARNING,
                          f"rank {_fmt_ranks(finished)} finished and gone"))

@@ -181,15 +181,16 @@ def mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
     if slowest is None or all(r.rank != slowest for r in live):
         slowest = (min(scored, key=lambda r: (r.straggler_score, r.rank)).rank if scored
                    else max(live, key=lambda r: r.step_time_s or 0.0).rank)
-    median = statistics.median(r.step_time_s or 0.0 for r in live)
-    for i, r in enumerate(ranks):
-        # without a published score: the same shape from step times, median ÷ own
-        score = r.straggler_score if r.straggler_score is not None else (
-            median / r.step_time_s if r.step_time_s else None)
-        straggles = r.straggling if r.straggling is not None else (
-            score is not None and score < STRAGGLER_SCORE_THRESHOLD)
-        if r.rank == slowest and straggles:
-            ranks[i] = replace(r, slowest=True)
+    i = next(i for i, r in enumerate(ranks) if r.rank == slowest)  # a live rank's row
+    r = ranks[i]
+    straggles = r.straggling
+    if straggles is None:
+        score = r.straggler_score
+        if score is None and r.step_time_s:  # no published score: median step time ÷ own
+            score = statistics.median(r.step_time_s or 0.0 for r in live) / r.step_time_s
+        straggles = score is not None and score < STRAGGLER_SCORE_THRESHOLD
+    if straggles:
+        ranks[i] = replace(r, slowest=True)
     return slowest
 
 

@@ -178,7 +178,7 @@ def gpu_cells(g: GpuRow) -> list[Text]:
 def gpu_summary(gpus: Sequence[GpuRow], simulated: bool = False) -> FittedLine:
     """One line over all GPUs; parts that do not fit are left out whole."""
     utils = [g.utilization_ratio for g in gpus if g.utilization_ratio is not None]
-    mems = [g.memory_ratio for g in gpus if g.memory_ratio is not None]
+    mems = [ratio for g in gpus if (ratio := g.memory_ratio) is not None]
     temps = [g.temperature_celsius for g in gpus if g.temperature_celsius is not None]
     power = sum(g.power_watts for g in gpus if g.power_watts is not None)
     nodes = len({g.node for g in gpus})
