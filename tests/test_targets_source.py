@@ -244,9 +244,60 @@ def test_the_processes_view_asks_for_process_families_each_refresh_and_carries_s
     done = cadence.complete(ScrapeResult(target, [gpu, newer]))
     assert done.samples == [gpu, newer, exporter], "fresh processes, the static fact carried"
     cadence.processes_open = False
-    assert not cadence.names() & SLOW_NAMES, "closed again: a light refresh"
+    assert not cadence.names() & SLOW_NAMES and not cadence.processes_asked, "a light refresh"
     light = cadence.complete(ScrapeResult(target, [gpu]))
-    assert light.samples == [gpu, newer, exporter], "the latest processes are carried"
+    assert light.samples == [gpu, exporter], "static facts carried, processes not (as rows)"
+
+
+def _rss(payloads: dict[str, bytes], node: str, rss: bytes) -> None:
+    """Every process of ``node``'s exporter now resident at ``rss`` bytes."""
+    path = f"/node/{node}"
+    lines = payloads[path].split(b"\n")
+    payloads[path] = b"\n".join(
+        line.rsplit(b" ", 1)[0] + b" " + rss
+        if line.startswith(b"fsdpmon_process_resident_memory_bytes{") else line
+        for line in lines)
+
+
+def test_a_refresh_that_does_not_ask_for_processes_keeps_each_answering_nodes_rows():
+    """Between the refreshes that ask for the process families, each node whose exporter
+    answers keeps its last process rows (the same rows, not filed again); a node whose exporter
+    is down loses them, as it loses its GPU figures; a target that ignores ``name[]`` sends
+    its processes anyway and they are used; the Processes view asks every refresh."""
+    payloads = job_expositions("llama", 2, 2)
+    srv = PayloadServer(payloads)
+    source = TargetsSource([srv.url(p) for p in sorted(payloads)], timeout_s=5.0, split=False)
+
+    def rss(snap) -> dict[str, set[float]]:
+        return {n: {p.rss_bytes for p in snap.processes if p.node == n}
+                for n in ("node-000", "node-001")}
+
+    try:
+        full = source.fetch()
+        assert source.cadence.full and rss(full) == {"node-000": {1.2e10}, "node-001": {1.2e10}}
+        _rss(payloads, "node-000", b"3e9")
+        light = source.fetch()
+        assert not source.cadence.processes_asked and light.processes is full.processes, \
+            "a light refresh filed processes anew"
+        assert [r.gpus for r in light.ranks] == [r.gpus for r in full.ranks] and \
+            [g.ranks for g in light.gpus] == [g.ranks for g in full.gpus], "ties differ"
+        srv.honour_names = False  # it sends everything: its fresh processes are used
+        assert rss(source.fetch())["node-000"] == {3e9}, "fresh processes were not used"
+        srv.honour_names = True
+        gone = payloads.pop("/node/node-001")
+        down = source.fetch()
+        assert not source.cadence.processes_asked, "the test needs a light refresh here"
+        assert rss(down) == {"node-000": {3e9}, "node-001": set()}, \
+            f"a down exporter's processes stayed: {rss(down)}"
+        payloads["/node/node-001"] = gone
+        assert rss(source.fetch())["node-001"] == {1.2e10}, "back, after asking for all"
+        _rss(payloads, "node-001", b"5e9")
+        source.showing("processes")
+        assert source.fetch() and rss(source.fetch())["node-001"] == {5e9}, \
+            "the Processes view did not ask for processes"
+    finally:
+        source.close()
+        srv.close()
 
 
 def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_one_refresh():

@@ -17,6 +17,7 @@ from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result, merge  # 
 from fsdpmon.top.health import alerts, settle
 from fsdpmon.top.rows import (
     carry_down_ranks,
+    carry_processes,
     gpu_rows,
     mark_slowest,
     node_rows,
@@ -64,12 +65,19 @@ class JobAggregator:
     def snapshot(
         self, *, now: float, source: str, previous: JobSnapshot | None = None,
         job_name: str = "", logs: tuple[str, ...] = (), log_pod: str = "",
+        processes_asked: bool = True,
     ) -> JobSnapshot:
+        """The job's snapshot (once per aggregator: the rows take its accumulators over).
+        Without ``processes_asked`` (a refresh that did not ask for the process families),
+        each node whose exporter answered without process figures keeps its process rows of
+        ``previous``."""
         acc = self._acc
         last_node = {t.url: t.node for t in previous.targets} if previous else {}
         targets = [self._statuses.get(i) or _down_status(self._down[i], last_node)
                    for i in sorted(self._statuses.keys() | self._down.keys())]
-        processes = process_rows(acc)
+        processes = tuple(process_rows(acc))
+        if not processes_asked and previous is not None:
+            processes = carry_processes(processes, previous, targets)
         gpus_of, ranks_on = ties(processes)
         rank_rows = {r: rank_row(r, d, now, gpus_of.get(r, ())) for r, d in acc.ranks.items()}
         carry_down_ranks(rank_rows, previous, now, gpus_of)
@@ -80,7 +88,7 @@ class JobAggregator:
             time=now, source=source, ranks=tuple(ranks),
             job_name=acc.job_name or job_name or (previous.job_name if previous else ""),
             gpus=tuple(gpus), nodes=tuple(node_rows(acc, gpus)),
-            processes=tuple(processes), targets=tuple(targets),
+            processes=processes, targets=tuple(targets),
             slowest_rank=slowest, model=acc.model or (previous.model if previous else ""),
             logs=logs, log_pod=log_pod,
         ))

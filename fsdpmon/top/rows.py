@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import replace
@@ -23,6 +24,7 @@ from fsdpmon.top.snapshot import (
     NodeRow,
     ProcessRow,
     RankRow,
+    TargetStatus,
 )
 
 HISTORY_LEN = 60
@@ -121,6 +123,23 @@ def process_rows(acc: Acc) -> list[ProcessRow]:
     ) for (node, pid), d in sorted(acc.procs.items())]
 
 
+def carry_processes(fresh: tuple[ProcessRow, ...], previous: JobSnapshot,
+                    targets: Sequence[TargetStatus]) -> tuple[ProcessRow, ...]:
+    """The process rows of a refresh that did not ask for the process families: ``fresh``
+    (from targets that ignore ``name[]``), and ``previous``'s rows of each node whose exporter
+    answered without any. When that is all of ``previous``'s, its own tuple (which ties then
+    knows)."""
+    answered = {t.node for t in targets if t.up and t.kind == "exporter"}
+    answered.difference_update(p.node for p in fresh)
+    kept = [p for p in previous.processes if p.node in answered]
+    if not fresh and len(kept) == len(previous.processes):
+        return previous.processes
+    return tuple(sorted([*fresh, *kept], key=_NODE_PID))
+
+
+_NODE_PID = operator.attrgetter("node", "pid")
+
+
 def _held(gpus: set[str]) -> tuple[str, ...]:
     return tuple(gpus) if len(gpus) == 1 else tuple(sorted(gpus, key=_gpu_order))
 
@@ -139,7 +158,21 @@ def ties(processes: Sequence[ProcessRow]) -> Ties:
     lists the process on the GPU, the exporter reads the worker's RANK from its environment.
 
     Most ranks have one worker on one GPU, taken as it is; only a rank seen in several
-    processes or GPUs needs its set sorted."""
+    processes or GPUs needs its set sorted. The last answer is kept for the same tuple of rows
+    (a refresh that carries every process row passes the last snapshot's)."""
+    last = _LAST_TIES[0]
+    if last is not None and last[0] is processes:
+        return last[1]
+    found = _ties(processes)
+    if isinstance(processes, tuple):
+        _LAST_TIES[0] = (processes, found)  # one entry, replaced at once
+    return found
+
+
+_LAST_TIES: list[tuple[tuple[ProcessRow, ...], Ties] | None] = [None]
+
+
+def _ties(processes: Sequence[ProcessRow]) -> Ties:
     held: dict[int, list[tuple[str, str]]] = {}
     for p in processes:
         if p.rank is not None and p.gpus:

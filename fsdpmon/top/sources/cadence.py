@@ -5,9 +5,13 @@ Two slow tiers. Process families feed only the Processes view and the GPU-rank t
 change when a process starts or ends): asked for every ``SLOW_EVERY`` refreshes, and on every
 refresh while the Processes view is open. Static facts (``*_info`` series, a rank's planned
 steps, device memory and stall threshold) are asked for every ``SLOW_EVERY`` refreshes whatever
-the view. A target's last answer for a tier is carried into the refreshes that do not ask for
-it, so the views see the same rows; a target that ignores ``name[]`` sends them anyway, and its
-fresh ones are used.
+the view. A target's last answer of static facts is carried into the refreshes that do not ask
+for them, so the views see the same rows; a target that ignores ``name[]`` sends them anyway,
+and its fresh ones are used. Processes are carried as rows instead (aggregate's
+``processes_asked``): a refresh that does not ask for them takes the last snapshot's process
+rows of each node whose exporter answered without any, which are what filing its last answer
+again would give, for none of their figures can have changed (refiling them cost ~10% of a
+refresh of a 2048-GPU job).
 """
 
 from __future__ import annotations
@@ -35,7 +39,6 @@ STATIC_RANK_NAMES = frozenset([catalog.TRAIN_TOTAL_STEPS.name,
 PROCESS_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY])
 STATIC_NAMES = frozenset([TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES])
 SLOW_NAMES = PROCESS_NAMES | STATIC_NAMES
-TIERS = (PROCESS_NAMES, STATIC_NAMES)
 SLOW_EVERY = 5  # refreshes: 10 s at top's default 2 s interval
 
 
@@ -48,8 +51,8 @@ class Cadence:
         self._refreshes = 0
         self._asked: frozenset[str] = WANTED
         self._lacking = False  # a target has none of its static facts yet: ask again at once
-        # target URL → its last samples of each slow tier
-        self._kept: dict[str, dict[frozenset[str], list[Sample]]] = {}
+        # target URL → its last samples of static facts
+        self._kept: dict[str, list[Sample]] = {}
 
     def names(self) -> frozenset[str]:
         """The names this refresh asks for (call once per refresh)."""
@@ -65,6 +68,12 @@ class Cadence:
     def full(self) -> bool:
         """Whether this refresh asks for every family."""
         return self._asked >= SLOW_NAMES
+
+    @property
+    def processes_asked(self) -> bool:
+        """Whether this refresh asks for the process families (else the last snapshot's
+        process rows stand: aggregate's ``processes_asked``)."""
+        return self._asked >= PROCESS_NAMES
 
     def begin(self, asked: frozenset[str]) -> None:
         """A refresh that asks for ``asked``: what ``names()`` does, and all a helper process's
@@ -88,23 +97,21 @@ class Cadence:
             self._lacking = True
 
     def complete(self, result: ScrapeResult) -> ScrapeResult:
-        """``result`` with its target's carried samples of the tiers not asked for (fresh ones,
-        from a target that ignores ``name[]``, are kept instead)."""
+        """``result`` with its target's carried static facts when they were not asked for
+        (fresh ones, from a target that ignores ``name[]``, are kept instead)."""
         if result.samples is None:
             self._lacking = True  # down now: when it answers, the next refresh has it all
             return result
-        slow = [s for s in result.samples if s.name in SLOW_NAMES]
-        kept = self._kept.setdefault(result.target.url, {})
+        url = result.target.url
+        fresh = [s for s in result.samples if s.name in STATIC_NAMES]
         carried: list[Sample] = []
-        for tier in TIERS:
-            fresh = [s for s in slow if s.name in tier]
-            if fresh or tier <= self._asked:
-                kept[tier] = fresh
-            else:
-                carried += kept.get(tier, ())
+        if fresh or self._asked >= STATIC_NAMES:
+            self._kept[url] = fresh
+        else:
+            carried = self._kept.get(url, [])
         # A job that had not published its static facts yet (ranks still starting) would
         # otherwise show rows without a node or pod for SLOW_EVERY refreshes.
-        self._lacking = self._lacking or not kept.get(STATIC_NAMES)
+        self._lacking = self._lacking or not (fresh or carried)
         if not carried:
             return result
         return new_result(target=result.target, samples=[*result.samples, *carried],

@@ -222,7 +222,8 @@ class TargetsSource:
         if helper is not None:
             self._take_share(helper, aggregator)
         snap = aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
-                                   job_name=self.job_name)
+                                   job_name=self.job_name,
+                                   processes_asked=cadence.processes_asked)
         cadence.check(snap)
         return snap
 
