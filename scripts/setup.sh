@@ -39,7 +39,7 @@ venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-
 [ -x .venv/bin/python ] || { echo "==> creating .venv ${venv_flags[*]}" >&2
   python3 -m venv "${venv_flags[@]}" .venv; }
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
-stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/top/_*.c | sha1sum | cut -c1-12)-$extras"
+stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/top/_*.[ch] | sha1sum | cut -c1-12)-$extras"
 # The C halves of top (fsdpmon/top/_*.c) are built by the install below (pyproject.toml): one
 # missing (a tree cleaned since) re-runs it, unless this machine lacks a C compiler or headers.
 c_half_missing() {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import math
 import random
+import re
 import shutil
 import struct
 import sysconfig
@@ -223,6 +224,30 @@ def test_the_c_halves_are_built_where_a_compiler_is():
         except ImportError as exc:
             missing.append(f"{source.stem} ({exc})")
     assert not missing, f"not built though {compiler} and {headers} are here: {missing}"
+
+
+def test_each_c_half_is_a_module_of_its_own_with_the_headers_it_includes():
+    """pyproject.toml builds each fsdpmon/top/_*.c as the module of its name, and lists in its
+    depends every _*.h that source includes: what sdist ships and what makes build_ext and
+    setup.sh's stamp rebuild it when only the header changed."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(layout.__file__).parents[2]
+    setuptools = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]
+    modules = setuptools["ext-modules"]
+    declared = {m["name"]: m for m in modules}
+    here = Path(layout.__file__).parent
+    for source in sorted(here.glob("_*.c")):
+        module = declared.get(f"fsdpmon.top.{source.stem}")
+        assert module is not None, f"{source.name} is built by no ext-module: {sorted(declared)}"
+        assert module["sources"] == [f"fsdpmon/top/{source.name}"], f"{source.name}: {module}"
+        included = set(re.findall(r'#include "(_\w+\.h)"', source.read_text()))
+        depends = {Path(d).name for d in module.get("depends", [])}
+        assert included == depends, (
+            f"{source.name} includes {sorted(included)}; its depends: {sorted(depends)}"
+        )
+    headers = {h.name for h in here.glob("_*.h")}
+    listed = {Path(d).name for m in modules for d in m.get("depends", [])}
+    assert headers == listed, f"headers {sorted(headers)} against depends {sorted(listed)}"
 
 
 def test_a_line_dropped_with_a_timestamp_leaves_no_template():
