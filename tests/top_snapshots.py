@@ -4,7 +4,7 @@ catalog-shaped expositions rendered by prometheus_client, parsed and aggregated.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
+from dataclasses import asdict, replace
 
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
@@ -90,3 +90,12 @@ def diagnosis_history(at, n: int) -> list[JobSnapshot]:
         snaps.append(aggregate(results(specs, **kw), now=T0 + REFRESH_S * i, source="targets",
                                previous=snaps[-1] if snaps else None))
     return snaps
+
+
+def scraped_rows(snap) -> list[list[str]]:
+    """Every row's figures, without where and when it was scraped (nor the history, which
+    grows by one each refresh)."""
+    where = ("seen_at", "gone_at", "target", "url")
+    return [sorted(repr({k: v for k, v in asdict(row).items()
+                         if k not in where and not k.endswith("_history")})
+                   for row in rows) for rows in (snap.ranks, snap.gpus, snap.processes)]
