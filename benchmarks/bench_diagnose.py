@@ -40,7 +40,7 @@ from rich.console import Console  # noqa: E402
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS  # noqa: E402
 from fsdpmon.diagnose import RankStack, diagnose  # noqa: E402
 from fsdpmon.diagnose.stacks import Frame  # noqa: E402
-from fsdpmon.top.sources.targets import TargetsSource  # noqa: E402
+from fsdpmon.scrape.sources.targets import TargetsSource  # noqa: E402
 
 BOUND_S = 30.0  # max(3 log windows, 30 s); a log window here (5 steps) is well under 10 s
 S = 60  # trainer faults start at this step: after the job has settled

@@ -51,13 +51,14 @@ from typing import Any
 import psutil
 from rich.console import Console
 
-from fsdpmon.top.sources.cadence import SLOW_EVERY
-from fsdpmon.top.sources.gcpause import top_owns_this_process
-from fsdpmon.top.sources.httpget import IN_FLIGHT
-from fsdpmon.top.sources.targets import TargetsSource, with_names
+from fsdpmon.scrape.fetch import with_names
+from fsdpmon.scrape.gcpause import top_owns_this_process
+from fsdpmon.scrape.httpget import IN_FLIGHT
+from fsdpmon.scrape.sources.cadence import SLOW_EVERY
+from fsdpmon.scrape.sources.targets import TargetsSource
+from fsdpmon.scrape.wanted import WANTED
 from fsdpmon.top.ui_state import ViewState
 from fsdpmon.top.views import frame
-from fsdpmon.top.wanted import WANTED
 
 # The synthetic job generator is test code (tests/synthetic_job.py), not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

@@ -21,15 +21,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 
 from fsdpmon.families import restrict
-from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
-from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.filing import Acc, file_result
-from fsdpmon.top.fused import new_filing_parser
-from fsdpmon.top.sources.cadence import SLOW_NAMES, STATIC_NAMES
-from fsdpmon.top.sources.httpget import get_all
+from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.filing import Acc, file_result
+from fsdpmon.scrape.fused import new_filing_parser
+from fsdpmon.scrape.httpget import get_all
+from fsdpmon.scrape.sources.cadence import SLOW_NAMES, STATIC_NAMES
+from fsdpmon.scrape.wanted import WANTED, new_parser
 from fsdpmon.top.tables import select_rows, table_of
 from fsdpmon.top.ui_state import ViewState
-from fsdpmon.top.wanted import WANTED, new_parser
 
 # The synthetic job generator is test code (tests/synthetic_job.py), not part of the package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

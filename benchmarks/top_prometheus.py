@@ -21,9 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from prometheus_stack import run_prometheus
 from synthetic_job import job_expositions
 
-from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.sources.prometheus import PrometheusSource
-from fsdpmon.top.wanted import WANTED
+from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.sources.prometheus import PrometheusSource
+from fsdpmon.scrape.wanted import WANTED
 
 STEPS = (60, 30, 5)  # seconds before now: the last one within the 5-minute instant lookback
 

@@ -41,11 +41,11 @@ _REFRESHER = """
 import io, json, sys, time
 sys.path.insert(0, sys.argv[1])
 from rich.console import Console
-from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.scrape.sources.targets import TargetsSource
 from fsdpmon.top.ui_state import ViewState
 from fsdpmon.top.views import frame
 try:  # as the live view does, where the version has it
-    from fsdpmon.top.sources.gcpause import top_owns_this_process
+    from fsdpmon.scrape.gcpause import top_owns_this_process
     top_owns_this_process()
 except ImportError:
     pass

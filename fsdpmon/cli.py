@@ -25,7 +25,7 @@ SERVICES = frozenset({"exporter"})
 COMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("fsdpmon.demo", "run a local 2-rank training with the exporter and `top` watching it"),
     "top": ("fsdpmon.top.cli", "live terminal view of a whole FSDP job across pods"),
-    "diagnose": ("fsdpmon.top.diagnose_cli",
+    "diagnose": ("fsdpmon.diagnose.cli",
                  "name the rank, pod, node or GPU behind a stall or slowdown, and why"),
     "exporter": ("exporters.cli", "per-node exporter: GPUs, host and processes, with pod labels"),
     "manifests": ("fsdpmon.manifests.cli", "generate the Kubernetes job, exporter and monitoring"),

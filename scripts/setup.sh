@@ -39,12 +39,12 @@ venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-
 [ -x .venv/bin/python ] || { echo "==> creating .venv ${venv_flags[*]}" >&2
   python3 -m venv "${venv_flags[@]}" .venv; }
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
-stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/top/_*.[ch] | sha1sum | cut -c1-12)-$extras"
-# The C halves of top (fsdpmon/top/_*.c) are built by the install below (pyproject.toml): one
+stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/scrape/_*.[ch] | sha1sum | cut -c1-12)-$extras"
+# The C halves of the scrape layer (fsdpmon/scrape/_*.c) are built by the install below (pyproject.toml): one
 # missing (a tree cleaned since) re-runs it, unless this machine lacks a C compiler or headers.
 c_half_missing() {
   local source built=1
-  for source in fsdpmon/top/_*.c; do
+  for source in fsdpmon/scrape/_*.c; do
     compgen -G "${source%.c}.*.so" >/dev/null || built=0
   done
   [ "$built" = 0 ] && .venv/bin/python - <<'PY'

@@ -21,9 +21,9 @@ from support import free_port
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.diagnose import Finding, Verdict
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.targets import TargetsSource
-from fsdpmon.top.stack_evidence import Diagnoser
+from fsdpmon.diagnose.evidence import Diagnoser
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.sources.targets import TargetsSource
 
 REPO = Path(__file__).resolve().parents[1]
 STALL_FLOOR_S = 8.0  # the monitor's stall floor for these jobs (the shipped default is 120 s)

@@ -7,10 +7,10 @@ from rich.console import Console
 from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.job.snapshot import SPARK_WIDTH, JobState, ProcessRow
+from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.scrape.rows import ties
 from fsdpmon.top import fmt
-from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
-from fsdpmon.top.rows import ties
-from fsdpmon.top.snapshot import SPARK_WIDTH, JobState, ProcessRow
 from fsdpmon.top.tables import table_of
 from fsdpmon.top.ui_state import ViewState
 
@@ -126,7 +126,7 @@ def test_memory_pressure_and_nonfinite_loss_alerts():
 
 
 def test_garbage_samples_and_unknown_targets_are_harmless():
-    from fsdpmon.top.expfmt import Sample
+    from fsdpmon.scrape.expfmt import Sample
 
     junk = [Sample("fsdpmon_train_step", {"rank": "x"}, 1.0),
             Sample("fsdpmon_gpu_utilization_ratio", {}, 0.5),
@@ -160,8 +160,8 @@ def test_without_published_scores_the_longest_step_is_flagged_only_past_the_line
     one with the longest step, flagged when median step ÷ its own is below the shared line, and
     never against the monitor's own verdict where it publishes one."""
     from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD as LINE
-    from fsdpmon.top.rows import mark_slowest
-    from fsdpmon.top.snapshot import RankRow
+    from fsdpmon.job.snapshot import RankRow
+    from fsdpmon.scrape.rows import mark_slowest
 
     def flagged(score: float, **verdict: object) -> tuple[int | None, list[int]]:
         rows = [RankRow(rank=r, step_time_s=0.5 if r != 2 else 0.5 / score, **(
@@ -180,7 +180,7 @@ def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
     still reach the GPU and node rows."""
     from synthetic_job import GpuSpec, exporter_exposition
 
-    from fsdpmon.top.wanted import new_parser
+    from fsdpmon.scrape.wanted import new_parser
 
     body = exporter_exposition("node-9", [
         GpuSpec(gpu=0, clock_events=("hw_slowdown", "sw_thermal_slowdown"), ecc_uncorrected=3,
@@ -227,7 +227,7 @@ def test_a_gpus_clock_event_bitmask_names_its_reasons_and_nothing_else(served, s
     negative, fractional, too large) shows no reason and breaks nothing."""
     body = (b'fsdpmon_gpu_utilization_ratio{gpu="0",node="n0"} 0.5\n'
             b'fsdpmon_gpu_clock_event_reasons{gpu="0",node="n0"} ' + served.encode() + b"\n")
-    from fsdpmon.top.wanted import new_parser
+    from fsdpmon.scrape.wanted import new_parser
 
     snap = aggregate([ScrapeResult(Target("http://n0:9521/metrics"), new_parser().parse(body))],
                      now=0.0, source="test")
@@ -239,7 +239,7 @@ def test_a_clock_event_mask_reads_back_as_its_reasons():
     (filing.clock_event_reasons) are each other's inverse; a reason named twice counts once,
     an unknown one adds nothing."""
     from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, clock_event_mask
-    from fsdpmon.top.filing import clock_event_reasons
+    from fsdpmon.scrape.filing import clock_event_reasons
 
     for reason, bit in GPU_CLOCK_EVENT_BITS.items():
         assert clock_event_mask([reason, reason, "no_such_reason"]) == float(bit), reason

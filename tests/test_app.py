@@ -15,8 +15,8 @@ from payload_server import PayloadServer
 from synthetic_job import job_expositions
 
 from fsdpmon.errors import UnreachableError
+from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.top.app import Refresher, split_keys
-from fsdpmon.top.snapshot import JobSnapshot
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -26,7 +26,7 @@ from fsdpmon.demo.session import (
 )
 from fsdpmon.demo.source import LocalLogs
 from fsdpmon.errors import ConfigError, JobUnhealthyError
-from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow, TargetStatus
+from fsdpmon.job.snapshot import JobSnapshot, JobState, RankRow, TargetStatus
 
 
 @pytest.mark.parametrize(

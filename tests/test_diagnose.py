@@ -12,7 +12,7 @@ from top_snapshots import REFRESH_S, diagnosis_history
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.diagnose import CAUSES, Finding, RankStack, diagnose, merge, parse_stacks
 from fsdpmon.diagnose.stacks import Frame
-from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
+from fsdpmon.job.snapshot import JobSnapshot, TargetStatus
 
 # Enough refreshes to span the evidence window, and one more.
 N = int(DIAGNOSIS_EVIDENCE_SECONDS // REFRESH_S) + 2

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fsdpmon.top.discovery import (
+from fsdpmon.scrape.discovery import (
     exporter_metrics_port,
     exporters_for_nodes,
     find_job_pods,

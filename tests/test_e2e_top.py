@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.scrape.sources.targets import TargetsSource
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240),
               pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")]

@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from synthetic_job import job_expositions
 
-from fsdpmon.top.expfmt import Parser, parse, parse_labels
-from fsdpmon.top.expfmt_strict import parse_line
-from fsdpmon.top.wanted import WANTED
+from fsdpmon.scrape.expfmt import Parser, parse, parse_labels
+from fsdpmon.scrape.expfmt_strict import parse_line
+from fsdpmon.scrape.wanted import WANTED
 
 
 def _reference(text: str) -> list[tuple]:

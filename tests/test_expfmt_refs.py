@@ -8,7 +8,7 @@ import json
 import math
 from pathlib import Path
 
-from fsdpmon.top.expfmt import Parser
+from fsdpmon.scrape.expfmt import Parser
 
 CASES = json.loads((Path(__file__).parent / "data/expfmt_refs/cases.json").read_text())["cases"]
 

@@ -1,4 +1,4 @@
-"""The C half of filing (fsdpmon/top/_filing.c) files what the Python loop files: the same rows,
+"""The C half of filing (fsdpmon/scrape/_filing.c) files what the Python loop files: the same rows,
 memos, statuses and errors, on a job's payloads, on hostile ones and on samples no parser
 makes (odd label values, rows without a node, values of other types)."""
 
@@ -11,14 +11,14 @@ from synthetic_job import GpuSpec, exporter_exposition, job_expositions
 from test_fused import _job
 
 from fsdpmon import catalog
-from fsdpmon.top import filing, fused, layout
-from fsdpmon.top.expfmt import Parser, Sample
-from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result
-from fsdpmon.top.fused import FilingParser
-from fsdpmon.top.sources.cadence import SLOW_NAMES
-from fsdpmon.top.wanted import REQUIRE, WANTED
+from fsdpmon.scrape import filing, fused, layout
+from fsdpmon.scrape.expfmt import Parser, Sample
+from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result
+from fsdpmon.scrape.fused import FilingParser
+from fsdpmon.scrape.sources.cadence import SLOW_NAMES
+from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
-needs_c = pytest.mark.skipif(filing._filing is None, reason="fsdpmon.top._filing is not built")
+needs_c = pytest.mark.skipif(filing._filing is None, reason="fsdpmon.scrape._filing is not built")
 
 STEP = catalog.TRAIN_STEP.name
 INFO = catalog.TRAIN_INFO.name

@@ -8,11 +8,11 @@ import pytest
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
 from fsdpmon import catalog
-from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.filing import STORED, Acc, ScrapeResult, Target, file_result
-from fsdpmon.top.fused import FilingParser
-from fsdpmon.top.sources.cadence import SLOW_NAMES
-from fsdpmon.top.wanted import REQUIRE, WANTED
+from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.filing import STORED, Acc, ScrapeResult, Target, file_result
+from fsdpmon.scrape.fused import FilingParser
+from fsdpmon.scrape.sources.cadence import SLOW_NAMES
+from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
 STEP = catalog.TRAIN_STEP.name
 UTIL = catalog.GPU_UTILIZATION_RATIO.name

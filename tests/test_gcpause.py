@@ -1,4 +1,4 @@
-"""The collector around top's refreshes (fsdpmon.top.sources.gcpause): held off during one, what
+"""The collector around top's refreshes (fsdpmon.scrape.gcpause): held off during one, what
 survives frozen only in top's own processes, and cyclic garbage among the frozen still collected
 every UNFREEZE_EVERY-th refresh. Each case runs in a fresh interpreter: freezing is
 process-wide, and this one is pytest's."""
@@ -11,7 +11,7 @@ import textwrap
 
 _PRELUDE = """
 import gc, weakref
-from fsdpmon.top.sources.gcpause import UNFREEZE_EVERY, collector_paused, top_owns_this_process
+from fsdpmon.scrape.gcpause import UNFREEZE_EVERY, collector_paused, top_owns_this_process
 
 class Node:
     pass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.top.health import (
+from fsdpmon.job.health import (
     MEMORY_PRESSURE_RATIO,
     alerts,
     gone_early,
@@ -13,7 +13,7 @@ from fsdpmon.top.health import (
     settle,
     with_conditions,
 )
-from fsdpmon.top.snapshot import GpuRow, JobSnapshot, JobState, RankRow, TargetStatus
+from fsdpmon.job.snapshot import GpuRow, JobSnapshot, JobState, RankRow, TargetStatus
 
 UP, DOWN = TargetStatus("http://a/metrics", "train", True), TargetStatus("http://b", "", False)
 

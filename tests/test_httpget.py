@@ -13,8 +13,8 @@ import pytest
 from payload_server import PayloadServer
 from synthetic_job import job_expositions
 
-from fsdpmon.top.sources import httpget
-from fsdpmon.top.sources.httpget import ScrapeError, body_of, get_all, http_get
+from fsdpmon.scrape import httpget
+from fsdpmon.scrape.httpget import ScrapeError, body_of, get_all, http_get
 
 
 class RawServer:

@@ -13,9 +13,9 @@ from kube_standin import KubeStandIn
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
 from fsdpmon.errors import ConfigError, UnreachableError
+from fsdpmon.job.snapshot import JobSnapshot, JobState
+from fsdpmon.scrape.sources.kube import KubeSource, KubeSourceConfig
 from fsdpmon.top.cli import check_health
-from fsdpmon.top.snapshot import JobSnapshot, JobState
-from fsdpmon.top.sources.kube import KubeSource, KubeSourceConfig
 
 PYTORCHJOB = {"training.kubeflow.org/job-name": "llama",
               "training.kubeflow.org/replica-type": "worker"}

@@ -1,14 +1,22 @@
-"""The code's layout holds: names come from the catalog by symbol, imports only go down.
+"""The code's layout holds: names come from the catalog by symbol, imports only go down, and no
+two files import each other, however indirectly.
 
-Layers, bottom first (an import may only point at its own layer or one below):
+Floors, bottom first. A module may import its own unit and any unit on a lower floor; units that
+share a floor stay apart. docs/architecture.md says what each floor is for.
 
 0. the bottom layer: ``fsdpmon`` (the package root), ``catalog``, ``conventions``, ``errors``,
    ``validate``, ``faultspec``, ``families``, ``distenv``, and the endpoint both servers share
    (``httpserve``, ``webconfig``, ``basicauth``); it imports nothing else of ours.
-1. ``exporters`` and ``dashboards``: the bottom layer and themselves only, never each other.
-2. the rest of ``fsdpmon``; only the modules that run an exporter or ship the dashboards
-   (``RUNNERS``) may import layer 1.
-3. ``trainer``: the training code, instrumented with the monitor; nothing imports it, except
+1. ``exporters`` and ``dashboards``. Above them only the modules that run an exporter or ship the
+   dashboards (``RUNNERS``) may import them.
+2. ``fsdpmon.job``: the job model (snapshots, job states, the ``--json`` contract).
+3. the cores fed by it: ``fsdpmon.monitor`` (in the trainer), ``fsdpmon.scrape`` (reading
+   endpoints into snapshots), ``fsdpmon.diagnose`` (the one judge: snapshots in, findings out).
+4. the edges and commands over them: ``diagnose``'s command and its ``/stacks`` I/O, ``report``.
+5. ``fsdpmon.top``: the terminal UI.
+6. ``fsdpmon.demo`` and ``fsdpmon.manifests``.
+7. ``fsdpmon.cli``: the command dispatch.
+8. ``trainer``: the training code, instrumented with the monitor; nothing imports it, except
    that the manifests check the trainer command they generate (``--train-arg`` included) with
    the trainer's own torch-free parser (``TRAINER_CLI``).
 
@@ -39,11 +47,24 @@ def _sources(*dirs: str) -> list[Path]:
     return sorted(p for d in dirs for p in (ROOT / d).rglob("*.py"))
 
 
-BOTTOM = frozenset({"fsdpmon", "fsdpmon.catalog", "fsdpmon.conventions", "fsdpmon.errors",
-                    "fsdpmon.validate", "fsdpmon.faultspec", "fsdpmon.families",
-                    "fsdpmon.distenv",
-                    # the one HTTP endpoint both the exporter and the monitor serve through
-                    "fsdpmon.httpserve", "fsdpmon.webconfig", "fsdpmon.basicauth"})
+BOTTOM = ("fsdpmon", "fsdpmon.catalog", "fsdpmon.conventions", "fsdpmon.errors",
+          "fsdpmon.validate", "fsdpmon.faultspec", "fsdpmon.families", "fsdpmon.distenv",
+          # the one HTTP endpoint both the exporter and the monitor serve through
+          "fsdpmon.httpserve", "fsdpmon.webconfig", "fsdpmon.basicauth")
+DIAGNOSE_EDGES = ("fsdpmon.diagnose.cli", "fsdpmon.diagnose.evidence")
+# Each floor's units; a unit is a module or a package (with everything below it, unless a
+# longer unit claims part of it: the diagnose package's core and its edges).
+FLOORS: tuple[tuple[str, ...], ...] = (
+    BOTTOM,
+    ("exporters", "dashboards"),
+    ("fsdpmon.job",),
+    ("fsdpmon.monitor", "fsdpmon.scrape", "fsdpmon.diagnose"),
+    (*DIAGNOSE_EDGES, "fsdpmon.report"),
+    ("fsdpmon.top",),
+    ("fsdpmon.demo", "fsdpmon.manifests"),
+    ("fsdpmon.cli",),
+    ("trainer",),
+)
 # fsdpmon modules that run an exporter (the demo) or wrap the dashboards (the manifests).
 RUNNERS = ("fsdpmon.demo", "fsdpmon.manifests")
 # The trainer's command line and model shapes (no torch), and the one module that may read them.
@@ -56,45 +77,127 @@ def _module(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _imports(tree: ast.Module, known: set[str]) -> set[str]:
-    """Our modules a file imports (``from a import b`` is module ``a.b`` where that exists)."""
+def _imports(tree: ast.Module, known: set[str], module: str = "") -> set[str]:
+    """Our modules a file imports (``from a import b`` is module ``a.b`` where that exists);
+    relative imports are resolved against ``module``."""
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
-                    else node.module for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[:len(module.split(".")) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known
+                    else base for a in node.names}
     return {name for name in out if name.split(".")[0] in PACKAGES}
 
 
-def _layer(module: str) -> int:
-    if module in BOTTOM:
-        return 0
-    top = module.split(".")[0]
-    return {"exporters": 1, "dashboards": 1, "fsdpmon": 2, "trainer": 3}[top]
+def _unit(module: str) -> tuple[int, str]:
+    """The floor and unit a module belongs to: the longest unit that is it or contains it."""
+    best: tuple[int, str] | None = None
+    for floor, units in enumerate(FLOORS):
+        for unit in units:
+            if (module == unit or module.startswith(unit + ".")) and (
+                    best is None or len(unit) > len(best[1])):
+                best = (floor, unit)
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add it to FLOORS")
+    if best[1] in DIAGNOSE_EDGES:  # the command and its I/O are one unit
+        return best[0], "fsdpmon.diagnose edges"
+    return best
 
 
 def _upward(source: str, target: str) -> bool:
+    """Whether ``source`` importing ``target`` breaks the floors."""
     if source == TRAINER_CLI_USER and target in TRAINER_CLI:
         return False
-    if _layer(target) > _layer(source):
+    (floor, unit), (target_floor, target_unit) = _unit(source), _unit(target)
+    if unit == target_unit or (floor == 0 and target_floor == 0):
+        return False
+    if target_floor == 1 and floor > 1 and not source.startswith(RUNNERS):
         return True
-    if _layer(source) == 1 == _layer(target):  # exporters and dashboards stay apart
-        return source.split(".")[0] != target.split(".")[0]
-    if _layer(source) == 2 and _layer(target) == 1:
-        return not source.startswith(RUNNERS)
-    return False
+    return target_floor >= floor
+
+
+def _edges() -> set[tuple[str, str]]:
+    paths = _sources(*PACKAGES)
+    known = {_module(p) for p in paths}
+    return {(_module(p), t) for p in paths
+            for t in _imports(_tree(p), known, _module(p)) if t != _module(p)}
 
 
 def test_imports_only_point_down():
-    paths = _sources(*PACKAGES)
-    known = {_module(p) for p in paths}
-    edges = {(_module(p), t) for p in paths
-             for t in _imports(_tree(p), known)}
+    edges = _edges()
     assert len(edges) > 100, f"only {len(edges)} import edges found: is the parser blind?"
     up = sorted(f"{a} -> {b}" for a, b in edges if _upward(a, b))
-    assert not up, f"{len(up)} imports point up a layer:\n" + "\n".join(up)
+    assert not up, f"{len(up)} imports point up a floor or across one:\n" + "\n".join(up)
+
+
+def test_every_module_is_on_a_floor():
+    modules = {_module(p) for p in _sources(*PACKAGES)}
+    assert len(modules) > 100, f"only {len(modules)} modules found"
+    for module in sorted(modules):
+        _unit(module)  # raises for a module no floor holds
+
+
+def _cycles(edges: set[tuple[str, str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    graph: dict[str, list[str]] = {}
+    for a, b in sorted(edges):
+        graph.setdefault(a, []).append(b)
+        graph.setdefault(b, [])
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_two_files_import_each_other():
+    """A package's __init__ re-exporting its modules is not a cycle of files: only edges
+    between modules that are files of their own count, lazy imports included."""
+    packages = {_module(p) for p in _sources(*PACKAGES) if p.name == "__init__.py"}
+    edges = {(a, b) for a, b in _edges() if a not in packages and b not in packages}
+    cycles = _cycles(edges)
+    assert not cycles, f"{len(cycles)} import cycles:\n" + "\n".join(map(" <-> ".join, cycles))
+
+
+def test_the_checks_see_a_cycle_and_an_upward_import():
+    assert _cycles({("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")}) == [["a", "b", "c"]]
+    assert _upward("fsdpmon.job.snapshot", "fsdpmon.top.views")
+    assert _upward("fsdpmon.diagnose.engine", "fsdpmon.diagnose.evidence")
+    assert _upward("fsdpmon.scrape.rows", "fsdpmon.diagnose.engine")  # same floor, apart
+    assert _upward("fsdpmon.top.views", "exporters.sample")  # not a runner
+    assert not _upward("fsdpmon.diagnose.cli", "fsdpmon.scrape.options")
+    assert not _upward("fsdpmon.demo.session", "exporters.sample")
 
 
 def _catalog_aliases(tree: ast.Module) -> set[str]:

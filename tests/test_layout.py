@@ -10,13 +10,13 @@ from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_expos
 from test_fused import _file
 
 from fsdpmon import catalog
-from fsdpmon.top import fused, layout
-from fsdpmon.top.expfmt import Parser, Sample
-from fsdpmon.top.filing import Acc, Filed, ScrapeResult, Target
-from fsdpmon.top.fused import FilingParser
-from fsdpmon.top.layout import Layout
-from fsdpmon.top.sources.cadence import SLOW_NAMES
-from fsdpmon.top.wanted import REQUIRE, WANTED
+from fsdpmon.scrape import fused, layout
+from fsdpmon.scrape.expfmt import Parser, Sample
+from fsdpmon.scrape.filing import Acc, Filed, ScrapeResult, Target
+from fsdpmon.scrape.fused import FilingParser
+from fsdpmon.scrape.layout import Layout
+from fsdpmon.scrape.sources.cadence import SLOW_NAMES
+from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
 STEP = catalog.TRAIN_STEP.name
 LOSS = catalog.TRAIN_LOSS.name
@@ -44,7 +44,7 @@ def c_half(request, monkeypatch) -> bool:
         monkeypatch.setattr(layout, "fill", None)
         monkeypatch.setattr(layout, "fill_rows", None)
     elif layout.fill is None:
-        pytest.skip("fsdpmon.top._lines is not built")
+        pytest.skip("fsdpmon.scrape._lines is not built")
     return request.param == "c"
 
 

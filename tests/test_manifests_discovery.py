@@ -3,7 +3,7 @@
 No API server runs here, so the operators' part is played by `operator_pods`: it turns the
 generated templates into the Pod JSON the training operator (PyTorchJob) or JobSet (TrainJob)
 would create, adding exactly the labels those controllers add. The discovery functions of
-`fsdpmon.top.discovery` (contract) and the monitors' selectors then have to find them.
+`fsdpmon.scrape.discovery` (contract) and the monitors' selectors then have to find them.
 """
 
 import copy
@@ -12,7 +12,7 @@ import pytest
 
 from fsdpmon import conventions as conv
 from fsdpmon.manifests import ManifestConfig, generate
-from fsdpmon.top import discovery
+from fsdpmon.scrape import discovery
 
 JOB = "llama2-7b"
 

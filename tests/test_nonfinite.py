@@ -23,15 +23,15 @@ from top_snapshots import T0, ranks, results
 
 from fsdpmon.diagnose.engine import diagnose
 from fsdpmon.errors import InputError
+from fsdpmon.job.snapshot import GpuRow, History, JobSnapshot, NodeRow, ProcessRow, RankRow
 from fsdpmon.report.loader import load_runs
 from fsdpmon.report.stats import run_stats, with_scaling
 from fsdpmon.report.table import markdown_report
-from fsdpmon.top.aggregate import ScrapeResult, aggregate
-from fsdpmon.top.expfmt import Sample
-from fsdpmon.top.snapshot import GpuRow, History, JobSnapshot, NodeRow, ProcessRow, RankRow
+from fsdpmon.scrape.aggregate import ScrapeResult, aggregate
+from fsdpmon.scrape.expfmt import Sample
+from fsdpmon.scrape.wanted import WANTED
 from fsdpmon.top.ui_state import VIEWS, ViewState
 from fsdpmon.top.views import frame, once_frame
-from fsdpmon.top.wanted import WANTED
 
 ANY_FLOAT = st.floats(allow_nan=True, allow_infinity=True)
 # the values that broke readers, drawn often; any float otherwise

@@ -9,8 +9,8 @@ import re
 import pytest
 from synthetic_job import job_expositions
 
-from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.sources.prometheus import PrometheusSource
+from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
 
 class _Stand_in(PrometheusSource):

@@ -24,8 +24,8 @@ from synthetic_job import (
 )
 
 from fsdpmon.errors import UnreachableError
-from fsdpmon.top.snapshot import JobState
-from fsdpmon.top.sources.prometheus import PrometheusSource
+from fsdpmon.job.snapshot import JobState
+from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None,

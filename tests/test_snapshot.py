@@ -8,7 +8,7 @@ import json
 import pytest
 from top_snapshots import ranks, snapshot
 
-from fsdpmon.top.snapshot import JobSnapshot, JobState, RankRow
+from fsdpmon.job.snapshot import JobSnapshot, JobState, RankRow
 
 
 def test_to_json_is_strict_and_complete():
@@ -37,12 +37,12 @@ def test_frozen_and_derived_fields():
 @pytest.fixture(params=["c", "python"])
 def maker_half(request, monkeypatch) -> str:
     """frozen.maker with its C half (_rows.make_row) and without."""
-    from fsdpmon.top import frozen
+    from fsdpmon.scrape import frozen
 
     if request.param == "python":
         monkeypatch.setattr(frozen, "make_row", None)
     elif frozen.make_row is None:
-        pytest.skip("fsdpmon.top._rows is not built")
+        pytest.skip("fsdpmon.scrape._rows is not built")
     return request.param
 
 
@@ -50,9 +50,9 @@ def test_rows_built_without_init_equal_those_built_with_it(maker_half):
     """frozen.maker fills a frozen row's __dict__ directly (the generated __init__ was most of a
     2048-rank refresh's row building): the rows, and each target's result and status, are the
     same objects as the classes' own."""
-    from fsdpmon.top.filing import ScrapeResult, Target
-    from fsdpmon.top.frozen import maker
-    from fsdpmon.top.snapshot import GpuRow, NodeRow, ProcessRow, TargetStatus
+    from fsdpmon.job.snapshot import GpuRow, NodeRow, ProcessRow, TargetStatus
+    from fsdpmon.scrape.filing import ScrapeResult, Target
+    from fsdpmon.scrape.frozen import maker
 
     for cls, required in ((RankRow, {"rank": 7}), (GpuRow, {"node": "n", "gpu": "1"}),
                           (NodeRow, {"node": "n"}), (ProcessRow, {"node": "n", "pid": 9}),
@@ -75,7 +75,7 @@ def test_a_row_made_from_its_accumulator_takes_it_over_and_fills_in_its_defaults
     the fields it lacks get their defaults and ``values`` win; entries that are no field
     (filing's bookkeeping, e.g. a rank's total_steps) stay there but are not the row's: ==,
     hash, repr and asdict are what the class's own __init__ gives."""
-    from fsdpmon.top.frozen import maker
+    from fsdpmon.scrape.frozen import maker
 
     make = maker(RankRow)
     for extra in ({"total_steps": 100.0, "world_size": 8}, {"rss_bytes": 3.0}, {}):

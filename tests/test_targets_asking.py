@@ -9,8 +9,8 @@ from payload_server import PayloadServer
 from synthetic_job import job_expositions
 from top_snapshots import scraped_rows
 
-from fsdpmon.top.sources.httpget import http_get
-from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.scrape.httpget import http_get
+from fsdpmon.scrape.sources.targets import TargetsSource
 
 
 def test_asks_only_for_the_names_top_reads_and_a_target_ignoring_that_still_works():
@@ -68,10 +68,10 @@ def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refr
     a target that was down then, gets the slow families on the very next refresh instead of
     showing rows without node or pod for SLOW_EVERY refreshes."""
     from fsdpmon import catalog
-    from fsdpmon.top.aggregate import ScrapeResult, Target
-    from fsdpmon.top.expfmt import Sample
-    from fsdpmon.top.sources.cadence import Cadence
-    from fsdpmon.top.wanted import TRAIN_INFO, WANTED
+    from fsdpmon.scrape.aggregate import ScrapeResult, Target
+    from fsdpmon.scrape.expfmt import Sample
+    from fsdpmon.scrape.sources.cadence import Cadence
+    from fsdpmon.scrape.wanted import TRAIN_INFO, WANTED
 
     cadence = Cadence(every=5)
     target = Target("http://127.0.0.1:1/metrics")
@@ -92,10 +92,10 @@ def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refr
 
 def test_the_processes_view_asks_for_process_families_each_refresh_and_carries_static_facts():
     from fsdpmon import catalog
-    from fsdpmon.top.aggregate import ScrapeResult, Target
-    from fsdpmon.top.expfmt import Sample
-    from fsdpmon.top.sources.cadence import PROCESS_NAMES, SLOW_NAMES, STATIC_NAMES, Cadence
-    from fsdpmon.top.wanted import EXPORTER_INFO, PROCESS_INFO, WANTED
+    from fsdpmon.scrape.aggregate import ScrapeResult, Target
+    from fsdpmon.scrape.expfmt import Sample
+    from fsdpmon.scrape.sources.cadence import PROCESS_NAMES, SLOW_NAMES, STATIC_NAMES, Cadence
+    from fsdpmon.scrape.wanted import EXPORTER_INFO, PROCESS_INFO, WANTED
 
     cadence = Cadence(every=5)
     target = Target("http://127.0.0.1:1/metrics")
@@ -201,8 +201,8 @@ def test_a_live_rank_without_a_node_makes_any_source_ask_for_everything_next():
 
     from top_snapshots import snapshot
 
-    from fsdpmon.top.sources.cadence import Cadence
-    from fsdpmon.top.wanted import WANTED
+    from fsdpmon.scrape.sources.cadence import Cadence
+    from fsdpmon.scrape.wanted import WANTED
 
     cadence = Cadence(every=5)
     cadence.names()

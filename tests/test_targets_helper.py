@@ -11,7 +11,7 @@ from payload_server import PayloadServer
 from synthetic_job import job_expositions
 from top_snapshots import scraped_rows
 
-from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.scrape.sources.targets import TargetsSource
 
 
 def test_a_helper_process_files_half_the_targets_the_same_and_a_dead_one_costs_one_refresh():
@@ -52,12 +52,12 @@ def test_the_helper_sends_most_of_its_share_first_and_its_parts_file_as_one():
     """The helper's share comes in two parts: EARLY_PART of its targets as soon as they are
     filed (the main process unpickles them while the helper files the rest), then the rest;
     the two merged are what one process files from the same targets."""
-    from fsdpmon.top import aggregate
-    from fsdpmon.top.filing import Acc, Target, merge
-    from fsdpmon.top.fused import new_filing_parser
-    from fsdpmon.top.sources import helper
-    from fsdpmon.top.sources.cadence import SLOW_NAMES, Cadence
-    from fsdpmon.top.wanted import WANTED
+    from fsdpmon.scrape import aggregate
+    from fsdpmon.scrape.filing import Acc, Target, merge
+    from fsdpmon.scrape.fused import new_filing_parser
+    from fsdpmon.scrape.sources import helper
+    from fsdpmon.scrape.sources.cadence import SLOW_NAMES, Cadence
+    from fsdpmon.scrape.wanted import WANTED
 
     payloads = job_expositions("llama", 4, 2)
     srv = PayloadServer(payloads)
@@ -91,8 +91,8 @@ def test_the_helper_sends_most_of_its_share_first_and_its_parts_file_as_one():
 
 def test_a_helper_that_dies_after_its_first_part_costs_only_the_targets_it_had_left():
     """The first part's targets are filed; only the helper's others are down that refresh."""
-    from fsdpmon.top.aggregate import JobAggregator
-    from fsdpmon.top.sources.helper import Share
+    from fsdpmon.scrape.aggregate import JobAggregator
+    from fsdpmon.scrape.sources.helper import Share
 
     payloads = job_expositions("llama", 4, 2)
     srv = PayloadServer(payloads)

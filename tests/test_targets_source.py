@@ -11,9 +11,9 @@ from payload_server import PayloadServer
 from synthetic_job import job_expositions
 
 from fsdpmon.errors import ConfigError
-from fsdpmon.top.snapshot import JobState
-from fsdpmon.top.sources.httpget import IN_FLIGHT, ScrapeError, get_all, http_get
-from fsdpmon.top.sources.targets import TargetsSource, normalise_url
+from fsdpmon.job.snapshot import JobState
+from fsdpmon.scrape.httpget import IN_FLIGHT, ScrapeError, get_all, http_get
+from fsdpmon.scrape.sources.targets import TargetsSource, normalise_url
 
 
 @pytest.fixture

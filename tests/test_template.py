@@ -1,4 +1,4 @@
-"""The C half of the layouts (fsdpmon/top/_lines.c): a body it takes as its template's but for
+"""The C half of the layouts (fsdpmon/scrape/_lines.c): a body it takes as its template's but for
 the values is one the regex scan reads as the template's series with those values, on every line
 of the Prometheus projects' parser cases and of a job's bodies, each line's last token replaced
 by numbers, words and the characters the scan treats apart."""
@@ -19,12 +19,12 @@ import pytest
 from synthetic_job import job_expositions
 from test_expfmt_refs import CASES
 
-from fsdpmon.top import layout
-from fsdpmon.top.expfmt import Parser, _terminated
-from fsdpmon.top.wanted import REQUIRE, WANTED
+from fsdpmon.scrape import layout
+from fsdpmon.scrape.expfmt import Parser, _terminated
+from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
 fill = layout.fill
-needs_c = pytest.mark.skipif(fill is None, reason="fsdpmon.top._lines is not built")
+needs_c = pytest.mark.skipif(fill is None, reason="fsdpmon.scrape._lines is not built")
 
 # New last tokens: numbers as Go and Python write them, words, and what the scan reads apart
 # (a brace, an underscore, a quote, a blank, a comment sign, a name, a token past 63 bytes).
@@ -208,7 +208,7 @@ def test_a_timestamped_value_has_no_template():
 
 
 def test_the_c_halves_are_built_where_a_compiler_is():
-    """setup.sh builds every fsdpmon/top/_*.c (optional extensions: without a compiler or
+    """setup.sh builds every fsdpmon/scrape/_*.c (optional extensions: without a compiler or
     Python's headers, top scans and files in Python instead), so the skips of the tests that
     need one cannot hide a broken build."""
     compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
@@ -220,14 +220,14 @@ def test_the_c_halves_are_built_where_a_compiler_is():
     missing = []
     for source in sources:
         try:
-            importlib.import_module(f"fsdpmon.top.{source.stem}")
+            importlib.import_module(f"fsdpmon.scrape.{source.stem}")
         except ImportError as exc:
             missing.append(f"{source.stem} ({exc})")
     assert not missing, f"not built though {compiler} and {headers} are here: {missing}"
 
 
 def test_each_c_half_is_a_module_of_its_own_with_the_headers_it_includes():
-    """pyproject.toml builds each fsdpmon/top/_*.c as the module of its name, and lists in its
+    """pyproject.toml builds each fsdpmon/scrape/_*.c as the module of its name, and lists in its
     depends every _*.h that source includes: what sdist ships and what makes build_ext and
     setup.sh's stamp rebuild it when only the header changed."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
@@ -237,9 +237,9 @@ def test_each_c_half_is_a_module_of_its_own_with_the_headers_it_includes():
     declared = {m["name"]: m for m in modules}
     here = Path(layout.__file__).parent
     for source in sorted(here.glob("_*.c")):
-        module = declared.get(f"fsdpmon.top.{source.stem}")
+        module = declared.get(f"fsdpmon.scrape.{source.stem}")
         assert module is not None, f"{source.name} is built by no ext-module: {sorted(declared)}"
-        assert module["sources"] == [f"fsdpmon/top/{source.name}"], f"{source.name}: {module}"
+        assert module["sources"] == [f"fsdpmon/scrape/{source.name}"], f"{source.name}: {module}"
         included = set(re.findall(r'#include "(_\w+\.h)"', source.read_text()))
         depends = {Path(d).name for d in module.get("depends", [])}
         assert included == depends, (

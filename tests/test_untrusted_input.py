@@ -8,11 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
-from fsdpmon.top.expfmt import Parser
+from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.wanted import WANTED
 from fsdpmon.top.ui_state import VIEWS, ViewState
 from fsdpmon.top.views import frame, once_frame
-from fsdpmon.top.wanted import WANTED
 
 LABELS = ("job_name", "rank", "local_rank", "node", "gpu", "pid", "pod", "command", "cpu",
           "world_size", "model", "state", "uuid", "simulated", "le")

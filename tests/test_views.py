@@ -16,9 +16,9 @@ from rich.console import Console
 from synthetic_job import job_expositions
 from top_snapshots import T0, ranks, results, snapshot
 
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.aggregate import ScrapeResult, aggregate
 from fsdpmon.top import fmt
-from fsdpmon.top.aggregate import ScrapeResult, aggregate
-from fsdpmon.top.snapshot import JobSnapshot
 from fsdpmon.top.ui_state import ENTER, ViewState, handle_key
 from fsdpmon.top.views import frame, nav, once_frame, shows_processes
 
@@ -91,9 +91,9 @@ def test_pod_down():
 
 def test_large_job_shows_summary_and_top_rows_only():
     payloads = job_expositions("big", 64, 8)
-    from fsdpmon.top.aggregate import ScrapeResult, Target
-    from fsdpmon.top.expfmt import Parser
-    from fsdpmon.top.wanted import WANTED
+    from fsdpmon.scrape.aggregate import ScrapeResult, Target
+    from fsdpmon.scrape.expfmt import Parser
+    from fsdpmon.scrape.wanted import WANTED
 
     parser = Parser(WANTED)
     snap = aggregate([ScrapeResult(Target(f"http://h{p}"), parser.parse(b.decode()))
@@ -187,9 +187,9 @@ def test_drill_down_screens(size):
 
 def test_selection_scrolls_and_says_what_is_off_screen():
     payloads = job_expositions("big", 8, 8)
-    from fsdpmon.top.aggregate import ScrapeResult, Target
-    from fsdpmon.top.expfmt import Parser
-    from fsdpmon.top.wanted import WANTED
+    from fsdpmon.scrape.aggregate import ScrapeResult, Target
+    from fsdpmon.scrape.expfmt import Parser
+    from fsdpmon.scrape.wanted import WANTED
 
     parser = Parser(WANTED)
     snap = aggregate([ScrapeResult(Target(f"http://h{p}"), parser.parse(b.decode()))

@@ -8,9 +8,9 @@ from dataclasses import asdict, replace
 
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
-from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.wanted import new_parser
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.scrape.wanted import new_parser
 
 T0 = 1_767_225_600.0  # 2026-01-01 00:00:00 UTC: fixed so rendered clocks are stable
 JOB = "llama"

@@ -20,7 +20,7 @@ from types import FrameType
 
 from fsdpmon.demo.session import DemoConfig, Session, describe, make_plan, real_gpu_count
 from fsdpmon.errors import ConfigError, MissingExtraError
-from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.job.snapshot import JobSnapshot
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -22,7 +22,7 @@ from fsdpmon.conventions import SIMULATED_GPU_MODEL
 from fsdpmon.demo.processes import Child, spawn, stop_all
 from fsdpmon.demo.source import DemoSource
 from fsdpmon.errors import ConfigError, JobUnhealthyError
-from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.job.snapshot import JobSnapshot
 
 JOB_NAME = "fsdpmon-demo"
 LOOPBACK = "127.0.0.1"

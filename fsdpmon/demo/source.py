@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from fsdpmon.top.health import with_conditions
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.targets import TargetsSource
+from fsdpmon.job.health import with_conditions
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.sources.targets import TargetsSource
 
 KEEP_LINES = 500  # the latest lines of the followed log kept for the view
 READ_LIMIT = 1 << 20  # a refresh reads at most this much new log text

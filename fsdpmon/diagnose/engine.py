@@ -33,7 +33,7 @@ from fsdpmon.diagnose.gpu_rules import gpu_ecc, gpu_lost, gpu_xid, memory, throt
 from fsdpmon.diagnose.observe import Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
 from fsdpmon.diagnose.window import Window
-from fsdpmon.top.snapshot import JobSnapshot, RankRow
+from fsdpmon.job.snapshot import JobSnapshot, RankRow
 
 
 def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),

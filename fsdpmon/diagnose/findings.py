@@ -12,7 +12,7 @@ from typing import Any, TypedDict
 
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places
 from fsdpmon.diagnose.stacks import StackClass
-from fsdpmon.top.snapshot import RankRow
+from fsdpmon.job.snapshot import RankRow
 
 CRITICAL, WARNING = "critical", "warning"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 
 from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS
-from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.job.snapshot import JobSnapshot
 
 # Counter rises (XIDs, ECC, restarts) stay in view this long, as a restarted rank's report of
 # its death does; stall and straggler evidence needs only DIAGNOSIS_EVIDENCE_SECONDS of it.

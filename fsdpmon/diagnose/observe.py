@@ -22,7 +22,7 @@ from fsdpmon.conventions import (
     STRAGGLER_SCORE_THRESHOLD,
 )
 from fsdpmon.diagnose.window import Window
-from fsdpmon.top.snapshot import GpuRow, JobSnapshot, RankRow
+from fsdpmon.job.snapshot import GpuRow, JobSnapshot, RankRow
 
 GpuKey = tuple[str, str]  # (node, gpu index)
 

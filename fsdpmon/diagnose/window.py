@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
-from fsdpmon.top.snapshot import JobSnapshot
+from fsdpmon.job.snapshot import JobSnapshot
 
 K = TypeVar("K", bound=Hashable)
 

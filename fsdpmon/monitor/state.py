@@ -24,7 +24,6 @@ import json
 import mmap
 import os
 import re
-import struct
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -32,23 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon.monitor import exit_record, statedir
-
-# seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
-# watchdog_unix, seq
-_HB = struct.Struct("<qqddddddd q")
-HB_SIZE = 128  # room to grow without changing the file size
-
-
-@dataclass(frozen=True)
-class Heartbeat:
-    pid: int
-    last_step_unix: float  # 0 until the first step completes
-    step: float
-    steps_total: float
-    tokens_total: float
-    stalled: float
-    stall_threshold: float
-    watchdog_unix: float = 0.0  # last tick of the rank's watchdog thread: is the process alive?
+from fsdpmon.monitor.heartbeat import _HB, HB_SIZE, Heartbeat, pid_alive, read_heartbeat
 
 
 @dataclass(frozen=True)
@@ -138,25 +121,6 @@ class RankStateWriter:
                 self.directory.rmdir()  # the last rank out removes the (then empty) directory
 
 
-def read_heartbeat(path: Path) -> Heartbeat | None:
-    """The heartbeat record, or None when the file is missing or keeps tearing."""
-    try:
-        raw = path.read_bytes()
-    except OSError:
-        return None
-    for _ in range(3):
-        if len(raw) < _HB.size:
-            return None
-        seq, pid, *values, seq_end = _HB.unpack_from(raw)
-        if seq == seq_end:
-            return Heartbeat(pid, *values)
-        try:
-            raw = path.read_bytes()
-        except OSError:
-            return None
-    return None
-
-
 def read_job_states(directory: Path) -> list[RankState]:
     """Every live rank's state, by rank; dead ranks' files are removed on the way."""
     states: list[RankState] = []
@@ -189,24 +153,6 @@ def _read_rank(json_path: Path) -> RankState | None:
     if heartbeat is None or heartbeat.pid != snapshot.get("pid"):
         return None
     return RankState(rank, snapshot, heartbeat)
-
-
-def pid_alive(pid: int) -> bool:
-    """True when ``pid`` runs (a zombie — exited, not yet reaped — counts as dead)."""
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True  # no procfs: trust kill()
-    state = stat.rsplit(")", 1)[-1].split()[:1]
-    return state != ["Z"] and state != ["X"]
 
 
 def _owner_pid(path: Path) -> int | None:

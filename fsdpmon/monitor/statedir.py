@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from fsdpmon.errors import InputError
+from fsdpmon.monitor.heartbeat import pid_alive, read_heartbeat
 
 PREFIX = "fsdpmon-"
 # A directory younger than this may belong to a job whose ranks have not written a heartbeat yet.
@@ -66,8 +67,6 @@ def write_new(path: Path, data: bytes) -> None:
 
 def live_pids(directory: Path) -> dict[str, int]:
     """``rank<R>.hb`` name -> pid, for every heartbeat whose process still runs."""
-    from fsdpmon.monitor.state import pid_alive, read_heartbeat  # state imports this module
-
     found = {}
     with contextlib.suppress(OSError):
         for hb_path in directory.glob("rank*.hb"):

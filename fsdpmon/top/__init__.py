@@ -1,6 +1,6 @@
 """`fsdpmon top`: one live terminal view of a whole FSDP job.
 
-Sources (plain scrape targets, Prometheus, Kubernetes) build the same frozen
-:class:`~fsdpmon.top.snapshot.JobSnapshot`; views are pure functions of a snapshot; the app is a
-thin refresh loop around them.
+The terminal UI only: views are pure functions of a :class:`~fsdpmon.job.snapshot.JobSnapshot`
+and the diagnosis's verdict, rendered with rich; the app is a thin refresh loop around a source
+from the scrape layer (:mod:`fsdpmon.scrape`).
 """

@@ -16,28 +16,20 @@ import time
 import tty
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol
 
 from rich.console import Console, RenderableType
 from rich.live import Live
 
 from fsdpmon.diagnose import Verdict
+from fsdpmon.diagnose.evidence import Diagnoser
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.gcpause import top_owns_this_process
-from fsdpmon.top.stack_evidence import Diagnoser
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.gcpause import top_owns_this_process
+from fsdpmon.scrape.options import Source
 from fsdpmon.top.ui_state import ViewState, handle_key
 from fsdpmon.top.views import frame, nav, shows_processes, waiting_frame
 
 MAX_BACKOFF_S = 30.0
-
-
-class Source(Protocol):
-    description: str
-
-    def fetch(self) -> JobSnapshot: ...
-
-    def close(self) -> None: ...
 
 
 @contextlib.contextmanager

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fsdpmon.job.snapshot import GpuRow, ProcessRow, RankRow
 from fsdpmon.top import fmt
-from fsdpmon.top.snapshot import GpuRow, ProcessRow, RankRow
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 from rich.console import Group, RenderableType
 from rich.text import Text
 
+from fsdpmon.job.snapshot import GpuRow, JobSnapshot, ProcessRow, RankRow
 from fsdpmon.top import fmt
 from fsdpmon.top.columns import Row
-from fsdpmon.top.snapshot import GpuRow, JobSnapshot, ProcessRow, RankRow
 from fsdpmon.top.tables import select_rows, table_of
 from fsdpmon.top.ui_state import ViewState
 

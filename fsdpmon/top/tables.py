@@ -13,11 +13,11 @@ from operator import itemgetter
 from rich.console import Group
 from rich.text import Text
 
+from fsdpmon.job.snapshot import SPARK_WIDTH, GpuRow, RankRow
 from fsdpmon.top import fmt
 from fsdpmon.top.celltable import CellColumn, CellTable
 from fsdpmon.top.columns import COLUMNS, Column, Row, column
 from fsdpmon.top.fitted import FittedLine, Part
-from fsdpmon.top.snapshot import SPARK_WIDTH, GpuRow, RankRow
 from fsdpmon.top.ui_state import ViewState
 
 MARK = "▸"

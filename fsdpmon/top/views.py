@@ -17,11 +17,11 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpmon.diagnose import Verdict
+from fsdpmon.job.snapshot import SPARK_WIDTH, JobSnapshot, JobState, Severity
 from fsdpmon.top import details, fmt
 from fsdpmon.top.columns import Row
 from fsdpmon.top.diagnosis_view import DiagnosisPane, header_line
 from fsdpmon.top.fitted import FittedLine, Part, WordCutLine
-from fsdpmon.top.snapshot import SPARK_WIDTH, JobSnapshot, JobState, Severity
 from fsdpmon.top.tables import filter_rows, gpu_summary, row_key, select_rows, table_of
 from fsdpmon.top.ui_state import VIEWS, Nav, ViewState
 

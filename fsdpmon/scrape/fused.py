@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fsdpmon.top.expfmt import _COUNTS, _MISSING, Parser, Sample, _terminated
-from fsdpmon.top.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
-from fsdpmon.top.layout import (
+from fsdpmon.scrape.expfmt import _COUNTS, _MISSING, Parser, Sample, _terminated
+from fsdpmon.scrape.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
+from fsdpmon.scrape.layout import (
     Cell,
     Layout,
     Match,
@@ -29,7 +29,7 @@ from fsdpmon.top.layout import (
     series_of,
     with_template,
 )
-from fsdpmon.top.wanted import REQUIRE, WANTED
+from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
 Names = frozenset[str] | None  # the names a refresh asks for (None: all)
 Where = tuple[str, Names, int]  # a body's target URL, the names asked for it, its lines

@@ -29,12 +29,13 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-from fsdpmon.top.expfmt import Parser
-from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result
-from fsdpmon.top.fused import new_filing_parser
-from fsdpmon.top.snapshot import TargetStatus
-from fsdpmon.top.sources.cadence import SLOW_NAMES, Cadence
-from fsdpmon.top.sources.gcpause import collector_paused, top_owns_this_process
+from fsdpmon.job.snapshot import TargetStatus
+from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.fetch import scrape_urls
+from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result
+from fsdpmon.scrape.fused import new_filing_parser
+from fsdpmon.scrape.gcpause import collector_paused, top_owns_this_process
+from fsdpmon.scrape.sources.cadence import SLOW_NAMES, Cadence
 
 # Fewer plain-HTTP targets than this are all scraped in the main process: a helper's start
 # (~1 s, once) and the pickled rows it sends back (~1/10 of what filing them costs) only pay for
@@ -61,7 +62,7 @@ class Share:
 
 
 def main() -> None:
-    """The helper process (``python -m fsdpmon.top.sources.helper FD``): serves refreshes on the
+    """The helper process (``python -m fsdpmon.scrape.sources.helper FD``): serves refreshes on the
     connection at file descriptor FD until told to stop or the main process goes."""
     top_owns_this_process()
     conn = Connection(int(sys.argv[1]))
@@ -125,8 +126,6 @@ def _refresh(targets: list[Target], parser: Parser, cadence: Cadence, timeout_s:
              limit: int, names: frozenset[str], send_early: Callable[[Share], None]) -> Share:
     """Scrapes and files the helper's targets; ``send_early`` gets the first part of the
     share, the last part is returned."""
-    from fsdpmon.top.sources.targets import scrape_urls
-
     cpu = time.process_time()
     part = Share(Acc(), {}, {}, last=False)
     early_at = int(len(targets) * EARLY_PART) if len(targets) > 1 else -1
@@ -207,6 +206,6 @@ class Helper:
 if __name__ == "__main__":
     # Run as a module: the names above belong to __main__, not to the module the main process
     # unpickles Share from; take them from the imported module instead.
-    from fsdpmon.top.sources import helper
+    from fsdpmon.scrape.sources import helper
 
     helper.main()

@@ -15,9 +15,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.top.filing import Acc, as_int
-from fsdpmon.top.frozen import maker
-from fsdpmon.top.snapshot import (
+from fsdpmon.job.snapshot import (
     SPARK_WIDTH,
     GpuRow,
     JobSnapshot,
@@ -26,6 +24,8 @@ from fsdpmon.top.snapshot import (
     RankRow,
     TargetStatus,
 )
+from fsdpmon.scrape.filing import Acc, as_int
+from fsdpmon.scrape.frozen import maker
 
 HISTORY_LEN = 60
 Ties = tuple[dict[int, tuple[str, ...]], dict[tuple[str, str], tuple[int, ...]]]

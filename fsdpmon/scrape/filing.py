@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
-from fsdpmon.top.expfmt import Sample
-from fsdpmon.top.frozen import maker
-from fsdpmon.top.snapshot import TargetStatus
-from fsdpmon.top.wanted import (
+from fsdpmon.job.snapshot import TargetStatus
+from fsdpmon.scrape.expfmt import Sample
+from fsdpmon.scrape.frozen import maker
+from fsdpmon.scrape.wanted import (
     EXPORTER_INFO,
     GPU_CLOCK_EVENT,
     GPU_ECC,
@@ -36,7 +36,7 @@ from fsdpmon.top.wanted import (
 )
 
 try:
-    from fsdpmon.top import _filing
+    from fsdpmon.scrape import _filing
 except ImportError:  # not built (no C compiler): the Python loop files every sample
     _filing = None
 

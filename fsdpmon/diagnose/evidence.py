@@ -16,8 +16,8 @@ from typing import Any
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.diagnose import RankStack, SnapshotHistory, Verdict, diagnose, parse_stacks
-from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
-from fsdpmon.top.sources.httpget import ScrapeError, get_all, http_get
+from fsdpmon.job.snapshot import JobSnapshot, TargetStatus
+from fsdpmon.scrape.httpget import ScrapeError, get_all, http_get
 
 MAX_STACKS_BYTES = 4 * 1024 * 1024  # a 8-rank pod's bounded document is far below this
 MAX_IN_FLIGHT = 16

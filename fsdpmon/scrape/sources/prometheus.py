@@ -26,13 +26,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from fsdpmon.errors import ConfigError, UnreachableError
-from fsdpmon.top.aggregate import ScrapeResult, Target, aggregate
-from fsdpmon.top.expfmt import Sample
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.sources.cadence import Cadence
-from fsdpmon.top.sources.httpget import ScrapeError, http_get
-from fsdpmon.top.sources.targets import normalise_url
-from fsdpmon.top.wanted import (
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
+from fsdpmon.scrape.expfmt import Sample
+from fsdpmon.scrape.httpget import ScrapeError, http_get
+from fsdpmon.scrape.sources.cadence import Cadence
+from fsdpmon.scrape.sources.targets import normalise_url
+from fsdpmon.scrape.wanted import (
     EXPORTER_INFO,
     GPU_ECC,
     HOST_CPU,

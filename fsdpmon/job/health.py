@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from fsdpmon.conventions import MEMORY_PRESSURE_RATIO, STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.top.snapshot import Alert, JobSnapshot, JobState, RankRow, Severity
+from fsdpmon.job.snapshot import Alert, JobSnapshot, JobState, RankRow, Severity
 
 
 def _fmt_ranks(ranks: Sequence[int], limit: int = 8) -> str:

@@ -17,11 +17,11 @@ refresh of a 2048-GPU job).
 from __future__ import annotations
 
 from fsdpmon import catalog
-from fsdpmon.top.aggregate import ScrapeResult
-from fsdpmon.top.expfmt import Sample
-from fsdpmon.top.filing import new_result
-from fsdpmon.top.snapshot import JobSnapshot
-from fsdpmon.top.wanted import (
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.aggregate import ScrapeResult
+from fsdpmon.scrape.expfmt import Sample
+from fsdpmon.scrape.filing import new_result
+from fsdpmon.scrape.wanted import (
     EXPORTER_INFO,
     GPU_PROCESS_MEMORY,
     PROCESS_INFO,

@@ -14,12 +14,11 @@ import time
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.diagnose import CRITICAL, Verdict
+from fsdpmon.diagnose.evidence import Diagnoser
 from fsdpmon.diagnose.report import report_lines
 from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
-from fsdpmon.top.app import Source
-from fsdpmon.top.cli import add_source_args, build_source
-from fsdpmon.top.snapshot import JobSnapshot, JobState
-from fsdpmon.top.stack_evidence import Diagnoser
+from fsdpmon.job.snapshot import JobSnapshot, JobState
+from fsdpmon.scrape.options import Source, add_source_args, build_source
 
 DEFAULT_FOR = f"{DIAGNOSIS_EVIDENCE_SECONDS + 2:.0f}s"
 _SPAN = f"{DIAGNOSIS_EVIDENCE_SECONDS:.0f} s"

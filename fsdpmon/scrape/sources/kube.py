@@ -21,14 +21,15 @@ from kubernetes.client.rest import ApiException
 
 from fsdpmon.conventions import EXPORTER_APP_LABEL, EXPORTER_APP_NAME
 from fsdpmon.errors import ConfigError, UnreachableError
-from fsdpmon.top import discovery
-from fsdpmon.top.aggregate import JobAggregator, Target
-from fsdpmon.top.fused import new_filing_parser
-from fsdpmon.top.health import with_conditions
-from fsdpmon.top.snapshot import JobSnapshot, TargetStatus
-from fsdpmon.top.sources.gcpause import collector_paused
-from fsdpmon.top.sources.httpget import IN_FLIGHT, ScrapeError, http_get
-from fsdpmon.top.sources.kube_client import (
+from fsdpmon.job.health import with_conditions
+from fsdpmon.job.snapshot import JobSnapshot, TargetStatus
+from fsdpmon.scrape import discovery
+from fsdpmon.scrape.aggregate import JobAggregator, Target
+from fsdpmon.scrape.fetch import scrape_all, scrape_urls
+from fsdpmon.scrape.fused import new_filing_parser
+from fsdpmon.scrape.gcpause import collector_paused
+from fsdpmon.scrape.httpget import IN_FLIGHT, ScrapeError, http_get
+from fsdpmon.scrape.sources.kube_client import (
     BACKOFF_S,
     KubeSourceConfig,
     LogFollower,
@@ -36,8 +37,7 @@ from fsdpmon.top.sources.kube_client import (
     load,
     transient,
 )
-from fsdpmon.top.sources.targets import scrape_all, scrape_urls
-from fsdpmon.top.wanted import WANTED
+from fsdpmon.scrape.wanted import WANTED
 
 TOP_ROLE = "fsdpmon-top"  # the Role `fsdpmon manifests` generates for people who run top
 RBAC_HINT = (f"apply the RBAC Role '{TOP_ROLE}' from `fsdpmon manifests` in this namespace and "

@@ -13,9 +13,10 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from fsdpmon.top.filing import Acc, ScrapeResult, Target, file_result, merge  # noqa: F401 - Target re-exported
-from fsdpmon.top.health import alerts, settle
-from fsdpmon.top.rows import (
+from fsdpmon.job.health import alerts, settle
+from fsdpmon.job.snapshot import History, JobSnapshot, TargetStatus
+from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result, merge  # noqa: F401 - Target re-exported
+from fsdpmon.scrape.rows import (
     carry_down_ranks,
     carry_processes,
     gpu_rows,
@@ -27,7 +28,6 @@ from fsdpmon.top.rows import (
     rank_row,
     ties,
 )
-from fsdpmon.top.snapshot import History, JobSnapshot, TargetStatus
 
 
 class JobAggregator:

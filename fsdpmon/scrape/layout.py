@@ -21,11 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import itemgetter
 
-from fsdpmon.top.expfmt import _COUNTS, _MISSING, Sample
-from fsdpmon.top.filing import Acc, Filed, Target, row_of
+from fsdpmon.scrape.expfmt import _COUNTS, _MISSING, Sample
+from fsdpmon.scrape.filing import Acc, Filed, Target, row_of
 
 try:
-    from fsdpmon.top._lines import fill, fill_rows
+    from fsdpmon.scrape._lines import fill, fill_rows
 except ImportError:  # not built (no C compiler): the scan and the series' comparison serve
     fill = fill_rows = None
 

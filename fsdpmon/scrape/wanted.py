@@ -8,7 +8,7 @@ built; REQUIRE narrows a few names to the one label value top shows.
 from __future__ import annotations
 
 from fsdpmon import catalog
-from fsdpmon.top.expfmt import Parser
+from fsdpmon.scrape.expfmt import Parser
 
 # Per-rank figures: catalog name → accumulator key.
 RANK_METRICS = {

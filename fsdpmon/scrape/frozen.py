@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 try:
-    from fsdpmon.top._rows import make_row
+    from fsdpmon.scrape._rows import make_row
 except ImportError:  # not built (no C compiler): maker's objects are made in Python
     make_row = None
 

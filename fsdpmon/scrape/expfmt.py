@@ -21,7 +21,7 @@ import typing
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from fsdpmon.top.expfmt_strict import bounds_ok, labels_block, parse_line
+from fsdpmon.scrape.expfmt_strict import bounds_ok, labels_block, parse_line
 
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 # A label block, greedy to the line's last '}' (label values may hold '}'); the block is then

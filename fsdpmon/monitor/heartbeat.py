@@ -1,0 +1,64 @@
+"""A rank's heartbeat record (``rank<R>.hb``): its fixed binary layout, the torn-read-safe
+reader, and whether the process that wrote it still runs. The state writer (state.py) and the
+state directory's housekeeping (statedir.py) both read it."""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+# seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
+# watchdog_unix, seq
+_HB = struct.Struct("<qqddddddd q")
+HB_SIZE = 128  # room to grow without changing the file size
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    pid: int
+    last_step_unix: float  # 0 until the first step completes
+    step: float
+    steps_total: float
+    tokens_total: float
+    stalled: float
+    stall_threshold: float
+    watchdog_unix: float = 0.0  # last tick of the rank's watchdog thread: is the process alive?
+
+
+def read_heartbeat(path: Path) -> Heartbeat | None:
+    """The heartbeat record, or None when the file is missing or keeps tearing."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    for _ in range(3):
+        if len(raw) < _HB.size:
+            return None
+        seq, pid, *values, seq_end = _HB.unpack_from(raw)
+        if seq == seq_end:
+            return Heartbeat(pid, *values)
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            return None
+    return None
+
+
+def pid_alive(pid: int) -> bool:
+    """True when ``pid`` runs (a zombie — exited, not yet reaped — counts as dead)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no procfs: trust kill()
+    state = stat.rsplit(")", 1)[-1].split()[:1]
+    return state != ["Z"] and state != ["X"]
