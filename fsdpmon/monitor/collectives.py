@@ -42,6 +42,10 @@ How it is measured, and why this way:
   score uses) survives.
 Only calls made while a step is open are timed (the monitor sets ``armed``), so the monitor's
 own log-step gather and checkpoint collectives between steps are left out of the wait.
+- DDP: its gradient all-reduce runs from C++, past these entry points; ``install`` also has
+  fsdpmon.monitor.ddp give each DDP module a communication hook that calls ``all_reduce``
+  through the wrapper and tells the timer when the async buckets were launched and completed
+  (``async_launched``/``async_completed``; the blocked tail of each backward is wait).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fsdpmon.monitor import ddp
 from fsdpmon.monitor.schedstat import RunQueueDelay
 
 # The blocking c10d entry points (each also under torch.distributed.distributed_c10d), numbered
@@ -98,6 +103,8 @@ class CollectiveTimer:
         self._steps: list[Any] = []  # per completed step: seconds (host) or its pairs (cuda)
         self._desched: list[float] = []
         self._free: list[Any] = []
+        self._launched: list[float] = []  # this step's async launches and completions (DDP)
+        self._completed: list[float] = []
 
     def arm(self) -> None:
         """A step begins: time the calls from now on."""
@@ -124,9 +131,21 @@ class CollectiveTimer:
             if self._rq is not None:
                 self._rq_in += self._rq.seconds() - self._rq_enter
 
+    def async_launched(self) -> None:
+        """An async collective was launched in this step (host clock; see fsdpmon.monitor.ddp)."""
+        self.calls += 1
+        self._launched.append(time.perf_counter())
+
+    def async_completed(self) -> None:
+        """One launched in this step completed (called on the thread that completed it)."""
+        self._completed.append(time.perf_counter())
+
     def step_done(self, completed: bool = True) -> None:
         """Close the step's account: kept when the step completed, dropped when it was aborted."""
         self.armed = False
+        if self._launched:
+            self._seconds += ddp.blocked_tails(self._launched, self._completed)
+            self._launched, self._completed = [], []
         if completed:
             self._steps.append(self._pairs if self.cuda else self._seconds)
             desched = 0.0
@@ -252,4 +271,5 @@ def install() -> bool:
                 setattr(module, name, wrap(name, fn))
     if not getattr(funcol.wait_tensor, _WRAPPED, False):
         funcol.wait_tensor = wrap(None, funcol.wait_tensor)
+    ddp.watch(active)
     return True
