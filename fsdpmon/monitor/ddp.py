@@ -14,8 +14,8 @@ wrapped. Its ``dist.all_reduce(async_op=True)`` goes through the wrapper, so it 
 wrapper does not time async calls, so the hook tells the timer when each bucket was launched and
 when its all-reduce completed (a ``then`` callback on the Work's future, on gloo's thread). The
 Reducer holds the backward until every bucket is done, and the buckets launched before the last
-overlap the backward's own compute, so the time blocked is the tail of each backward: from its
-last launch to its last completion (``blocked_tails``).
+(``GradBucket.is_last``) overlap the backward's own compute, so the time blocked is the tail of
+each backward: from its last launch to its buckets' last completion (``blocked_tails``).
 
 Not covered, on purpose: a DDP that already has a hook (a user's, Accelerate's compression hook,
 a built-in C++ one) keeps it, and its waits are not seen; on CUDA the hook is not registered
@@ -34,20 +34,15 @@ log = logging.getLogger("fsdpmon.monitor")
 _WATCHED = "_fsdpmon_ddp_watched"
 
 
-def blocked_tails(launched: Sequence[float], completed: Sequence[float]) -> float:
-    """Seconds blocked at the end of each burst of async collectives: a burst runs from a launch
-    while none is pending until every launched one has completed; it blocked from its last launch
-    to its last completion. A burst still pending counts nothing."""
-    events = sorted([(t, 1) for t in launched] + [(t, -1) for t in completed])
-    blocked, pending, last_launch = 0.0, 0, None
-    for t, change in events:
-        pending += change
-        if change > 0:
-            last_launch = t
-        elif pending == 0 and last_launch is not None:
-            blocked += max(0.0, t - last_launch)
-            last_launch = None
-    return blocked
+def blocked_tails(ends: Sequence[float], completions: Sequence[tuple[int, float]]) -> float:
+    """Seconds blocked at the end of the backwards: backward ``i``'s compute ended when it
+    launched its last bucket (``ends[i]``), and it blocked until its last bucket completed
+    (``completions``: (backward, time) per bucket). Buckets that completed while the backward
+    still computed cost nothing; a backward still pending counts nothing."""
+    done: dict[int, float] = {}
+    for index, t in completions:
+        done[index] = max(done.get(index, t), t)
+    return sum(max(0.0, done[i] - end) for i, end in enumerate(ends) if i in done)
 
 
 def _timed_hook(active_timer: Callable[[], Any]) -> Callable[[Any, Any], Any]:
@@ -59,10 +54,10 @@ def _timed_hook(active_timer: Callable[[], Any]) -> Callable[[Any, Any], Any]:
         timer = active_timer()
         if timer is None or not timer.armed or timer.cuda:
             return future
-        timer.async_launched()
+        backward = timer.async_launched(last=bucket.is_last())
 
         def completed(done: Any) -> Any:
-            timer.async_completed()
+            timer.async_completed(backward)
             return done.value()
 
         return future.then(completed)
