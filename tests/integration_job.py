@@ -58,12 +58,12 @@ def open_gate(job: Job, kind: str) -> None:
     (job.logs / "gates" / kind).touch()
 
 
-def scored(snap) -> bool:  # noqa: ANN001 (a JobSnapshot)
+def scored(snap) -> bool:
     """Both ranks serve a straggler score (their busy medians span BUSY_MIN_STEPS steps)."""
     return len([r for r in snap.ranks if r.straggler_score is not None]) == 2
 
 
-def score_of(snap, rank: int) -> float | None:  # noqa: ANN001
+def score_of(snap, rank: int) -> float | None:
     return next((r.straggler_score for r in snap.ranks if r.rank == rank), None)
 
 
