@@ -126,11 +126,15 @@ def _check_hang(lib: str, doc: dict) -> None:
     functions = [f["function"] for f in hung["frames"]]
     assert "hang_in_data_loader" in functions and "__next__" in functions, (lib, hung)
     assert hung["phase"] == "data", (lib, hung["phase"])
-    assert any(_in_torch_distributed(f["file"]) for f in waiting["frames"]), (lib, waiting)
+    files = [f"{f['file']}:{f['function']}" for f in waiting["frames"]]
+    assert any(_waiting_for_peers(f["file"]) for f in waiting["frames"]), (lib, files)
     assert "hang_in_data_loader" not in [f["function"] for f in waiting["frames"]], lib
     assert waiting["last_collective"]["seq"] > hung["last_collective"]["seq"], (lib, doc)
 
 
-def _in_torch_distributed(path: str) -> bool:
-    """torch.distributed's files, and DDP's (torch/nn/parallel/distributed.py)."""
-    return "torch/distributed/" in path or path.endswith("torch/nn/parallel/distributed.py")
+def _waiting_for_peers(path: str) -> bool:
+    """Inside a collective: torch.distributed's files, the monitor's wrapper around one, DDP's
+    file (its buffer broadcast), or autograd's backward (where DDP's C++ Reducer waits for the
+    gradient all-reduce: no Python frame of its own)."""
+    return ("torch/distributed/" in path or path.endswith("torch/nn/parallel/distributed.py")
+            or path.endswith("fsdpmon/monitor/collectives.py") or "torch/autograd/" in path)
