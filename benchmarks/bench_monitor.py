@@ -10,6 +10,9 @@
    by the monitor in a torchrun run) + the per-step bookkeeping, as a share of the tiny step
    from 1., printed beside the monitor's own per-step host cost from 2., and beside the two
    wrappers it replaced (benchmarks/premerge_collectives.py), measured in the same run.
+5. One row per integration (plain FSDP1/FSDP2 loops, Lightning, HF, Accelerate, DDP's timed
+   hook): the host cost its adapter adds per non-log step, as a share of the tiny step from 1.
+   (benchmarks/adapter_costs.py).
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_monitor.py [--steps N]``
 """
@@ -36,6 +39,7 @@ from fsdpmon.monitor import Monitor, MonitorConfig, collectives
 from trainer.model import FLAVOURS, Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pre-merge reference
+import adapter_costs
 import premerge_collectives as premerge
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -264,6 +268,8 @@ def main() -> None:
         timed("log step cost", lambda: log_step_cost(workdir, 200))
         timed("attribution cost", lambda: attribution_cost(workdir, args.host_steps,
                                                            args.repeats))
+        timed("per integration", lambda: adapter_costs.rows(
+            workdir, free_port, args.host_steps, args.repeats, FIGURES["step_s"]))
 
 
 if __name__ == "__main__":

@@ -42,6 +42,10 @@ How it is measured, and why this way:
   score uses) survives.
 Only calls made while a step is open are timed (the monitor sets ``armed``), so the monitor's
 own log-step gather and checkpoint collectives between steps are left out of the wait.
+- DDP: its gradient all-reduce runs from C++, past these entry points; ``install`` also has
+  fsdpmon.monitor.ddp give each DDP module a communication hook that calls ``all_reduce``
+  through the wrapper and tells the timer when the async buckets were launched and completed
+  (``async_launched``/``async_completed``; the blocked tail of each backward is wait).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fsdpmon.monitor import ddp
 from fsdpmon.monitor.schedstat import RunQueueDelay
 
 # The blocking c10d entry points (each also under torch.distributed.distributed_c10d), numbered
@@ -63,6 +68,10 @@ C10D_NAMES = (
     "broadcast", "reduce", "barrier", "gather", "scatter", "all_gather_object",
     "broadcast_object_list", "send", "recv",
 )
+# Called by DDP (its buffers before each forward, its module states at construction) and by
+# FSDP1's state sync: a blocking C++ binding, but reached through the torch.distributed module
+# attribute, so it can be numbered and timed like the others (entry point -> op name).
+PRIVATE_NAMES = {"_broadcast_coalesced": "broadcast_coalesced"}
 _WRAPPED = "_fsdpmon_collective_wrapper"
 
 
@@ -98,6 +107,8 @@ class CollectiveTimer:
         self._steps: list[Any] = []  # per completed step: seconds (host) or its pairs (cuda)
         self._desched: list[float] = []
         self._free: list[Any] = []
+        self._backward_ends: list[float] = []  # this step's DDP backwards (see .ddp)
+        self._completed: list[tuple[int, float]] = []
 
     def arm(self) -> None:
         """A step begins: time the calls from now on."""
@@ -124,9 +135,25 @@ class CollectiveTimer:
             if self._rq is not None:
                 self._rq_in += self._rq.seconds() - self._rq_enter
 
+    def async_launched(self, last: bool) -> int:
+        """A DDP bucket's all-reduce was launched in this step (``last``: the backward's last
+        bucket, the end of its compute); returns the backward's index for its completion."""
+        self.calls += 1
+        index = len(self._backward_ends)
+        if last:
+            self._backward_ends.append(time.perf_counter())
+        return index
+
+    def async_completed(self, backward: int) -> None:
+        """A bucket of that backward completed (called on the thread that completed it)."""
+        self._completed.append((backward, time.perf_counter()))
+
     def step_done(self, completed: bool = True) -> None:
         """Close the step's account: kept when the step completed, dropped when it was aborted."""
         self.armed = False
+        if self._completed:
+            self._seconds += ddp.blocked_tails(self._backward_ends, self._completed)
+        self._backward_ends, self._completed = [], []
         if completed:
             self._steps.append(self._pairs if self.cuda else self._seconds)
             desched = 0.0
@@ -250,6 +277,11 @@ def install() -> bool:
             fn = getattr(module, name, None)
             if fn is not None and not getattr(fn, _WRAPPED, False):
                 setattr(module, name, wrap(name, fn))
+    for name, op in PRIVATE_NAMES.items():
+        fn = getattr(dist, name, None)
+        if fn is not None and not getattr(fn, _WRAPPED, False):
+            setattr(dist, name, wrap(op, fn))
     if not getattr(funcol.wait_tensor, _WRAPPED, False):
         funcol.wait_tensor = wrap(None, funcol.wait_tensor)
+    ddp.watch(active)
     return True
