@@ -96,8 +96,8 @@ class RankRow:
 
 
 # The values a sparkline shows (the header's figures, a GPU's utilization), and so all of a
-# GPU's history its row keeps: copying longer histories of 2048 GPUs each refresh, for values
-# no view shows, made a large job's refresh measurably slower (top_side_by_side.py).
+# GPU's history its row keeps: a longer history would be copied for every GPU of a large job
+# at every refresh, for values no view shows.
 SPARK_WIDTH = 10
 
 
