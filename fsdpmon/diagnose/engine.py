@@ -3,6 +3,9 @@
 Each rule takes the facts it explains out of the observations, so a cascade is one finding:
 a lost GPU explains its rank's stall and every rank waiting for it; an unresponsive rank
 explains the others' stalls; a throttled GPU explains its rank's straggling.
+
+``judge`` is the one verdict `top` and `diagnose` read: these findings, and beside them the
+glance at the newest refresh (fsdpmon.diagnose.glance) for what has not held that long yet.
 """
 
 from __future__ import annotations

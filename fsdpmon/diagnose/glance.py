@@ -60,7 +60,8 @@ def _stalled(now: JobSnapshot, ranks: list[Any], places: Places) -> Finding:
 
 
 def _targets_down(now: JobSnapshot, urls: list[Any], places: Places) -> Finding:
-    down = [t for t in now.targets if t.url in set(urls)]
+    asked = set(urls)
+    down = [t for t in now.targets if t.url in asked]
     names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
     pods, nodes = {t.pod for t in down}, {t.node for t in down}
     return Finding("target_down", Severity.CRITICAL,

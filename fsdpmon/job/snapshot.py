@@ -236,9 +236,12 @@ class JobSnapshot:
     def down_targets(self) -> tuple[TargetStatus, ...]:
         """Targets not answering, but for the training endpoints of ranks that finished (a
         finished job's endpoints go away with it)."""
+        down = [t for t in self.targets if not t.up]
+        if not down:
+            return ()
         done = {r.target for r in self.ranks if r.finished} - {
             r.target for r in self.ranks if not r.finished}
-        return tuple(t for t in self.targets if not t.up and t.url not in done)
+        return tuple(t for t in down if t.url not in done)
 
     @property
     def lost_gpus(self) -> tuple[GpuRow, ...]:
