@@ -7,6 +7,7 @@ from __future__ import annotations
 from dashboards.promql import JOB_KEYS, m
 from dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert, rose
 from fsdpmon import catalog
+from fsdpmon.conventions import Severity
 
 
 def _stall(b: RuleBounds) -> Rule:
@@ -17,7 +18,7 @@ def _stall(b: RuleBounds) -> Rule:
     return alert(
         "FsdpmonTrainingStalled",
         f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})",
-        b.stall_for, "critical",
+        b.stall_for, Severity.CRITICAL,
         "Training job {{ $labels.job_name }} rank {{ $labels.rank }} has stopped making progress",
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} completed no optimiser step for "
         "{{ $value | humanizeDuration }}, more than max(" + f"{b.stall_factor:g}"
@@ -42,7 +43,7 @@ def _rank_missing(b: RuleBounds) -> Rule:
     expr = (f"({missing}\n  and on (instance, job) (up == 1))\nor\n"
             f"({missing}\n  and on (namespace, pod) {live_pod})")
     return alert(
-        "FsdpmonTrainingRankMissing", expr, b.missing_for, "critical",
+        "FsdpmonTrainingRankMissing", expr, b.missing_for, Severity.CRITICAL,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} stopped reporting while its pod "
         "still exists",
         "The training series of rank {{ $labels.rank }} {{ if $labels.pod }}(pod "
@@ -65,7 +66,7 @@ def _straggler(b: RuleBounds) -> Rule:
     flag = m(catalog.TRAIN_STRAGGLING)
     return alert(
         "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g} and {flag} == 1",
-        b.straggler_for, "warning",
+        b.straggler_for, Severity.WARNING,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
         "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
         f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "
@@ -86,7 +87,7 @@ def _ranks_short(b: RuleBounds) -> Rule:
             f"  > count {by} ({AGE}))\n"
             f"unless on ({JOB_KEYS}) ALERTS{{alertname=\"FsdpmonTrainingRankMissing\"}}")
     return alert(
-        "FsdpmonTrainingRanksShort", expr, b.missing_for, "critical",
+        "FsdpmonTrainingRanksShort", expr, b.missing_for, Severity.CRITICAL,
         "Fewer ranks of {{ $labels.job_name }} report than its world size",
         "The job has {{ $value }} ranks, but fewer of them are scraped: a pod's endpoint is "
         "not scraped, serves another job, or the pod never started.",
@@ -104,7 +105,7 @@ def _checkpoint_slow(b: RuleBounds) -> Rule:
     return alert(
         "FsdpmonCheckpointSlow",
         f"quantile by ({JOB_KEYS}) (0.5, {share}) >= {b.checkpoint_share:g}",
-        b.checkpoint_for, "warning",
+        b.checkpoint_for, Severity.WARNING,
         "Checkpointing takes {{ $value | humanizePercentage }} of {{ $labels.job_name }}'s time",
         "The median rank's last checkpoint save took {{ $value | humanizePercentage }} of the "
         f"wall time since the save before it (limit {b.checkpoint_share:.0%}): that share of "
@@ -125,7 +126,7 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
     return [
         alert(
             "FsdpmonLossNonFinite", f"{m(catalog.TRAIN_LOSS_NONFINITE)} == 1",
-            b.nonfinite_for, "critical",
+            b.nonfinite_for, Severity.CRITICAL,
             "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
             "The last logged loss of rank {{ $labels.rank }} was not finite; the run is "
             "wasting compute from here on.",
@@ -137,7 +138,7 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonLossDiverging",
             f"{smooth}\n  > {b.divergence_factor:g} * min_over_time({smooth}"
             f"[{b.divergence_window}:1m])",
-            b.divergence_for, "warning",
+            b.divergence_for, Severity.WARNING,
             "Loss of {{ $labels.job_name }} is diverging",
             "The mean loss averaged over " + b.divergence_smoothing + " is "
             "{{ $value | printf \"%.3g\" }}, more than "
@@ -150,7 +151,7 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonThroughputDropped",
             f"{job_tps}\n  < {b.throughput_drop_ratio:g} * avg_over_time({job_tps}"
             f"[{b.throughput_window}] offset {b.throughput_for})",
-            b.throughput_for, "warning",
+            b.throughput_for, Severity.WARNING,
             "Throughput of {{ $labels.job_name }} dropped",
             "The job processes {{ $value | humanize }} tokens/s, less than "
             f"{b.throughput_drop_ratio:g} x its own average over the {b.throughput_window} "
@@ -172,7 +173,7 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
             # Peak *active* memory, not what the GPU reports used: PyTorch's caching allocator
             # keeps most of the device reserved in a healthy run.
             f"{peak} / ({cap} > 0) > {b.memory_ratio:g}",
-            b.memory_for, "warning",
+            b.memory_for, Severity.WARNING,
             "Device memory near capacity on rank {{ $labels.rank }} of {{ $labels.job_name }}",
             "Peak active memory reached {{ $value | humanizePercentage }} of the device; the "
             "next larger batch, sequence or checkpoint may run out of memory.",
@@ -184,7 +185,7 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonAllocatorRetries",
             f"{rose(m(catalog.TRAIN_ALLOC_RETRIES_TOTAL), w)}\nor\n"
             f"{rose(m(catalog.TRAIN_OOMS_TOTAL), w)}",
-            "", "warning",
+            "", Severity.WARNING,
             "CUDA allocator retries or OOMs on {{ $labels.job_name }} rank {{ $labels.rank }}",
             f"The caching allocator had to free its cache and retry (or hit OOM) in the last {w}; "
             "each retry synchronises the device and slows every rank.",
@@ -211,7 +212,7 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonGPULowUtilization",
             f"{m(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG)} < {b.low_util_ratio:g}\n"
             f"  and on (node) group by (node) ({m(catalog.TRAIN_INFO)})",
-            b.low_util_for, "warning",
+            b.low_util_for, Severity.WARNING,
             "GPUs of node {{ $labels.node }} are mostly idle while training runs there",
             "Average GPU utilisation on {{ $labels.node }} is {{ $value | humanizePercentage }} "
             "while a training rank runs on the node.",
@@ -222,7 +223,7 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonGPUThrottling",
             f"{throttled} == 1\nor\n"
             f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}",
-            b.throttle_for, "warning",
+            b.throttle_for, Severity.WARNING,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
             "Clock-event reason {{ $labels.reason }} has held the clocks down for "
             + b.throttle_for + f" (active, or over {share} of the time); a throttled GPU makes "
@@ -242,7 +243,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonGPUXidErrors",
             f"{rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
             f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0",
-            "", "critical",
+            "", Severity.CRITICAL,
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
             "{{ with $labels.xid }}XID {{ . }}{{ else }}XID errors{{ end }} in the "
@@ -254,7 +255,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
         alert(
             "FsdpmonGPUEccErrors",
             f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0",
-            "", "critical",
+            "", Severity.CRITICAL,
             "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "
             "failed row remapping.",
@@ -274,7 +275,7 @@ def target_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonTrainingTargetDown",
             "(up == 0)\n  * on (instance, job) group_left (job_name)\n"
             f"  group by (instance, job, job_name) (max_over_time({train}[{lb}]))",
-            b.target_down_for, "critical",
+            b.target_down_for, Severity.CRITICAL,
             "Training metrics endpoint {{ $labels.instance }} of {{ $labels.job_name }} is down",
             "Prometheus cannot scrape {{ $labels.instance }}, which served training metrics "
             f"within the last {lb}.",
@@ -286,7 +287,7 @@ def target_alerts(b: RuleBounds) -> list[Rule]:
             "((up == 0)\n  and on (instance, job)\n"
             f"  group by (instance, job) (max_over_time({exporter}[{lb}])))\nor\n"
             f"{stale} == 1",
-            b.exporter_down_for, "warning",
+            b.exporter_down_for, Severity.WARNING,
             "fsdpmon exporter {{ $labels.instance }} is down or stale",
             "The per-node exporter cannot be scraped, or its background sampler has not "
             "finished a sample in time; GPU, host and process metrics of the node are missing.",

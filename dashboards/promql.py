@@ -23,7 +23,7 @@ RANK_KEYS = f"namespace, {JOB_LABEL}, rank"
 def m(metric: Metric | Recorded, matchers: str = "") -> str:
     """Selector for a catalogued or recorded series, e.g. ``m(catalog.TRAIN_LOSS, 'rank="0"')``."""
     if isinstance(metric, Metric) and metric.kind is Kind.HISTOGRAM:
-        raise ValueError(f"{metric.name} is a histogram: select bucket()/hist_sum()/hist_count()")
+        raise ValueError(f"{metric.name} is a histogram: select its bucket()")
     return f"{metric.name}{{{matchers}}}" if matchers else metric.name
 
 
@@ -36,14 +36,6 @@ def _hist(metric: Metric, suffix: str, matchers: str) -> str:
 
 def bucket(metric: Metric, matchers: str = "") -> str:
     return _hist(metric, "_bucket", matchers)
-
-
-def hist_sum(metric: Metric, matchers: str = "") -> str:
-    return _hist(metric, "_sum", matchers)
-
-
-def hist_count(metric: Metric, matchers: str = "") -> str:
-    return _hist(metric, "_count", matchers)
 
 
 # --- parsing -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from fsdpmon.conventions import (
     LOSS_DIVERGENCE_FACTOR,
     MEMORY_PRESSURE_RATIO,
     STRAGGLER_SCORE_THRESHOLD,
+    Severity,
 )
 
 Rule = dict[str, Any]
@@ -134,12 +135,12 @@ ALERT_CAUSES = {
 }
 
 
-def alert(name: str, expr: str, for_: str, severity: str, summary: str, description: str,
+def alert(name: str, expr: str, for_: str, severity: Severity, summary: str, description: str,
            hint: str) -> Rule:
     rule: Rule = {"alert": name, "expr": expr}
     if for_ not in ("", "0s"):
         rule["for"] = for_
-    rule["labels"] = {"severity": severity}
+    rule["labels"] = {"severity": severity.value}  # the word the diagnosis' findings use
     cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
     # runbook_url is added by rule_groups(), which knows where the runbook is published
     rule["annotations"] = {"summary": summary, "description": description, "hint": hint,

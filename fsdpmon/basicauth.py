@@ -60,9 +60,6 @@ class BasicAuth:
         self.bcrypt_checks = 0  # how many ran (tests and benchmarks read it)
         self.busy_delay = BUSY_DELAY_SECONDS
 
-    def allows(self, header: str | None) -> bool:
-        return self.check(header) is Verdict.OK
-
     def check(self, header: str | None) -> Verdict:
         credentials = _decode(header)
         if credentials is None:

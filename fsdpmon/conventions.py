@@ -7,6 +7,7 @@ they live in one place.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from enum import Enum
 
 # Default ports. 9400 is dcgm-exporter's; we stay clear of it.
 TRAINING_PORT = 9520
@@ -51,6 +52,16 @@ UNRESPONSIVE_AFTER_SECONDS = 5.0
 ENV_PREFIX = "FSDPMON_"
 # Where the generated alerts' runbook_url points (`python -m dashboards`, `fsdpmon manifests`).
 RUNBOOK_URL_ENV = "FSDPMON_RUNBOOK_URL"
+
+
+class Severity(str, Enum):
+    """How urgent a finding is, in one word shared by the diagnosis findings (`diagnose`,
+    `top`'s header and Diagnosis view) and the alert rules' ``severity`` label. A critical
+    finding makes `fsdpmon diagnose` and `fsdpmon top --once` exit 4."""
+
+    WARNING = "warning"
+    CRITICAL = "critical"
+
 
 # Diagnosis thresholds (`fsdpmon diagnose`, top's Diagnosis view, the alert rules): one
 # definition each.

@@ -1,4 +1,5 @@
-"""Aggregation: parsed samples from many targets → the job snapshot, its state and alerts."""
+"""Aggregation: parsed samples from many targets → the job snapshot, its state and the facts
+the diagnosis names at a glance."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from rich.console import Console
 from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.diagnose import glance
 from fsdpmon.job.snapshot import SPARK_WIDTH, JobState, ProcessRow
 from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.scrape.rows import ties
@@ -16,12 +18,12 @@ from fsdpmon.top.ui_state import ViewState
 
 
 def _kinds(snap) -> set[str]:
-    return {a.kind for a in snap.alerts}
+    return {f.cause for f in glance([snap])}
 
 
 def test_healthy_job_header_figures():
     snap = snapshot()
-    assert snap.state is JobState.RUNNING and snap.alerts == ()
+    assert snap.state is JobState.RUNNING and glance([snap]) == []
     assert snap.job_name == "llama" and snap.world_size == 4 and snap.model == "llama2-7b"
     assert snap.step == 100 and snap.total_steps == 1000 and snap.progress == pytest.approx(0.1)
     assert snap.tokens_per_second == pytest.approx(4 * 8192.0)
@@ -76,14 +78,15 @@ def test_straggler_is_named_by_its_score_and_degrades_the_job():
     snap = snapshot(ranks(r2={"straggler_score": STRAGGLER_SCORE_THRESHOLD * 0.9}))
     assert snap.state is JobState.DEGRADED and snap.slowest_rank == 2
     assert [r.slowest for r in snap.ranks] == [0, 0, 1, 0]
-    assert "rank 2 straggles" in next(a.message for a in snap.alerts if a.kind == "straggler")
+    assert "rank 2 straggles" in next(f.summary for f in glance([snap])
+                                      if f.cause == "straggler_compute")
 
 
 def test_a_lowest_score_above_the_threshold_flags_nobody():
     # the margin: a rank a little slower than the rest is named slowest but not flagged
     snap = snapshot(ranks(r2={"straggler_score": STRAGGLER_SCORE_THRESHOLD * 1.05}))
     assert snap.slowest_rank == 2 and not any(r.slowest for r in snap.ranks)
-    assert snap.state is JobState.RUNNING and "straggler" not in _kinds(snap)
+    assert snap.state is JobState.RUNNING and _kinds(snap) == set()
 
 
 def test_stalled_rank_from_the_monitor_flag_or_the_heartbeat():
@@ -91,7 +94,7 @@ def test_stalled_rank_from_the_monitor_flag_or_the_heartbeat():
     assert flagged.state is JobState.STALLED and flagged.stalled_ranks == (1,)
     aged = snapshot(ranks(r3={"heartbeat_age_s": 95.0, "stall_threshold_s": 30.0}))
     assert aged.state is JobState.STALLED and aged.stalled_ranks == (3,)
-    assert "stall" in _kinds(aged)
+    assert "hang" in _kinds(aged)
 
 
 def test_pod_that_stops_answering_is_marked_down_and_the_view_goes_on():
@@ -102,7 +105,7 @@ def test_pod_that_stops_answering_is_marked_down_and_the_view_goes_on():
     assert [r.down for r in after.ranks] == [False, False, True, True]
     assert after.ranks[2].step == 100  # last figures kept
     assert [g.up for g in after.gpus] == [True, True, False, False]
-    assert {"target_down", "rank_down", "gpu_down"} <= _kinds(after)
+    assert {"target_down", "rank_missing", "gpu_lost"} <= _kinds(after)
     down = [t for t in after.targets if not t.up]
     assert len(down) == 2 and all(t.error == "timed out" for t in down)
     assert down[0].node == "node-1"
@@ -119,7 +122,7 @@ def test_nothing_answers_is_down_and_done_stays_done():
     assert gone.state is JobState.DONE
 
 
-def test_memory_pressure_and_nonfinite_loss_alerts():
+def test_memory_pressure_and_nonfinite_loss_degrade_the_job():
     snap = snapshot(ranks(r0={"peak_memory_bytes": 79e9}, r1={"loss": float("nan")}))
     assert {"memory_pressure", "loss_nonfinite"} <= _kinds(snap)
     assert snap.state is JobState.DEGRADED

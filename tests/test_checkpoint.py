@@ -14,7 +14,6 @@ from trainer.checkpoint import (
     Checkpointer,
     TrainState,
     complete_checkpoints,
-    latest_complete,
 )
 from trainer.model import ModelArgs, Transformer
 
@@ -66,7 +65,7 @@ def test_resume_ignores_directories_without_the_marker(tmp_path):
     (newer / MARKER).unlink()
     # ... and a temp dir of one that died earlier still.
     (tmp_path / ".tmp-step_00000030").mkdir()
-    assert latest_complete(tmp_path) == tmp_path / "step_00000010"
+    assert complete_checkpoints(tmp_path) == [(10, tmp_path / "step_00000010")]
     ckpt.remove_incomplete()
     assert not (tmp_path / ".tmp-step_00000030").exists()
-    assert latest_complete(tmp_path / "missing") is None
+    assert complete_checkpoints(tmp_path / "missing") == []

@@ -12,7 +12,7 @@ from test_views import check_golden, render
 from top_snapshots import REFRESH_S, diagnosis_history
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.diagnose import RankStack, Verdict, diagnose
+from fsdpmon.diagnose import RankStack, Verdict, judge
 from fsdpmon.diagnose.stacks import Frame
 from fsdpmon.top.ui_state import ViewState, handle_key
 from fsdpmon.top.views import frame
@@ -45,8 +45,7 @@ CASES = {
 def _verdict(name: str):
     at, stacks = CASES[name]
     snaps = diagnosis_history(at, N)
-    seconds = snaps[-1].time - snaps[0].time
-    return snaps[-1], Verdict(tuple(diagnose(snaps, stacks)), seconds, DIAGNOSIS_EVIDENCE_SECONDS)
+    return snaps[-1], judge(snaps, stacks)
 
 
 @pytest.mark.parametrize("size", [(200, 50), (80, 24)])

@@ -1,18 +1,14 @@
-"""Alerts and the job state from a snapshot: precedence and thresholds."""
+"""The job state from a snapshot's facts: precedence, and DEGRADED from each fact short of a
+stall (never from a verdict: that is the diagnosis' word, tests/test_glance.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.job.health import (
-    MEMORY_PRESSURE_RATIO,
-    alerts,
-    gone_early,
-    job_state,
-    settle,
-    with_conditions,
-)
+import pytest
+
+from fsdpmon.conventions import MEMORY_PRESSURE_RATIO, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.job.health import gone_early, job_state, settle, with_conditions
 from fsdpmon.job.snapshot import GpuRow, JobSnapshot, JobState, RankRow, TargetStatus
 
 UP, DOWN = TargetStatus("http://a/metrics", "train", True), TargetStatus("http://b", "", False)
@@ -25,7 +21,7 @@ def snap(**kw) -> JobSnapshot:
 
 
 def state(s: JobSnapshot, previous: JobSnapshot | None = None) -> JobState:
-    return job_state(replace(s, alerts=tuple(alerts(s))), previous)
+    return job_state(s, previous)
 
 
 def test_precedence():
@@ -42,23 +38,43 @@ def test_precedence():
     assert state(snap(targets=(DOWN,), ranks=finished)) is JobState.FAILED  # no plan: not done
 
 
-def test_straggler_alert_follows_the_flagged_score():
-    rows = (RankRow(rank=0, step=5, straggler_score=1.2),
-            RankRow(rank=1, step=5, straggler_score=0.6, slowest=True))
-    assert [a.message for a in alerts(snap(ranks=rows)) if a.kind == "straggler"] == [
-        f"rank 1 straggles: score 0.60 < {STRAGGLER_SCORE_THRESHOLD:g} (the others wait for it)"]
-    unflagged = (rows[0], replace(rows[1], slowest=False))
-    assert not [a for a in alerts(snap(ranks=unflagged)) if a.kind == "straggler"]
+GIB = 2**30
+AT_LINE = MEMORY_PRESSURE_RATIO * 80 * GIB  # bytes at the pressure line of an 80 GiB device
+BELOW = AT_LINE * (1 - 1e-6)
+RANK_1 = RankRow(rank=1, step=5)
 
-def test_memory_pressure_and_lost_gpu():
-    full = GpuRow(node="n", gpu="0", memory_used_bytes=MEMORY_PRESSURE_RATIO * 80,
-                  memory_total_bytes=80)
-    lost = GpuRow(node="n", gpu="1", up=False)
-    kinds = {a.kind for a in alerts(snap(gpus=(full, lost)))}
-    assert kinds == {"memory_pressure", "gpu_down"}
-    many = tuple(RankRow(rank=r, stalled=True) for r in range(12))
-    stall = next(a for a in alerts(snap(ranks=many)) if a.kind == "stall")
-    assert "rank 0, 1, 2, 3, 4, 5, 6, 7 (+4 more) stalled" in stall.message
+
+@pytest.mark.parametrize(("fact", "kw", "degraded"), [
+    ("a target down", {"targets": (UP, DOWN)}, True),
+    ("a rank gone before its last step", {"ranks": (RankRow(rank=0, step=5),
+                                                    replace(RANK_1, down=True))}, True),
+    ("a rank gone after its last step", {"ranks": (RankRow(rank=0, step=5),
+                                                   replace(RANK_1, down=True, finished=True))},
+     False),
+    ("a rank never seen", {"world_size": 3}, True),
+    ("every rank seen", {"world_size": 2}, False),
+    ("a GPU not up", {"gpus": (GpuRow(node="n", gpu="0", up=False),)}, True),
+    ("a straggler flagged", {"ranks": (RankRow(rank=0, step=5), replace(
+        RANK_1, slowest=True, straggler_score=STRAGGLER_SCORE_THRESHOLD * 0.8))}, True),
+    ("slowest without a score", {"ranks": (RankRow(rank=0, step=5),
+                                           replace(RANK_1, slowest=True))}, False),
+    ("a rank's memory at the line", {"ranks": (RankRow(rank=0, step=5), replace(
+        RANK_1, peak_memory_bytes=AT_LINE, memory_capacity_bytes=80 * GIB))}, True),
+    ("a rank's memory just below", {"ranks": (RankRow(rank=0, step=5), replace(
+        RANK_1, peak_memory_bytes=BELOW, memory_capacity_bytes=80 * GIB))}, False),
+    ("a GPU's memory at the line", {"gpus": (GpuRow(
+        node="n", gpu="0", memory_used_bytes=AT_LINE, memory_total_bytes=80 * GIB),)}, True),
+    ("a GPU's memory just below", {"gpus": (GpuRow(
+        node="n", gpu="0", memory_used_bytes=BELOW, memory_total_bytes=80 * GIB),)}, False),
+    ("a non-finite loss", {"ranks": (RankRow(rank=0, step=5),
+                                     replace(RANK_1, loss=float("nan")))}, True),
+    ("the monitor's non-finite flag", {"ranks": (RankRow(rank=0, step=5),
+                                                 replace(RANK_1, loss_nonfinite=True))}, True),
+    ("a finite loss", {"ranks": (RankRow(rank=0, step=5), replace(RANK_1, loss=2.5))}, False),
+])
+def test_degraded_follows_each_fact_short_of_a_stall(fact, kw, degraded):
+    expected = JobState.DEGRADED if degraded else JobState.RUNNING
+    assert state(snap(**kw)) is expected, f"{fact}: {state(snap(**kw))} != {expected}"
 
 
 def test_a_rank_that_went_away_finished_only_if_it_had_the_time_to():
@@ -70,13 +86,12 @@ def test_a_rank_that_went_away_finished_only_if_it_had_the_time_to():
     assert not gone_early(replace(seen, step=150, gone_at=100.0), 150)  # seen at its last step
     assert gone_early(replace(seen, gone_at=1e9), None)  # no plan: nothing says it finished
     ranks = tuple(replace(seen, rank=i, gone_at=100.0 + need * 2) for i in (0, 1))
-    done = snap(total_steps=150, targets=(DOWN,), ranks=ranks)
-    assert state(done) is JobState.DONE
-    failed = snap(total_steps=150, targets=(DOWN,),
-                  ranks=(ranks[0], replace(ranks[1], gone_at=100.0 + need / 2)))
-    assert state(failed) is JobState.FAILED
-    assert "rank 1 gone before the last step (last seen at step 140/150)" in [
-        a.message for a in alerts(failed)]
+    done = settle(snap(total_steps=150, targets=(DOWN,), ranks=ranks), None)
+    assert done.state is JobState.DONE and all(r.finished for r in done.ranks)
+    failed = settle(snap(total_steps=150, targets=(DOWN,),
+                         ranks=(ranks[0], replace(ranks[1], gone_at=100.0 + need / 2))), None)
+    assert failed.state is JobState.FAILED
+    assert [r.rank for r in failed.gone_ranks] == [1]
 
 
 def test_restarting_until_every_rank_is_back():
@@ -85,14 +100,14 @@ def test_restarting_until_every_rank_is_back():
                     ranks=(RankRow(rank=0, step=0), RankRow(rank=1, step=5, down=True)))
     assert state(one_back, previous=before) is JobState.RESTARTING
     restarting = replace(one_back, state=JobState.RESTARTING)
-    assert state(replace(one_back, alerts=()), previous=restarting) is JobState.RESTARTING
+    assert state(one_back, previous=restarting) is JobState.RESTARTING
     both = snap(world_size=2, restarts=1, ranks=(RankRow(rank=0, step=1), RankRow(rank=1, step=1)))
     assert state(both, previous=restarting) is JobState.RUNNING
     assert state(both, previous=replace(both, state=JobState.RUNNING)) is JobState.RUNNING
 
 
 def test_kubernetes_conditions_say_done_failed_restarting():
-    running = settle(replace(snap(), alerts=()), None)
+    running = settle(snap(), None)
     failed = [{"type": "Created", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
               {"type": "Running", "status": "False", "lastTransitionTime": "2026-01-01T00:01:00Z"},
               {"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
@@ -109,10 +124,8 @@ def test_kubernetes_conditions_say_done_failed_restarting():
     assert with_conditions(running, [{"type": "Failed", "status": "False"}, "junk"]) == running
 
 
-def test_fewer_ranks_than_the_world_size_is_flagged():
-    one = (RankRow(rank=0, step=5),)  # rank 1 never reported (another job took its endpoint)
-    found = alerts(snap(ranks=one, world_size=2))
-    assert [(a.kind, a.message) for a in found] == [
-        ("rank_missing", "only 1 of 2 ranks report; rank 1 never seen")], found
-    assert state(snap(ranks=one, world_size=2)) is JobState.DEGRADED
-    assert alerts(snap(world_size=2)) == []  # both report: nothing named
+def test_a_job_that_says_it_succeeded_finished_every_rank_that_went_away():
+    gone = (RankRow(rank=0, step=3), RankRow(rank=1, step=3, down=True))
+    out = with_conditions(settle(snap(total_steps=5, ranks=gone), None),
+                          [{"type": "Succeeded", "status": "True"}])
+    assert out.state is JobState.DONE and out.step == 5 and out.gone_ranks == ()

@@ -12,6 +12,7 @@ import pytest
 from kube_standin import KubeStandIn
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 
+from fsdpmon.diagnose import judge
 from fsdpmon.errors import ConfigError, UnreachableError
 from fsdpmon.job.snapshot import JobSnapshot, JobState
 from fsdpmon.scrape.sources.kube import KubeSource, KubeSourceConfig
@@ -275,4 +276,4 @@ def test_the_jobs_own_conditions_say_done_and_failed(api, tmp_path):
                            {"type": "Complete", "status": "True", "reason": "JobsCompleted"}])
     snap = _fetch(api, tmp_path)
     assert (snap.state, snap.reason, snap.targets) == (JobState.DONE, "", ())
-    check_health(snap)  # --once exits 0 for a job that is DONE
+    check_health(snap, judge([snap]))  # --once exits 0 for a job that is DONE

@@ -3,7 +3,7 @@
 A diverging run is exactly when people open `top`. Property tests over every numeric field:
 of the aggregate (every value top reads from the pods and exporters), and of the snapshot
 itself (every float and int field of every row). Each drawn snapshot is rendered in every
-view, written as JSON, judged for alerts and state, and diagnosed; none of it may raise.
+view, written as JSON, judged at a glance and for its state, and diagnosed; none of it may raise.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from report_logs import read_records, write_run
 from rich.console import Console
 from top_snapshots import T0, ranks, results
 
-from fsdpmon.diagnose.engine import diagnose
+from fsdpmon.diagnose import glance, judge
 from fsdpmon.errors import InputError
 from fsdpmon.job.snapshot import GpuRow, History, JobSnapshot, NodeRow, ProcessRow, RankRow
 from fsdpmon.report.loader import load_runs
@@ -30,6 +30,7 @@ from fsdpmon.report.table import markdown_report
 from fsdpmon.scrape.aggregate import ScrapeResult, aggregate
 from fsdpmon.scrape.expfmt import Sample
 from fsdpmon.scrape.wanted import WANTED
+from fsdpmon.top.cli import snapshot_json
 from fsdpmon.top.ui_state import VIEWS, ViewState
 from fsdpmon.top.views import frame, once_frame
 
@@ -58,13 +59,15 @@ def screens(snap: JobSnapshot) -> list[ViewState | None]:
 
 
 def read_everything(snap: JobSnapshot, screen: int | None = None) -> None:
-    """What reads a snapshot: a screen of top (all when ``screen`` is None), JSON, diagnosis
-    (alerts and state were judged when the snapshot was built)."""
+    """What reads a snapshot: a screen of top (all when ``screen`` is None) with its verdict,
+    JSON, diagnosis (the state was judged when the snapshot was built)."""
     states = screens(snap)
+    verdict = judge([snap])
     for state in states if screen is None else [states[screen % len(states)]]:
-        _render(once_frame(snap) if state is None else frame(snap, state, height=40))
-    json.loads(snap.to_json())  # strict JSON: non-finite figures become null
-    diagnose([snap, dataclasses.replace(snap, time=snap.time + 30)])
+        _render(once_frame(snap, verdict) if state is None
+                else frame(snap, state, height=40, verdict=verdict))
+    json.loads(snapshot_json(snap, verdict))  # strict JSON: non-finite figures become null
+    judge([snap, dataclasses.replace(snap, time=snap.time + 30)])
 
 
 # -- the aggregate: every value top reads, from a real (synthetic) job's expositions ---------
@@ -107,8 +110,8 @@ def test_loss_of_plus_and_minus_infinity_is_shown_as_such() -> None:
     snap = aggregate(mixed, now=T0, source="targets")
     assert [r.loss for r in snap.ranks[:2]] == [math.inf, -math.inf]
     assert snap.loss is not None and math.isnan(snap.loss), f"job loss {snap.loss}"
-    assert "loss_nonfinite" in {a.kind for a in snap.alerts}
-    text = _render(frame(snap, ViewState(view="ranks"), height=40))
+    assert "loss_nonfinite" in {f.cause for f in glance([snap])}
+    text = _render(frame(snap, ViewState(view="ranks"), height=40, verdict=judge([snap])))
     assert "inf" in text.lower() and "-inf" in text.lower(), "the ranks view hides the infinities"
     read_everything(snap)
 

@@ -23,6 +23,7 @@ from support import free_port
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.report.prometheus import PrometheusAPI
+from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
 needs_prometheus = pytest.mark.skipif(
     not (shutil.which("prometheus") and shutil.which("promtool")),
@@ -198,6 +199,29 @@ MATRIX_WITH_JUNK = json.dumps({"status": "success", "data": {"resultType": "matr
 def test_bad_answers_become_one_line_errors(status, kind, body, message):
     with stand_in(status, kind, body) as url, pytest.raises(UnreachableError, match=message):
         PrometheusAPI(url, timeout_s=5).query_range("up", 0, 10, 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "body", "message"),
+    [
+        (200, "text/plain", b"hello", "not a Prometheus API response"),
+        (503, "text/html", b"<html>down</html>", "HTTP 503 Service Unavailable"),
+        (400, "application/json",
+         b'{"status":"error","errorType":"bad_data","error":"parse error at char 5"}',
+         "bad_data: parse error at char 5"),
+        (200, "application/json", b'{"status":"success","data":{"resultType":"vector"}}',
+         "answer has no result list"),
+    ],
+)
+def test_tops_source_reads_bad_answers_as_the_report_does(status, kind, body, message):
+    """One client of Prometheus' API: `top --prometheus` asks it instant queries and gets the
+    same one-line errors, naming the server."""
+    with stand_in(status, kind, body) as url:
+        with pytest.raises(UnreachableError) as raised:
+            PrometheusSource(url, timeout_s=5).fetch()
+        assert str(raised.value) == f"Prometheus at {url}: {message}"
+        with pytest.raises(UnreachableError, match=f"^Prometheus at {url}: "):
+            PrometheusAPI(url, timeout_s=5).query_range("up", 0, 10, 1)
 
 
 def test_malformed_points_are_skipped_not_fatal():

@@ -8,16 +8,26 @@ import json
 import pytest
 from top_snapshots import ranks, snapshot
 
+from fsdpmon.diagnose import judge
 from fsdpmon.job.snapshot import JobSnapshot, JobState, RankRow
+from fsdpmon.top.cli import snapshot_json
 
 
 def test_to_json_is_strict_and_complete():
     snap = snapshot(ranks(r1={"loss": float("nan")}))
-    data = json.loads(snap.to_json())
+    assert json.loads(snapshot_json(snap, judge([]))) == json.loads(snap.to_json()) | {
+        "findings": []}  # the snapshot's keys, and the findings
+    data = json.loads(snapshot_json(snap, judge([snap])))  # what `--json` prints
     assert data["state"] == "DEGRADED" and data["job_name"] == "llama"
     assert data["progress"] == pytest.approx(0.1)
     assert data["ranks"][1]["loss"] is None  # NaN is not JSON
-    assert {a["kind"] for a in data["alerts"]} >= {"loss_nonfinite"}
+    nonfinite = next(f for f in data["findings"] if f["cause"] == "loss_nonfinite")
+    assert nonfinite == {"cause": "loss_nonfinite", "severity": "critical", "rank": 1,
+                         "pod": "llama-worker-0", "node": "node-0", "gpu": "1",
+                         "summary": "loss is NaN or infinite on rank 1",
+                         "evidence": ["rank 1 serves a non-finite loss"],
+                         "next_step": nonfinite["next_step"], "stacks": []}, nonfinite
+    assert "alerts" not in data  # the findings took their place
     assert data["ranks"][0].keys() >= {"rank", "pod", "node", "step", "step_time_s", "stalled"}
     assert data["gpus"][0]["utilization_history"] and data["history"]["tokens_per_second"]
     assert data["targets"][0].keys() >= {"url", "up", "error", "kind"}

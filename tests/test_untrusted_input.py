@@ -8,9 +8,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from fsdpmon.diagnose import judge
 from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.scrape.expfmt import Parser
 from fsdpmon.scrape.wanted import WANTED
+from fsdpmon.top.cli import snapshot_json
 from fsdpmon.top.ui_state import VIEWS, ViewState
 from fsdpmon.top.views import frame, once_frame
 
@@ -47,11 +49,12 @@ def exposition_lines(draw) -> str:
 
 
 def _render(snap) -> None:
+    verdict = judge([snap])  # what the pods served, judged at a glance
     for view in VIEWS:
         console = Console(width=80, height=24, file=io.StringIO(), color_system=None)
-        console.print(frame(snap, ViewState(view=view), 24))
-    Console(width=80, file=io.StringIO()).print(once_frame(snap))
-    snap.to_json()
+        console.print(frame(snap, ViewState(view=view), 24, verdict=verdict))
+    Console(width=80, file=io.StringIO()).print(once_frame(snap, verdict))
+    snapshot_json(snap, verdict)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

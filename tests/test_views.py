@@ -16,13 +16,32 @@ from rich.console import Console
 from synthetic_job import job_expositions
 from top_snapshots import T0, ranks, results, snapshot
 
+from fsdpmon.diagnose import Verdict, judge
 from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.scrape.aggregate import ScrapeResult, aggregate
-from fsdpmon.top import fmt
+from fsdpmon.top import fmt, views
 from fsdpmon.top.ui_state import ENTER, ViewState, handle_key
-from fsdpmon.top.views import frame, nav, once_frame, shows_processes
 
 GOLDEN = Path(__file__).parent / "golden" / "top"
+
+
+# The screens as top draws them: with the verdict on what it shows (of one refresh here: the
+# glance, as before the evidence window has passed).
+def frame(snap: JobSnapshot, state: ViewState, height: int, notice: str = "",
+          verdict: Verdict | None = None):
+    return views.frame(snap, state, height, notice, verdict or judge([snap]))
+
+
+def nav(snap: JobSnapshot, state: ViewState, height: int):
+    return views.nav(snap, state, height, verdict=judge([snap]))
+
+
+def shows_processes(snap: JobSnapshot, state: ViewState, height: int) -> bool:
+    return views.shows_processes(snap, state, height, verdict=judge([snap]))
+
+
+def once_frame(snap: JobSnapshot):
+    return views.once_frame(snap, judge([snap]))
 
 
 def render(renderable, width: int = 80, height: int = 24) -> str:

@@ -53,11 +53,6 @@ def complete_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def latest_complete(root: Path) -> Path | None:
-    found = complete_checkpoints(root)
-    return found[-1][1] if found else None
-
-
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()

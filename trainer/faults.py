@@ -16,8 +16,8 @@ What each kind does, and why it is made that way:
   would slow them too and blur which rank is the straggler. Compute time on CPU is the
   process's CPU time in the phase (``compute_clock``): its wall time also holds the waits for
   the other ranks at FSDP's all-gathers and the time the OS ran other processes, and scaling
-  those made factor 1.15 cost a time-sliced 4-rank job's slowed rank ~60% more busy time, not
-  15%. On CUDA it is the host wall time of the phase, as before.
+  those too would slow a time-sliced rank by far more than the factor asked. On CUDA it is
+  the host wall time of the phase.
 - data-slow: each batch this rank loads takes ``seconds`` longer (inside ``next(loader)``).
 - hang: after step S, the rank blocks forever in plain Python outside any collective: in its
   data loader (``where=data``) or in a host-side call (``where=host``); the others then wait in

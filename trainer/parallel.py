@@ -136,10 +136,3 @@ def exit_process(code: int) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(code)
-
-
-def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
-    out = value.detach().clone()
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(out)
-    return out

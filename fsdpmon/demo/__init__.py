@@ -19,6 +19,7 @@ from pathlib import Path
 from types import FrameType
 
 from fsdpmon.demo.session import DemoConfig, Session, describe, make_plan, real_gpu_count
+from fsdpmon.diagnose import Verdict, judge
 from fsdpmon.errors import ConfigError, MissingExtraError
 from fsdpmon.job.snapshot import JobSnapshot
 
@@ -114,10 +115,11 @@ def run(args: argparse.Namespace) -> int:
         session.stop()
         say(f"stopped. Logs: {plan.log_dir}  (scaling report: {fsdpmon_command()} report "
             f"{plan.jsonl_path})")
-    _print_snapshot(snap, cfg.json)
     from fsdpmon.top.cli import check_health
 
-    check_health(snap)
+    verdict = judge([snap])  # as `top --once` judges its one refresh
+    _print_snapshot(snap, verdict, cfg.json)
+    check_health(snap, verdict)
     return 0
 
 
@@ -156,15 +158,17 @@ def progress_line(snap: JobSnapshot, elapsed_s: float) -> str:
     return f"t={elapsed_s:.0f}s state={snap.state.value} steps: {steps} | {rate}"
 
 
-def _print_snapshot(snap: JobSnapshot, as_json: bool) -> None:
+def _print_snapshot(snap: JobSnapshot, verdict: Verdict, as_json: bool) -> None:
     if as_json:
-        sys.stdout.write(snap.to_json() + "\n")
+        from fsdpmon.top.cli import snapshot_json
+
+        sys.stdout.write(snapshot_json(snap, verdict) + "\n")
     else:
         from rich.console import Console
 
         from fsdpmon.top.views import once_frame
 
-        Console(soft_wrap=False).print(once_frame(snap))
+        Console(soft_wrap=False).print(once_frame(snap, verdict))
     sys.stdout.flush()
 
 

@@ -3,10 +3,11 @@
 A pure package: snapshots (oldest first) and stack evidence in, findings out; no I/O, no clock.
 """
 
-from fsdpmon.diagnose.engine import diagnose
-from fsdpmon.diagnose.findings import CAUSES, CRITICAL, WARNING, Finding, Verdict
+from fsdpmon.diagnose.engine import diagnose, judge
+from fsdpmon.diagnose.findings import CAUSES, Finding, Verdict
+from fsdpmon.diagnose.glance import glance
 from fsdpmon.diagnose.history import SnapshotHistory
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge, parse_stacks
 
-__all__ = ["CAUSES", "CRITICAL", "WARNING", "Finding", "RankStack", "SnapshotHistory",
-           "StackClass", "Verdict", "diagnose", "merge", "parse_stacks"]
+__all__ = ["CAUSES", "Finding", "RankStack", "SnapshotHistory", "StackClass", "Verdict",
+           "diagnose", "glance", "judge", "merge", "parse_stacks"]

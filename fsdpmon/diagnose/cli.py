@@ -12,8 +12,8 @@ import re
 import sys
 import time
 
-from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
-from fsdpmon.diagnose import CRITICAL, Verdict
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, Severity
+from fsdpmon.diagnose import Verdict
 from fsdpmon.diagnose.evidence import Diagnoser
 from fsdpmon.diagnose.report import report_lines
 from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     if snap.state is JobState.DOWN:
         raise UnreachableError("no target answered")
-    critical = [f for f in findings if f.severity == CRITICAL]
+    critical = [f for f in findings if f.severity is Severity.CRITICAL]
     if critical:
         raise JobUnhealthyError(f"{critical[0].cause}: {critical[0].summary}")
     return 0

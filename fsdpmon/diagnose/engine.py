@@ -3,11 +3,13 @@
 Each rule takes the facts it explains out of the observations, so a cascade is one finding:
 a lost GPU explains its rank's stall and every rank waiting for it; an unresponsive rank
 explains the others' stalls; a throttled GPU explains its rank's straggling.
+
+``judge`` is the one verdict `top` and `diagnose` read: these findings, and beside them the
+glance at the newest refresh (fsdpmon.diagnose.glance) for what has not held that long yet.
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Sequence
 
 from fsdpmon.conventions import (
@@ -15,25 +17,38 @@ from fsdpmon.conventions import (
     CRASH_LOOP_RESTARTS,
     DIAGNOSIS_EVIDENCE_SECONDS,
     EXIT_KILLED,
-    STRAGGLER_CAUSE_SHARE,
+    Severity,
 )
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import (
-    CRITICAL,
-    WARNING,
     Finding,
+    Verdict,
     age,
+    median,
     ranked,
     ranks_text,
     waiters,
     where,
     where_all,
 )
+from fsdpmon.diagnose.glance import glance
 from fsdpmon.diagnose.gpu_rules import gpu_ecc, gpu_lost, gpu_xid, memory, throttled
 from fsdpmon.diagnose.observe import Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
+from fsdpmon.diagnose.straggler_rules import stragglers
 from fsdpmon.diagnose.window import Window
-from fsdpmon.job.snapshot import JobSnapshot, RankRow
+from fsdpmon.job.snapshot import JobSnapshot
+
+
+def judge(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
+          span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> Verdict:
+    """The verdict on snapshots oldest first: the findings over the window and, beside them,
+    what the newest refresh shows that has not held for ``span_s`` yet (glance). One snapshot
+    (`top --once`) gets the glance alone."""
+    if not history:
+        return Verdict(span_s=span_s)
+    return Verdict(tuple(diagnose(history, stacks, span_s)), history[-1].time - history[0].time,
+                   span_s, tuple(glance(history, span_s)))
 
 
 def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
@@ -48,7 +63,7 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     out: list[Finding] = []
     for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing, _hang):
         out += rule(obs, places, stacks)
-    for rule in (_stragglers, throttled, _loss, memory, _checkpoint, _targets):
+    for rule in (stragglers, throttled, _loss, memory, _checkpoint, _targets):
         out += rule(obs, places)
     return ranked(out)
 
@@ -62,7 +77,7 @@ def _unresponsive(obs: Observations, places: Places,
         evidence += waiters(obs, {rank})
         classes = merge(stacks) if stacks else []
         evidence += [c.describe() for c in classes]
-        out.append(Finding("rank_unresponsive", CRITICAL, f"rank {rank} is unresponsive",
+        out.append(Finding("rank_unresponsive", Severity.CRITICAL, f"rank {rank} is unresponsive",
                            evidence=tuple(evidence), stacks=tuple(classes),
                            **where(places, rank)))
     obs.unresponsive.clear()
@@ -108,7 +123,7 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
     obs.missing.clear()
     text = ranks_text(culprits)
     cause, summary = _cause(obs, evidence, f"{text} missing", f"crash loop: {text} keeps failing")
-    return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
+    return [Finding(cause, Severity.CRITICAL, summary, evidence=tuple(evidence),
                     **where_all(places, culprits, rank))]
 
 
@@ -142,7 +157,7 @@ def _died(obs: Observations, places: Places) -> list[Finding]:
                     ("failed (an error)", "keeps failing (an error)"))
     cause, summary = _cause(obs, evidence, f"{text} {ended}; the job restarted",
                             f"crash loop: {text} {keeps}")
-    return [Finding(cause, CRITICAL, summary, evidence=tuple(evidence),
+    return [Finding(cause, Severity.CRITICAL, summary, evidence=tuple(evidence),
                     **where_all(places, culprits, culprits[0] if len(culprits) == 1 else None))]
 
 
@@ -175,60 +190,8 @@ def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> lis
     rank = culprits[0] if len(culprits) == 1 else None
     summary = (f"{ranks_text(culprits)} holds up {len(stalled) - len(culprits)} ranks"
                if culprits else f"{ranks_text(stalled)} stalled, none behind the others")
-    return [Finding("hang", CRITICAL, summary, evidence=tuple(evidence), stacks=tuple(classes),
-                    **where(places, rank))]
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values) if values else 0.0
-
-
-def _straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
-    """compute or data: which part of the extra busy time is the rank's own. (Never
-    checkpointing: saves run between steps, outside the busy time; see _checkpoint.)"""
-    busy = [r.busy_s for r in live if r.busy_s is not None]
-    excess = (row.busy_s or 0.0) - _median(busy)
-    data = [(r.data_wait_ratio or 0.0) * (r.step_time_s or 0.0) for r in live]
-    own_data = (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
-    extra_data = own_data - _median(data)
-    if excess > 0 and extra_data >= STRAGGLER_CAUSE_SHARE * excess:
-        return "straggler_data", f"{extra_data:.3g}s of its {excess:.3g}s extra is data wait"
-    return "straggler_compute", f"busy {row.busy_s or 0:.3g}s vs median {_median(busy):.3g}s"
-
-
-_WHY = {"straggler_compute": "its own compute is slow", "straggler_data": "it waits for data",
-        "host_cpu_contention": "its node's CPUs are saturated"}
-
-
-def _contended(row: RankRow, live: list[RankRow], obs: Observations) -> bool:
-    """The straggler's node is CPU-saturated and some rank it is slower than runs on a node
-    that is not: contention on a node that all its peers share slows them all alike, so it
-    cannot be why this one rank is slower (a one-node job on a busy host)."""
-    peers = [r for r in live if r.rank not in obs.stragglers]
-    return row.node in obs.busy_nodes and any(r.node not in obs.busy_nodes for r in peers)
-
-
-def _stragglers(obs: Observations, places: Places) -> list[Finding]:
-    live = [r for r in obs.now.ranks if not r.down]
-    out = []
-    for rank in sorted(obs.stragglers):
-        row = places.ranks[rank]
-        gpu = places.gpu_of(rank)
-        score = f"straggler score {row.straggler_score:.2f} for {obs.seconds:.0f}s"
-        if gpu is not None and (gpu in obs.throttled or gpu in obs.power_capped):
-            reasons = obs.throttled.pop(gpu, []) or ["sw_power_cap"]
-            out.append(Finding(
-                "gpu_throttled", WARNING,
-                f"GPU {gpu[1]} on {gpu[0]} throttled ({', '.join(reasons)}) slows rank {rank}",
-                evidence=(f"clock events active for {obs.seconds:.0f}s: {', '.join(reasons)}",
-                          f"rank {rank} {score}"), **where(places, rank, gpu)))
-            continue
-        cause, detail = _straggler_cause(row, live)
-        if cause == "straggler_compute" and _contended(row, live, obs):
-            cause, detail = "host_cpu_contention", f"node {row.node} CPUs saturated; {detail}"
-        out.append(Finding(cause, WARNING, f"rank {rank} straggles: {_WHY[cause]}",
-                           evidence=(score, detail), **where(places, rank)))
-    return out
+    return [Finding("hang", Severity.CRITICAL, summary, evidence=tuple(evidence),
+                    stacks=tuple(classes), **where(places, rank))]
 
 
 def _loss(obs: Observations, places: Places) -> list[Finding]:
@@ -237,12 +200,14 @@ def _loss(obs: Observations, places: Places) -> list[Finding]:
         bad = sorted(obs.nonfinite)
         live = [r for r in obs.now.ranks if not r.down]
         rank = bad[0] if len(bad) < len(live) else None
-        out.append(Finding("loss_nonfinite", CRITICAL, f"loss is NaN/inf on {ranks_text(bad)}",
+        out.append(Finding("loss_nonfinite", Severity.CRITICAL,
+                           f"loss is NaN/inf on {ranks_text(bad)}",
                            evidence=(f"non-finite loss on {ranks_text(bad)} for "
                                      f"{obs.seconds:.0f}s",), **where(places, rank)))
     elif obs.loss_spike:
         base, low = obs.loss_spike
-        out.append(Finding("loss_spike", WARNING, f"loss spiked: {low:.3g} vs {base:.3g} before",
+        out.append(Finding("loss_spike", Severity.WARNING,
+                           f"loss spiked: {low:.3g} vs {base:.3g} before",
                            evidence=(f"job loss ≥ {low:.3g} for {obs.seconds:.0f}s, median "
                                      f"before {base:.3g}",)))
     return out
@@ -254,8 +219,8 @@ def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
     if not obs.checkpoint_heavy:
         return []
     live = [r for r in obs.now.ranks if not r.down and r.checkpoint_seconds is not None]
-    share = _median([r.checkpoint_time_ratio for r in live if r.checkpoint_time_ratio is not None])
-    wall = _median([r.checkpoint_seconds or 0.0 for r in live])
+    share = median([r.checkpoint_time_ratio for r in live if r.checkpoint_time_ratio is not None])
+    wall = median([r.checkpoint_seconds or 0.0 for r in live])
     evidence = [f"the last save took {wall:.3g}s, {share:.0%} of the time since the save "
                 f"before it (limit {CHECKPOINT_SHARE_LIMIT:.0%})"]
     holdups = sorted(obs.checkpoint_holdups,
@@ -264,13 +229,13 @@ def _checkpoint(obs: Observations, places: Places) -> list[Finding]:
     summary = f"checkpointing takes {share:.0%} of the time"
     if rank is not None:
         own = places.ranks[rank].checkpoint_own_seconds or 0.0
-        others = _median([r.checkpoint_own_seconds or 0.0 for r in live if r.rank != rank])
+        others = median([r.checkpoint_own_seconds or 0.0 for r in live if r.rank != rank])
         evidence.append(f"rank {rank}'s own save work took {own:.3g}s of it, the other ranks' "
                         f"{others:.3g}s: they waited for rank {rank}")
         if len(holdups) > 1:
             evidence.append(f"{ranks_text(holdups)} all saved slowly")
         summary += f": rank {rank}'s save holds up the others"
-    return [Finding("checkpoint_slow", WARNING, summary, evidence=tuple(evidence),
+    return [Finding("checkpoint_slow", Severity.WARNING, summary, evidence=tuple(evidence),
                     **where(places, rank))]
 
 
@@ -279,7 +244,7 @@ def _targets(obs: Observations, places: Places) -> list[Finding]:
     status = {t.url: t for t in obs.now.targets}
     for url in sorted(obs.targets_down):
         t = status[url]
-        out.append(Finding("target_down", WARNING, f"target {t.pod or url} down",
+        out.append(Finding("target_down", Severity.WARNING, f"target {t.pod or url} down",
                            evidence=(f"{url} ({t.kind}) not answering for {obs.seconds:.0f}s: "
                                      f"{t.error or 'no answer'}",),
                            pod=t.pod or None, node=t.node or None))

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
-from fsdpmon.diagnose import RankStack, SnapshotHistory, Verdict, diagnose, parse_stacks
+from fsdpmon.diagnose import RankStack, SnapshotHistory, Verdict, judge, parse_stacks
 from fsdpmon.job.snapshot import JobSnapshot, TargetStatus
 from fsdpmon.scrape.httpget import ScrapeError, get_all, http_get
 
@@ -87,6 +87,4 @@ class Diagnoser:
         stacks: Sequence[RankStack] = ()
         if needs_stacks(snap):
             stacks = fetch_stacks(self.source, snap, self.timeout_s)
-        snaps = self.history.snapshots()
-        return Verdict(tuple(diagnose(snaps, stacks, self.span_s)),
-                       snaps[-1].time - snaps[0].time, self.span_s)
+        return judge(self.history.snapshots(), stacks, self.span_s)

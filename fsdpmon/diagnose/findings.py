@@ -7,14 +7,14 @@ reading `fsdpmon diagnose --json`), so they never change once released.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
+from fsdpmon.conventions import Severity
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places
 from fsdpmon.diagnose.stacks import StackClass
 from fsdpmon.job.snapshot import RankRow
-
-CRITICAL, WARNING = "critical", "warning"
 
 # Most urgent first within a severity: causes that stop the job, then GPU faults, then what
 # slows it, then what only threatens it.
@@ -64,8 +64,8 @@ NEXT_STEPS = {
 @dataclass(frozen=True)
 class Finding:
     cause: str
-    severity: str
-    summary: str  # one line in words: the header's alert line
+    severity: Severity
+    summary: str  # one line in words: the header's line
     rank: int | None = None
     pod: str | None = None
     node: str | None = None
@@ -73,13 +73,16 @@ class Finding:
     evidence: tuple[str, ...] = ()
     stacks: tuple[StackClass, ...] = field(default=(), compare=False)
 
+    def __post_init__(self) -> None:  # "critical" and Severity.CRITICAL are one severity
+        object.__setattr__(self, "severity", Severity(self.severity))
+
     @property
     def next_step(self) -> str:
         return NEXT_STEPS[self.cause].format(pod=self.pod or "<pod>", node=self.node or "<node>",
                                              gpu=self.gpu or "<gpu>")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"cause": self.cause, "severity": self.severity, "rank": self.rank,
+        return {"cause": self.cause, "severity": self.severity.value, "rank": self.rank,
                 "pod": self.pod, "node": self.node, "gpu": self.gpu,
                 "evidence": list(self.evidence), "next_step": self.next_step,
                 "summary": self.summary, "stacks": [c.to_dict() for c in self.stacks]}
@@ -87,7 +90,8 @@ class Finding:
 
 def ranked(findings: list[Finding]) -> list[Finding]:
     """Critical before warning, then by cause (causes that stop the job first), then rank."""
-    return sorted(findings, key=lambda f: (f.severity != CRITICAL, CAUSES.index(f.cause),
+    return sorted(findings, key=lambda f: (f.severity is not Severity.CRITICAL,
+                                           CAUSES.index(f.cause),
                                            -1 if f.rank is None else f.rank, f.node or "",
                                            f.gpu or ""))
 
@@ -102,11 +106,20 @@ def ranks_text(ranks: list[int] | tuple[int, ...], limit: int = 8) -> str:
 @dataclass(frozen=True)
 class Verdict:
     """The findings now, and how much history they were drawn from (a live view says it is
-    still gathering evidence while ``seconds`` < ``span_s``)."""
+    still gathering evidence while ``seconds`` < ``span_s``); ``glance``: what the newest
+    refresh shows that has not held for ``span_s`` yet (fsdpmon.diagnose.glance), the header's
+    lines before a finding confirms them and all that one refresh (`top --once`) can say."""
 
     findings: tuple[Finding, ...] = ()
     seconds: float = 0.0
     span_s: float = 0.0
+    glance: tuple[Finding, ...] = ()
+
+    @property
+    def critical(self) -> tuple[Finding, ...]:
+        """The critical findings, confirmed first, then those at a glance."""
+        return tuple(f for f in (*self.findings, *self.glance)
+                     if f.severity is Severity.CRITICAL)
 
     @property
     def gathering(self) -> bool:
@@ -137,6 +150,11 @@ def waiters(obs: Observations, culprits: set[int]) -> list[str]:
     waiting = sorted(obs.stalled - culprits)
     obs.stalled -= set(waiting) | culprits
     return [f"{len(waiting)} other {ranks_text(waiting)} stalled waiting for it"] if waiting else []
+
+
+def median(values: list[float]) -> float:
+    """The median, 0.0 of nothing."""
+    return statistics.median(values) if values else 0.0
 
 
 def age(row: RankRow | None) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fsdpmon.conventions import GPU_XID_CRITICAL
-from fsdpmon.diagnose.findings import CRITICAL, WARNING, Finding, age, waiters, where
+from fsdpmon.conventions import GPU_XID_CRITICAL, Severity
+from fsdpmon.diagnose.findings import Finding, age, waiters, where
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places
 from fsdpmon.diagnose.stacks import RankStack
 
@@ -26,7 +26,7 @@ def gpu_lost(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
             obs.unresponsive.discard(rank)
             obs.missing.discard(rank)
             evidence += waiters(obs, {rank})
-        out.append(Finding("gpu_lost", CRITICAL, f"GPU {key[1]} on {key[0]} lost"
+        out.append(Finding("gpu_lost", Severity.CRITICAL, f"GPU {key[1]} on {key[0]} lost"
                            + (f" (rank {rank})" if rank is not None else ""),
                            evidence=tuple(evidence), **where(places, rank, key)))
     return out
@@ -40,8 +40,9 @@ def gpu_ecc(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> 
         if rank is not None:
             evidence += waiters(obs, {rank})
             obs.stragglers.discard(rank)
-        out.append(Finding("gpu_ecc", CRITICAL, f"GPU {key[1]} on {key[0]}: uncorrected ECC "
-                           f"errors (+{now - before:.0f})", evidence=tuple(evidence),
+        out.append(Finding("gpu_ecc", Severity.CRITICAL,
+                           f"GPU {key[1]} on {key[0]}: uncorrected ECC errors "
+                           f"(+{now - before:.0f})", evidence=tuple(evidence),
                            **where(places, rank, key)))
     return out
 
@@ -60,7 +61,7 @@ def gpu_xid(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> 
             evidence.append(f"it serves rank {rank}")
             if critical:
                 evidence += waiters(obs, {rank})
-        out.append(Finding("gpu_xid", CRITICAL if critical else WARNING,
+        out.append(Finding("gpu_xid", Severity.CRITICAL if critical else Severity.WARNING,
                            f"GPU {key[1]} on {key[0]} raised XID {codes}", evidence=tuple(evidence),
                            **where(places, rank, key)))
     return out
@@ -75,7 +76,7 @@ def throttled(obs: Observations, places: Places) -> list[Finding]:
         if row is not None and row.straggler_score is not None:
             evidence.append(f"rank {rank} straggler score {row.straggler_score:.2f} "
                             "(not below the threshold yet)")
-        out.append(Finding("gpu_throttled", WARNING, f"GPU {key[1]} on {key[0]} throttled "
+        out.append(Finding("gpu_throttled", Severity.WARNING, f"GPU {key[1]} on {key[0]} throttled "
                            f"({', '.join(reasons)})", evidence=tuple(evidence),
                            **where(places, rank, key)))
     return out
@@ -94,5 +95,5 @@ def memory(obs: Observations, places: Places) -> list[Finding]:
         evidence.append(f"GPU {key[1]} on {key[0]} at {(g.memory_ratio or 0) if g else 0:.0%}")
     rank = min(obs.rank_memory) if obs.rank_memory else (
         places.rank_of(min(obs.gpu_memory)) if obs.gpu_memory else None)
-    return [Finding("memory_pressure", WARNING, f"memory pressure: {evidence[0]}",
+    return [Finding("memory_pressure", Severity.WARNING, f"memory pressure: {evidence[0]}",
                     evidence=tuple(evidence), **where(places, rank))]

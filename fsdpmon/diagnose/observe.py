@@ -17,7 +17,6 @@ from fsdpmon.conventions import (
     GPU_THROTTLE_REASONS,
     HOST_CPU_BUSY_RATIO,
     LOSS_SPIKE_FACTOR,
-    MEMORY_PRESSURE_RATIO,
     STRAGGLER_CAUSE_SHARE,
     STRAGGLER_SCORE_THRESHOLD,
 )
@@ -31,8 +30,8 @@ def _live(snap: JobSnapshot) -> list[RankRow]:
     return [r for r in snap.ranks if not r.down]
 
 
-def _stalled(snap: JobSnapshot) -> list[int]:
-    return [r.rank for r in snap.ranks if r.stalled and not r.down]
+def _stalled(snap: JobSnapshot) -> tuple[int, ...]:
+    return snap.stalled_ranks
 
 
 def _unresponsive(snap: JobSnapshot) -> list[int]:
@@ -42,14 +41,13 @@ def _unresponsive(snap: JobSnapshot) -> list[int]:
 def _missing(snap: JobSnapshot) -> list[int]:
     """Ranks that went away before their last step, and ranks of the world size that never
     reported at all (a rank gone after its last step finished: DONE, nothing is missing)."""
-    never = set(snap.unseen_ranks())
-    return sorted({r.rank for r in snap.ranks if r.down and not r.finished} | never)
+    return sorted({r.rank for r in snap.gone_ranks} | set(snap.unseen_ranks()))
 
 
 def _lost(snap: JobSnapshot) -> list[GpuKey]:
     """GPUs their exporter reports down (an exporter that does not answer says nothing)."""
     unheard = {t.node for t in snap.targets if not t.up}
-    return [(g.node, g.gpu) for g in snap.gpus if not g.up and g.node not in unheard]
+    return [(g.node, g.gpu) for g in snap.lost_gpus if g.node not in unheard]
 
 
 def _throttled(snap: JobSnapshot) -> list[tuple[GpuKey, str]]:
@@ -66,19 +64,16 @@ def _stragglers(snap: JobSnapshot) -> list[int]:
             and math.isfinite(r.straggler_score) and r.straggler_score < STRAGGLER_SCORE_THRESHOLD]
 
 
-def _nonfinite(snap: JobSnapshot) -> list[int]:
-    return [r.rank for r in _live(snap) if r.loss_nonfinite
-            or (r.loss is not None and not math.isfinite(r.loss))]
+def _nonfinite(snap: JobSnapshot) -> tuple[int, ...]:
+    return snap.nonfinite_ranks
 
 
-def _rank_memory(snap: JobSnapshot) -> list[int]:
-    return [r.rank for r in _live(snap) if r.peak_memory_bytes and r.memory_capacity_bytes
-            and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO]
+def _rank_memory(snap: JobSnapshot) -> tuple[int, ...]:
+    return snap.tight_ranks
 
 
 def _gpu_memory(snap: JobSnapshot) -> list[GpuKey]:
-    return [(g.node, g.gpu) for g in snap.gpus
-            if g.up and g.memory_ratio is not None and g.memory_ratio >= MEMORY_PRESSURE_RATIO]
+    return [(g.node, g.gpu) for g in snap.tight_gpus]
 
 
 def _busy_nodes(snap: JobSnapshot) -> list[str]:
@@ -109,11 +104,7 @@ def _checkpoint_holdups(snap: JobSnapshot) -> list[int]:
 
 
 def _targets_down(snap: JobSnapshot) -> list[str]:
-    """Targets not answering, but for the training endpoints of ranks that finished (a
-    finished job's endpoints go away with it)."""
-    done = {r.target for r in snap.ranks if r.finished} - {
-        r.target for r in snap.ranks if not r.finished}
-    return [t.url for t in snap.targets if not t.up and t.url not in done]
+    return [t.url for t in snap.down_targets]
 
 
 def _xids(snap: JobSnapshot) -> dict[tuple[str, str, str], float]:

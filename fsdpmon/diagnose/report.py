@@ -20,7 +20,7 @@ def place(f: Finding) -> str:
 def finding_lines(f: Finding, frames: int = MAX_STACK_FRAMES) -> list[tuple[str, str]]:
     """(kind, text) lines of one finding: kind is 'title', 'place', 'evidence', 'stack' or
     'next', so a view can style them."""
-    lines = [("title", f"{f.severity.upper():<8} {f.cause}: {f.summary}")]
+    lines = [("title", f"{f.severity.value.upper():<8} {f.cause}: {f.summary}")]
     if place(f):
         lines.append(("place", f"  {place(f)}"))
     shown_below = {c.describe() for c in f.stacks}  # the merged stacks section says these

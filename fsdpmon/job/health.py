@@ -1,102 +1,19 @@
-"""Judging a job's health from its snapshot: alerts (stall, straggler, target down, memory
-pressure, lost GPU, non-finite loss) and the one-word state the header and `--once` report.
+"""The one-word state of a job (see JobState) from the facts its snapshot states: what the
+header's title and `--once`'s exit status report along with the diagnosis' findings.
 
-Pure functions of the snapshot; the thresholds are the ones the alert rules use, from
-fsdpmon.conventions (a straggler scores below STRAGGLER_SCORE_THRESHOLD; memory pressure is
-MEMORY_PRESSURE_RATIO of the device).
+Pure functions of the snapshots. The state judges nothing: which rank is to blame, and why, is
+the diagnosis' word (fsdpmon.diagnose); here a job is DEGRADED when any fact short of a stall
+holds (a target down, a rank gone or never seen, a GPU down, a straggler flagged, memory at the
+pressure line, a non-finite loss).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from fsdpmon.conventions import MEMORY_PRESSURE_RATIO, STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.job.snapshot import Alert, JobSnapshot, JobState, RankRow, Severity
-
-
-def _fmt_ranks(ranks: Sequence[int], limit: int = 8) -> str:
-    shown = ", ".join(str(r) for r in ranks[:limit])
-    return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")
-
-
-def alerts(snap: JobSnapshot) -> list[Alert]:
-    """What is wrong with the job right now, most urgent first."""
-    out: list[Alert] = []
-    live = [r for r in snap.ranks if not r.down]
-    stalled = [r.rank for r in live if r.stalled]
-    if stalled:
-        out.append(Alert("stall", Severity.CRITICAL,
-                            f"rank {_fmt_ranks(stalled)} stalled: no step within the threshold"))
-    down = [t for t in snap.targets if not t.up]
-    if down:
-        names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
-        out.append(Alert("target_down", Severity.CRITICAL,
-                            f"{len(down)} of {len(snap.targets)} targets down: {names}"))
-    out += _never_seen(snap)
-    gone = [r for r in snap.ranks if r.down]
-    early = [r for r in gone if gone_early(r, snap.total_steps)]
-    if early:
-        steps = [r.step for r in early if r.step is not None]
-        last = f" (last seen at step {min(steps)}" if steps else ""
-        last += f"/{snap.total_steps})" if last and snap.total_steps else (")" if last else "")
-        out.append(Alert("rank_down", Severity.CRITICAL,
-                         f"rank {_fmt_ranks([r.rank for r in early])} gone before the last "
-                         f"step{last}"))
-    finished = [r.rank for r in gone if not gone_early(r, snap.total_steps)]
-    if finished:
-        out.append(Alert("rank_down", Severity.WARNING,
-                         f"rank {_fmt_ranks(finished)} finished and gone"))
-    flagged = [r for r in live if r.slowest and r.straggler_score is not None]
-    if flagged:
-        r = flagged[0]
-        # The monitor's flag clears only when two disjoint medians agree, so the score of the
-        # moment may sit just above the line while the flag still stands.
-        side = "<" if r.straggler_score < STRAGGLER_SCORE_THRESHOLD else "≥"
-        out.append(Alert("straggler", Severity.WARNING,
-                         f"rank {r.rank} straggles: score {r.straggler_score:.2f} {side} "
-                         f"{STRAGGLER_SCORE_THRESHOLD:g} (the others wait for it)"))
-    out += _memory_alerts(snap)
-    lost = [f"{g.node}/{g.gpu}" for g in snap.gpus if not g.up]
-    if lost:
-        out.append(Alert("gpu_down", Severity.CRITICAL, f"GPU lost: {', '.join(lost[:6])}"))
-    bad = [r.rank for r in live if r.loss_nonfinite
-           or (r.loss is not None and not math.isfinite(r.loss))]
-    if bad:
-        out.append(Alert("loss_nonfinite", Severity.CRITICAL,
-                         f"loss is NaN or infinite on rank {_fmt_ranks(bad)}"))
-    return out
-
-
-def never_seen(snap: JobSnapshot) -> list[int]:
-    """Ranks below the job's world size that no target serves (not even as gone): e.g. ranks
-    whose endpoint another job took, or whose pod never came up."""
-    return list(snap.unseen_ranks())
-
-
-def _never_seen(snap: JobSnapshot) -> list[Alert]:
-    absent = never_seen(snap)
-    if not absent:
-        return []
-    seen = {r.rank for r in snap.ranks}
-    reporting = sum(1 for r in seen if 0 <= r < (snap.world_size or 0))
-    return [Alert("rank_missing", Severity.CRITICAL,
-                  f"only {reporting} of {snap.world_size} ranks report; rank "
-                  f"{_fmt_ranks(absent)} never seen")]
-
-
-def _memory_alerts(snap: JobSnapshot) -> list[Alert]:
-    tight = [f"{g.node}/{g.gpu}" for g in snap.gpus
-             if (ratio := g.memory_ratio) is not None and ratio >= MEMORY_PRESSURE_RATIO]
-    tight += [f"rank {r.rank}" for r in snap.ranks
-              if r.peak_memory_bytes and r.memory_capacity_bytes
-              and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO]
-    if not tight:
-        return []
-    return [Alert("memory_pressure", Severity.WARNING,
-                  f"memory ≥{MEMORY_PRESSURE_RATIO:.0%} used: {', '.join(tight[:6])}")]
+from fsdpmon.job.snapshot import JobSnapshot, JobState, RankRow
 
 
 def gone_early(r: RankRow, total: int | None) -> bool:
@@ -127,8 +44,15 @@ def _restarting(snap: JobSnapshot, previous: JobSnapshot | None) -> bool:
     return len(back) < (snap.world_size or len(snap.ranks))
 
 
+def troubled(snap: JobSnapshot) -> bool:
+    """Something short of a stall is wrong with a job that still trains."""
+    return bool(snap.down_targets or snap.gone_ranks or snap.unseen_ranks(1) or snap.lost_gpus
+                or snap.flagged_straggler or snap.tight_ranks or snap.tight_gpus
+                or snap.nonfinite_ranks)
+
+
 def job_state(snap: JobSnapshot, previous: JobSnapshot | None) -> JobState:
-    """One word for the job, from the rows and alerts already built (see JobState)."""
+    """One word for the job, from the rows already built (see JobState)."""
     live = [r for r in snap.ranks if not r.down]
     total = snap.total_steps
     if _restarting(snap, previous):
@@ -143,24 +67,21 @@ def job_state(snap: JobSnapshot, previous: JobSnapshot | None) -> JobState:
         return JobState.DOWN
     if snap.stalled_ranks:
         return JobState.STALLED
-    if snap.alerts:
+    if troubled(snap):
         return JobState.DEGRADED
     return JobState.RUNNING
 
 
 def settle(snap: JobSnapshot, previous: JobSnapshot | None) -> JobSnapshot:
-    """The snapshot with its state; a finished job's training endpoints going away is the
-    expected end, not an alert."""
+    """The snapshot with its state; ranks that went away after their last step are marked
+    ``finished`` (a finished job's training endpoints going away is the expected end)."""
     ranks = tuple(replace(r, finished=True) if r.down and not gone_early(r, snap.total_steps)
                   else r for r in snap.ranks)
     snap = replace(snap, ranks=ranks)
     state = job_state(snap, previous)
-    kept = snap.alerts
-    if state is JobState.DONE:
-        kept = tuple(a for a in kept if a.kind not in ("target_down", "rank_down"))
-        if any(r.finished for r in ranks):  # they got to the end, not just to where last seen
-            snap = replace(snap, step=snap.total_steps or snap.step)
-    return replace(snap, state=state, alerts=kept)
+    if state is JobState.DONE and any(r.finished for r in ranks):
+        snap = replace(snap, step=snap.total_steps or snap.step)  # the end, not where last seen
+    return replace(snap, state=state)
 
 
 # A Kubernetes job's own conditions (PyTorchJob: Created, Running, Restarting, Succeeded,
@@ -188,6 +109,5 @@ def with_conditions(snap: JobSnapshot, conditions: Sequence[dict[str, Any]]) -> 
         reason = ": ".join(str(x) for x in (cond.get("reason"), cond.get("message")) if x)
     if state is JobState.DONE:  # it says it finished: so did every rank that went away
         ranks = tuple(replace(r, finished=True) if r.down else r for r in snap.ranks)
-        snap = replace(snap, ranks=ranks, step=snap.total_steps or snap.step, alerts=tuple(
-            a for a in snap.alerts if a.kind not in ("target_down", "rank_down")))
+        snap = replace(snap, ranks=ranks, step=snap.total_steps or snap.step)
     return replace(snap, state=state, reason=reason[:200])

@@ -1,7 +1,12 @@
 """The frozen job snapshot every source builds and every view renders.
 
-A snapshot is plain data: no I/O handles, no clients. ``to_json()`` is the `--json` output and
-what the demo reuses; its shape is documented by these dataclasses (field names are the keys).
+A snapshot is plain data: no I/O handles, no clients. ``to_dict()`` is the body of `--json`'s
+output (`top --json`, `demo --headless --json`), whose shape these dataclasses document (field
+names are the keys); the command adds ``findings``, the diagnosis of that refresh.
+
+Its properties state facts, not verdicts: which ranks are stalled, gone or never seen, which
+targets and GPUs are down, which rank the monitor flags as a straggler. The job's state
+(fsdpmon.job.health) follows from them; diagnose names them (fsdpmon.diagnose.glance).
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from fsdpmon.conventions import MEMORY_PRESSURE_RATIO
+
 
 class JobState(str, Enum):
     RUNNING = "RUNNING"  # every target answers, no rank stalled, nothing alarming
@@ -22,18 +29,6 @@ class JobState(str, Enum):
     FAILED = "FAILED"  # ranks went away before their last step and did not come back
     RESTARTING = "RESTARTING"  # the elastic agent (or the operator) is restarting the ranks
     DOWN = "DOWN"  # no target answered: nothing is known about the job
-
-
-class Severity(str, Enum):
-    WARNING = "warning"
-    CRITICAL = "critical"
-
-
-@dataclass(frozen=True)
-class Alert:
-    kind: str  # "stall", "straggler", "target_down", "memory_pressure", "loss_nonfinite", ...
-    severity: Severity
-    message: str
 
 
 @dataclass(frozen=True)
@@ -101,8 +96,8 @@ class RankRow:
 
 
 # The values a sparkline shows (the header's figures, a GPU's utilization), and so all of a
-# GPU's history its row keeps: copying longer histories of 2048 GPUs each refresh, for values
-# no view shows, made a large job's refresh measurably slower (top_side_by_side.py).
+# GPU's history its row keeps: a longer history would be copied for every GPU of a large job
+# at every refresh, for values no view shows.
 SPARK_WIDTH = 10
 
 
@@ -191,7 +186,6 @@ class JobSnapshot:
     restarts: int | None = None
     slowest_rank: int | None = None
     model: str = ""
-    alerts: tuple[Alert, ...] = ()
     ranks: tuple[RankRow, ...] = ()
     gpus: tuple[GpuRow, ...] = ()
     nodes: tuple[NodeRow, ...] = ()
@@ -230,7 +224,55 @@ class JobSnapshot:
 
     @property
     def stalled_ranks(self) -> tuple[int, ...]:
-        return tuple(r.rank for r in self.ranks if r.stalled)
+        """Live ranks past their stall threshold (the monitor's heartbeat verdict)."""
+        return tuple(r.rank for r in self.ranks if r.stalled and not r.down)
+
+    @property
+    def gone_ranks(self) -> tuple[RankRow, ...]:
+        """Ranks that went away before their last step (not ``finished``)."""
+        return tuple(r for r in self.ranks if r.down and not r.finished)
+
+    @property
+    def down_targets(self) -> tuple[TargetStatus, ...]:
+        """Targets not answering, but for the training endpoints of ranks that finished (a
+        finished job's endpoints go away with it)."""
+        down = [t for t in self.targets if not t.up]
+        if not down:
+            return ()
+        done = {r.target for r in self.ranks if r.finished} - {
+            r.target for r in self.ranks if not r.finished}
+        return tuple(t for t in down if t.url not in done)
+
+    @property
+    def lost_gpus(self) -> tuple[GpuRow, ...]:
+        """GPUs not seen up: NVML says so, or their exporter stopped answering."""
+        return tuple(g for g in self.gpus if not g.up)
+
+    @property
+    def flagged_straggler(self) -> RankRow | None:
+        """The live rank flagged SLOWEST with a straggler score: the monitor's persistent
+        verdict (or the score against the line where it publishes none), see mark_slowest."""
+        return next((r for r in self.ranks if r.slowest and not r.down
+                     and r.straggler_score is not None), None)
+
+    @property
+    def tight_ranks(self) -> tuple[int, ...]:
+        """Live ranks whose peak device memory reached MEMORY_PRESSURE_RATIO of capacity."""
+        return tuple(r.rank for r in self.ranks if not r.down and r.peak_memory_bytes
+                     and r.memory_capacity_bytes
+                     and r.peak_memory_bytes / r.memory_capacity_bytes >= MEMORY_PRESSURE_RATIO)
+
+    @property
+    def tight_gpus(self) -> tuple[GpuRow, ...]:
+        """GPUs up with MEMORY_PRESSURE_RATIO of their memory or more in use."""
+        return tuple(g for g in self.gpus if g.up and (ratio := g.memory_ratio) is not None
+                     and ratio >= MEMORY_PRESSURE_RATIO)
+
+    @property
+    def nonfinite_ranks(self) -> tuple[int, ...]:
+        """Live ranks whose loss is NaN or infinite (as served, or flagged by the monitor)."""
+        return tuple(r.rank for r in self.ranks if not r.down and (
+            r.loss_nonfinite or (r.loss is not None and not math.isfinite(r.loss))))
 
     def to_dict(self) -> dict[str, Any]:
         data = _plain(dataclasses.asdict(self))

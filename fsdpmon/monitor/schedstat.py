@@ -3,9 +3,9 @@
 On a CPU host the straggler score compares host wall time, and wall time also grows when the
 OS runs another process instead of the rank: with more runnable threads than cores each rank
 is time-sliced, a slice being milliseconds, so on a loaded host two healthy ranks' busy times
-can differ by several slices in a window (measured on a 2-core host shared by 4 ranks and other
-jobs: 0.77..1.51 scores for healthy ranks, over 31-step windows). That is the scheduler's
-choice, not the rank's work, and it moves from rank to rank. The kernel counts it exactly:
+can differ by several slices in a window: enough to score a healthy rank well past the
+straggler line either way. That is the scheduler's choice, not the rank's work, and it moves
+from rank to rank. The kernel counts it exactly:
 ``/proc/thread-self/schedstat`` holds the thread's time on a CPU, its time runnable but waiting
 for one (run-queue delay), and its time slices, in nanoseconds since it started. One ``pread``
 of a descriptor opened once costs about a microsecond. Where the file is missing (a kernel

@@ -13,13 +13,13 @@ from fsdpmon.monitor.flops import mfu
 from fsdpmon.monitor.straggling import straggler_scores
 from fsdpmon.monitor.timing import WindowTimes
 
-# Fewest steps the busy-time median spans (odd: a true middle). A few odd steps cannot move it.
-# Chosen (11 was too few) while busy time still held the time the OS time-sliced a rank away
-# (a healthy 2-rank run on a loaded 2-core host then scored 7 of 298 rank-windows below the
-# line). With that time left out (schedstat), healthy 31-step medians scored below the line in
-# 3 of 560 rank-windows (bench_faults, two runs at load 6-12), and the straggler flag asks two
-# disjoint medians to agree (fsdpmon.monitor.straggling): 0 flags in those runs. Shorter medians
-# have not been measured. A new straggler is named ~15 steps late, flagged ~46 steps late.
+# Fewest steps the busy-time median spans (odd: a true middle), so that a few odd steps cannot
+# move it: on a loaded host a healthy rank's busy time still wanders from step to step, and a
+# shorter median scores healthy ranks below the line too often to flag on (the straggler flag
+# then asks two disjoint medians to agree: fsdpmon.monitor.straggling). The price is latency: a
+# new straggler moves the median once half its steps are slow (about BUSY_MIN_STEPS / 2 steps)
+# and is flagged when a second median agrees (about 1.5 x BUSY_MIN_STEPS steps).
+# benchmarks/bench_faults.py prints the healthy ranks' scores and flags at a given load.
 BUSY_MIN_STEPS = 31
 
 
@@ -102,10 +102,6 @@ class BusyHistory:
         self.known = len(self.steps) >= BUSY_MIN_STEPS or window.steps >= BUSY_MIN_STEPS
 
 
-# The per-rank vector each rank contributes to the one gather per log interval.
-GATHER_FIELDS = ("step_time_s", "busy_s", "peak_memory_bytes", "loss")
-
-
 @dataclass(frozen=True)
 class JobFigures:
     step_time_min_s: float
@@ -139,7 +135,8 @@ class JobFigures:
 
 
 def job_figures(rows: Sequence[Sequence[float]]) -> JobFigures:
-    """Aggregate the gathered rows (one per rank, GATHER_FIELDS order)."""
+    """Aggregate the gathered rows: one per rank, each (step time, busy time, peak memory,
+    loss), as the monitor gathers them once per log interval."""
     step = [r[0] for r in rows]
     busy = [r[1] for r in rows]
     memory = [r[2] for r in rows]

@@ -38,17 +38,17 @@ class StragglingFlag:
     ``min_seconds`` of wall time: two busy-time medians over DISJOINT steps agree, and the
     verdict has stood as long as any other diagnosis verdict needs (DIAGNOSIS_EVIDENCE_SECONDS).
 
-    One window's score rests on one median of ``span`` steps (BUSY_MIN_STEPS). On a healthy
-    2-rank job on a loaded 2-core host, 2 of 166 such independent medians scored a rank below
-    the line (bench_faults, 31-step windows): a per-window flag would page every few minutes.
-    Asking a second, disjoint median to agree squares that rate if the noise were per step;
-    but the noise there comes in stretches of wall time (a rank slower for 2-3 s, as if its
-    vCPU ran slower), which with 51 ms steps spans two medians: 5 such episodes flagged a
-    healthy 2-rank run (bench_diagnose's healthy runs). Counted in seconds too, the flag holds
-    the evidence for as long as `fsdpmon diagnose` does, which named nobody on those runs; on a
-    real job (steps of seconds) the step span is the longer bound. Either way it keeps a true
-    straggler whose score wavers around the line from blinking off. The price: the flag lags
-    the score by max(span steps, min_seconds).
+    One window's score rests on one median of ``span`` steps (BUSY_MIN_STEPS), and on a
+    loaded host a healthy rank's median now and then falls below the line: a per-window flag
+    would page on healthy jobs. Asking a second, disjoint median to agree squares that rate
+    when the noise is per step. But a host's noise also comes in stretches of wall time (a
+    rank slower for a few seconds, as if its vCPU ran slower), which with short steps spans
+    both medians; so the verdict must also stand ``min_seconds``, as long as `fsdpmon
+    diagnose` holds any evidence. On a real job (steps of seconds) the step span is the longer
+    bound. Either way a true straggler whose score wavers around the line does not blink off.
+    The price: the flag lags the score by max(span steps, min_seconds).
+    (benchmarks/bench_faults.py and bench_diagnose.py print the healthy runs' scores and
+    flags.)
     """
 
     span: int

@@ -1,4 +1,5 @@
-"""Read a finished (or running) job's figures from Prometheus with range queries.
+"""Read a finished (or running) job's figures from Prometheus with range queries (through
+the one client of its API, fsdpmon.scrape.prometheus_api).
 
 Each job becomes the same :class:`RunData` the JSONL loader produces: one Sample per rank per
 evaluation time, built from the monitor's per-rank series. The job's lifetime is found first
@@ -7,18 +8,14 @@ with a coarse query, so ``--since 7d`` still yields a fine-grained window around
 
 from __future__ import annotations
 
-import json
 import math
-import urllib.error
-import urllib.parse
-import urllib.request
-from dataclasses import dataclass
 from typing import Any
 
 from fsdpmon import catalog
 from fsdpmon.conventions import JOB_LABEL, RANK_LABEL
-from fsdpmon.errors import ConfigError, InputError, UnreachableError
+from fsdpmon.errors import InputError
 from fsdpmon.report.model import RunData, Sample
+from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
 MAX_POINTS = 1000  # per series and query; Prometheus refuses more than 11,000
 
@@ -39,55 +36,6 @@ FLOPS_PER_TOKEN = catalog.TRAIN_MODEL_FLOPS_PER_TOKEN.name
 PEAK_FLOPS = catalog.TRAIN_DEVICE_PEAK_FLOPS.name
 
 Series = dict[float, float]  # evaluation time -> value
-
-
-@dataclass(frozen=True)
-class PrometheusAPI:
-    """The two calls the report needs from Prometheus' HTTP API (``/api/v1/query_range``)."""
-
-    base_url: str
-    timeout_s: float = 30.0
-
-    def __post_init__(self) -> None:
-        parsed = urllib.parse.urlparse(self.base_url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise ConfigError("--prometheus", f"{self.base_url!r} is not an http(s) URL")
-
-    def query_range(
-        self, query: str, start: float, end: float, step: float
-    ) -> list[dict[str, Any]]:
-        params = {"query": query, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"}
-        url = self.base_url.rstrip("/") + "/api/v1/query_range"
-        body = urllib.parse.urlencode(params).encode()
-        request = urllib.request.Request(url, data=body, method="POST")
-        request.add_header("Content-Type", "application/x-www-form-urlencoded")
-        payload = self._send(request, url)
-        data = payload.get("data")
-        if payload.get("status") != "success" or not isinstance(data, dict):
-            raise UnreachableError(f"{url}: {payload.get('errorType')}: {payload.get('error')}")
-        result = data.get("result")
-        if data.get("resultType") != "matrix" or not isinstance(result, list):
-            raise UnreachableError(f"{url}: expected a matrix result for {query!r}")
-        return [series for series in result if isinstance(series, dict)]
-
-    def _send(self, request: urllib.request.Request, url: str) -> dict[str, Any]:
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as exc:
-            raw = exc.read()  # Prometheus explains 400/422/503 errors in a JSON body
-            if not raw.strip().startswith(b"{"):
-                raise UnreachableError(f"{url}: HTTP {exc.code} {exc.reason}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise UnreachableError(f"{url}: {reason}") from None
-        try:
-            payload = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            raise UnreachableError(f"{url}: not a Prometheus API response") from None
-        if not isinstance(payload, dict):
-            raise UnreachableError(f"{url}: not a Prometheus API response")
-        return payload
 
 
 def selector(job: str) -> str:

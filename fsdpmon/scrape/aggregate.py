@@ -1,5 +1,5 @@
 """Parsed samples from many targets → one JobSnapshot: files each target's samples as it
-arrives (filing), builds the rows (rows), then the header figures, history, alerts and state.
+arrives (filing), builds the rows (rows), then the header figures, history and state.
 
 The previous snapshot is passed in to carry history (sparklines) and to remember ranks and GPUs
 whose target went quiet, so a pod that stops answering is shown as down instead of vanishing.
@@ -13,7 +13,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from fsdpmon.job.health import alerts, settle
+from fsdpmon.job.health import settle
 from fsdpmon.job.snapshot import History, JobSnapshot, TargetStatus
 from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result, merge  # noqa: F401 - Target re-exported
 from fsdpmon.scrape.rows import (
@@ -120,7 +120,7 @@ def aggregate(
 
 
 def _finish(acc: Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSnapshot:
-    """Header figures, history, alerts and state, from the rows already built."""
+    """Header figures, history and state, from the rows already built."""
     live = [r for r in snap.ranks if not r.down]
     tokens = [r.tokens_per_second for r in live if r.tokens_per_second is not None]
     mfus = [r.mfu_ratio for r in live if r.mfu_ratio is not None]
@@ -157,7 +157,7 @@ def _finish(acc: Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSna
                         loss=push(history.loss, loss),
                         step_time_s=push(history.step_time_s, median)),
     )
-    return settle(replace(snap, alerts=tuple(alerts(snap))), previous)
+    return settle(snap, previous)
 
 
 def _mean(values: Sequence[float]) -> float | None:

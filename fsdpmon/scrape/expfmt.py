@@ -314,8 +314,3 @@ class Parser:
 def parse(payload: str | bytes, names: Iterable[str] | None = None) -> list[Sample]:
     """Every well-formed sample line of ``payload`` (restricted to ``names`` when given)."""
     return Parser(names).parse(payload)
-
-
-def decode(payload: bytes) -> str:
-    """Body bytes → text; undecodable bytes become U+FFFD rather than an error."""
-    return payload.decode("utf-8", errors="replace")

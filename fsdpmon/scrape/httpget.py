@@ -57,14 +57,22 @@ def _reason(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def http_get(
-    url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES, error_body: bool = False
-) -> bytes:
-    """GET ``url``; raises ScrapeError with a short reason on any failure.
+def http_get(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES) -> bytes:
+    """GET ``url``; raises ScrapeError with a short reason on any failure, an answer other
+    than ``200`` included."""
+    status, reason, body = http_exchange(url, timeout_s, max_bytes)
+    if status != 200:
+        raise ScrapeError(f"HTTP {status} {reason}")
+    return body
 
-    With ``error_body`` the start of a non-200 answer's body joins the reason (APIs that
-    explain their errors, like Prometheus).
-    """
+
+def http_exchange(url: str, timeout_s: float, max_bytes: int = MAX_BODY_BYTES,
+                  form: bytes | None = None, error_bytes: int = 0) -> tuple[int, str, bytes]:
+    """One request: GET ``url``, or POST ``form`` (URL-encoded) to it; the answer's status,
+    reason and body, whatever the status. A body with another status than ``200`` is read up
+    to ``error_bytes`` (APIs that explain their errors there, like Prometheus; none by
+    default). Raises ScrapeError with a short reason when no whole answer came: refused, timed
+    out, cut short, or larger than ``max_bytes``."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     conn_cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
@@ -72,12 +80,14 @@ def http_get(
     conn = conn_cls(parts.hostname or "", parts.port, timeout=timeout_s)
     try:
         path = parts.path + (f"?{parts.query}" if parts.query else "")
-        conn.request("GET", path or "/", headers={"Accept": "text/plain"})
+        if form is None:
+            conn.request("GET", path or "/", headers={"Accept": "text/plain"})
+        else:
+            conn.request("POST", path or "/", body=form,
+                         headers={"Content-Type": "application/x-www-form-urlencoded"})
         response = conn.getresponse()
         if response.status != 200:
-            detail = response.read(300).decode("utf-8", "replace").strip() if error_body else ""
-            raise ScrapeError(f"HTTP {response.status} {response.reason}"
-                              + (f": {detail}" if detail else ""))
+            return response.status, response.reason, response.read(error_bytes)
         if response.length is not None and response.length > max_bytes:
             raise ScrapeError(f"body larger than {max_bytes} bytes")
         chunks, size = [], 0
@@ -88,7 +98,7 @@ def http_get(
             if time.monotonic() > deadline:
                 raise ScrapeError(f"timed out after {timeout_s:g}s")
             chunks.append(chunk)
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return 200, response.reason, chunks[0] if len(chunks) == 1 else b"".join(chunks)
     except (TimeoutError, ConnectionError, OSError, http.client.HTTPException) as exc:
         raise ScrapeError(_reason(exc)) from None
     finally:

@@ -1,19 +1,24 @@
-"""The Diagnosis view (key 5) and the header's diagnosis line: the engine's findings with
-their evidence and merged stacks, and the top finding in words. Pure, like the other views.
+"""The Diagnosis view (key 5) and the header's diagnosis lines: the engine's findings with
+their evidence and merged stacks, and in the header the top finding in words with what the
+latest refresh shows before a finding confirms it. Pure, like the other views.
 """
 
 from __future__ import annotations
 
 import textwrap
 
-from rich.console import Console, ConsoleOptions, RenderResult
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.text import Text
 
-from fsdpmon.diagnose import CRITICAL, Verdict
+from fsdpmon.conventions import Severity
+from fsdpmon.diagnose import Verdict
 from fsdpmon.diagnose.report import finding_lines
+from fsdpmon.top.fitted import WordCutLine
 
 STYLES = {"place": "bold", "evidence": "", "stack": "cyan", "next": "green"}
-TITLE_STYLE = {CRITICAL: "bold red"}
+TITLE_STYLE = {Severity.CRITICAL: "bold red", Severity.WARNING: "bold yellow"}
+HEADER_STYLE = {Severity.CRITICAL: "bold red", Severity.WARNING: "yellow"}
+MAX_HEADER_LINES = 3
 
 
 def header_line(verdict: Verdict | None) -> Text | None:
@@ -23,8 +28,21 @@ def header_line(verdict: Verdict | None) -> Text | None:
     top = verdict.findings[0]
     more = len(verdict.findings) - 1
     text = f"! {top.cause}: {top.summary}" + (f" (+{more} more: 5 Diagnosis)" if more else "")
-    return Text(text, style=TITLE_STYLE.get(top.severity, "yellow"), no_wrap=True,
-                overflow="ellipsis")
+    return Text(text, style=HEADER_STYLE[top.severity], no_wrap=True, overflow="ellipsis")
+
+
+def verdict_lines(verdict: Verdict | None) -> list[RenderableType]:
+    """The header's diagnosis: the top finding, then what the latest refresh shows that no
+    finding confirms yet ('! rank 5 stalled: no step within the threshold'), MAX_HEADER_LINES
+    in all, and how many more there are."""
+    top = header_line(verdict)
+    lines: list[RenderableType] = [top] if top is not None else []
+    glance = verdict.glance if verdict is not None else ()
+    room = MAX_HEADER_LINES - len(lines)
+    lines += [WordCutLine(f"! {f.summary}", HEADER_STYLE[f.severity]) for f in glance[:room]]
+    if len(glance) > room:
+        lines.append(Text(f"! +{len(glance) - room} more alerts", style="red"))
+    return lines
 
 
 class DiagnosisPane:
@@ -49,8 +67,7 @@ class DiagnosisPane:
             if i:
                 out.append(Text(""))
             for kind, text in finding_lines(f):
-                style = TITLE_STYLE.get(f.severity, "bold yellow") if kind == "title" else (
-                    STYLES[kind])
+                style = TITLE_STYLE[f.severity] if kind == "title" else STYLES[kind]
                 indent = " " * (len(text) - len(text.lstrip()) + (2 if kind != "title" else 9))
                 for piece in textwrap.wrap(text, width, subsequent_indent=indent) or [""]:
                     out.append(Text(piece, style=style))

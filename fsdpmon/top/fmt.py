@@ -25,10 +25,6 @@ def absent(value: float | None) -> str:
     return "+Inf" if value > 0 else "-Inf"
 
 
-def num(value: float | None, digits: int = 3) -> str:
-    return f"{value:.{digits}g}" if _ok(value) else absent(value)
-
-
 def fixed(value: float | None, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if _ok(value) else absent(value)
 

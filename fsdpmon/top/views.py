@@ -17,10 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from fsdpmon.diagnose import Verdict
-from fsdpmon.job.snapshot import SPARK_WIDTH, JobSnapshot, JobState, Severity
+from fsdpmon.job.snapshot import SPARK_WIDTH, JobSnapshot, JobState
 from fsdpmon.top import details, fmt
 from fsdpmon.top.columns import Row
-from fsdpmon.top.diagnosis_view import DiagnosisPane, header_line
+from fsdpmon.top.diagnosis_view import DiagnosisPane, verdict_lines
 from fsdpmon.top.fitted import FittedLine, Part, WordCutLine
 from fsdpmon.top.tables import filter_rows, gpu_summary, row_key, select_rows, table_of
 from fsdpmon.top.ui_state import VIEWS, Nav, ViewState
@@ -34,7 +34,6 @@ STATE_STYLE = {
     JobState.RESTARTING: "bold black on yellow",
     JobState.DOWN: "bold white on red",
 }
-MAX_ALERT_LINES = 3
 TABLE_VIEWS = ("ranks", "gpus", "processes")
 VIEW_TITLES = {"ranks": "Ranks", "gpus": "GPUs", "processes": "Processes", "logs": "Logs",
                "diagnosis": "Diagnosis", "help": "Help", "rank": "rank", "gpu": "GPU",
@@ -99,21 +98,12 @@ def _speed(snap: JobSnapshot) -> FittedLine:
 
 
 def header_lines(snap: JobSnapshot, verdict: Verdict | None = None) -> list[RenderableType]:
-    """Job identity and state, progress, speed and loss, then the top finding and the active
-    alerts."""
+    """Job identity and state, progress, speed and loss, then the diagnosis: the top finding
+    and what the latest refresh shows that no finding confirms yet."""
     lines: list[RenderableType] = [_title(snap), _progress(snap), _speed(snap)]
     if snap.reason:  # the job's own word on why (a failed condition's reason and message)
         lines.append(WordCutLine(f"! {snap.state.value}: {snap.reason}", "bold red"))
-    top = header_line(verdict)
-    if top is not None:
-        lines.append(top)
-    for alert in snap.alerts[:MAX_ALERT_LINES - (top is not None)]:
-        style = "bold red" if alert.severity is Severity.CRITICAL else "yellow"
-        lines.append(WordCutLine(f"! {alert.message}", style))
-    shown = MAX_ALERT_LINES - (top is not None)
-    if len(snap.alerts) > shown:
-        lines.append(Text(f"! +{len(snap.alerts) - shown} more alerts", style="red"))
-    return lines
+    return lines + verdict_lines(verdict)
 
 
 def tab_bar(state: ViewState) -> FittedLine:
@@ -313,9 +303,10 @@ def waiting_frame(what: str, notice: str = "") -> RenderableType:
     return Group(*lines)
 
 
-def once_frame(snap: JobSnapshot, max_rows: int = 16) -> RenderableType:
+def once_frame(snap: JobSnapshot, verdict: Verdict | None = None,
+               max_rows: int = 16) -> RenderableType:
     """What `--once` prints: the header, then ranks, GPUs and processes (``max_rows`` each)."""
-    parts: list[RenderableType] = [*header_lines(snap)]
+    parts: list[RenderableType] = [*header_lines(snap, verdict)]
     for view, noun in (("ranks", "ranks"), ("gpus", "GPUs"), ("processes", "processes")):
         parts += [Text(""), Text(VIEW_TITLES[view], style="bold underline")]
         rows: Sequence[Row] = getattr(snap, view)

@@ -1,5 +1,6 @@
-"""The Prometheus source (`--prometheus URL`): a handful of instant PromQL queries per refresh,
-for jobs too large to scrape pod by pod. The results are turned back into per-target samples
+"""The Prometheus source (`--prometheus URL`): a handful of instant PromQL queries per refresh
+(through the one client of Prometheus' API, fsdpmon.scrape.prometheus_api), for jobs too large
+to scrape pod by pod. The results are turned back into per-target samples
 and go through the same aggregation as a direct scrape, so the views cannot tell the difference.
 
 Queries per refresh (independent of the job's size): the job's training series; which targets
@@ -23,13 +24,12 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
-from urllib.parse import urlencode
 
-from fsdpmon.errors import ConfigError, UnreachableError
+from fsdpmon.errors import ConfigError
 from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.scrape.expfmt import Sample
-from fsdpmon.scrape.httpget import ScrapeError, http_get
+from fsdpmon.scrape.prometheus_api import PrometheusAPI
 from fsdpmon.scrape.sources.cadence import Cadence
 from fsdpmon.scrape.sources.targets import normalise_url
 from fsdpmon.scrape.wanted import (
@@ -90,6 +90,7 @@ class PrometheusSource:
         if not timeout_s > 0:
             raise ConfigError("--timeout", f"must be > 0, got {timeout_s!r}")
         self.job_name, self.timeout_s = job_name, timeout_s
+        self.api = PrometheusAPI(self.base, timeout_s)
         self.queries = 0
         self._previous: JobSnapshot | None = None
         self.cadence = Cadence()
@@ -109,24 +110,9 @@ class PrometheusSource:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """One instant query → its vector result; one clear error line otherwise."""
-        url = f"{self.base}/api/v1/query?" + urlencode({"query": promql})
         with self._count:
             self.queries += 1
-        try:
-            body = json.loads(http_get(url, self.timeout_s, max_bytes=512 * 1024 * 1024,
-                                       error_body=True))
-        except ScrapeError as exc:
-            raise UnreachableError(f"Prometheus at {self.base}: {exc}") from None
-        except ValueError:
-            raise UnreachableError(f"Prometheus at {self.base}: answer is not JSON") from None
-        if not isinstance(body, dict) or body.get("status") != "success":
-            error = body.get("error", "query failed") if isinstance(body, dict) else "bad answer"
-            raise UnreachableError(f"Prometheus at {self.base}: {error}")
-        data = body.get("data")
-        result = data.get("result") if isinstance(data, dict) else None
-        if not isinstance(result, list):
-            raise UnreachableError(f"Prometheus at {self.base}: answer has no result list")
-        return [r for r in result if isinstance(r, dict) and isinstance(r.get("metric"), dict)]
+        return self.api.query(promql)
 
     def _job_filter(self) -> str:
         return f",job_name={_quote(self.job_name)}" if self.job_name else ""

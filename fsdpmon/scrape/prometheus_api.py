@@ -1,0 +1,77 @@
+"""Prometheus' HTTP API, the one client of it: instant queries for `top --prometheus`, range
+queries for `report --prometheus`.
+
+Each query is a POST with a form body, as Prometheus takes on both endpoints, so a long query
+(a large job's instance matcher) meets no URL length limit; the exchange is the scrapes'
+(httpget), so a refused or slow server reads the same as a silent pod. Every failure is one
+UnreachableError line naming the server: what Prometheus said (its errorType and error, which
+it sends with 400, 422 and 503), else the HTTP status, else what was wrong with the answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+from fsdpmon.errors import ConfigError, UnreachableError
+from fsdpmon.scrape.httpget import ScrapeError, http_exchange
+
+MAX_ANSWER_BYTES = 512 * 1024 * 1024  # a 2048-rank job's instant vector is far below this
+MAX_ERROR_BYTES = 64 * 1024  # Prometheus' error documents are a line or two
+
+
+class PrometheusAPI:
+    """Queries against the server at ``base_url`` (http(s)://host:port[/prefix])."""
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0,
+                 field: str = "--prometheus") -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise ConfigError(field, f"{base_url!r} is not an http(s) URL")
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def query(self, promql: str) -> list[dict[str, Any]]:
+        """An instant query's vector: its results that carry a label set."""
+        result = self._call("query", {"query": promql}).get("result")
+        if not isinstance(result, list):
+            raise UnreachableError(f"{self._where}: answer has no result list")
+        return [r for r in result if isinstance(r, dict) and isinstance(r.get("metric"), dict)]
+
+    def query_range(self, promql: str, start: float, end: float,
+                    step: float) -> list[dict[str, Any]]:
+        """A range query's matrix: one series per label set, its ``values`` as served."""
+        data = self._call("query_range", {"query": promql, "start": f"{start:.3f}",
+                                          "end": f"{end:.3f}", "step": f"{step:g}"})
+        result = data.get("result")
+        if data.get("resultType") != "matrix" or not isinstance(result, list):
+            raise UnreachableError(f"{self._where}: expected a matrix result for {promql!r}")
+        return [series for series in result if isinstance(series, dict)]
+
+    @property
+    def _where(self) -> str:
+        return f"Prometheus at {self.base_url}"
+
+    def _call(self, endpoint: str, params: dict[str, str]) -> dict[str, Any]:
+        """The ``data`` of a successful answer from /api/v1/<endpoint>."""
+        try:
+            status, reason, raw = http_exchange(
+                f"{self.base_url}/api/v1/{endpoint}", self.timeout_s, MAX_ANSWER_BYTES,
+                form=urlencode(params).encode(), error_bytes=MAX_ERROR_BYTES)
+        except ScrapeError as exc:
+            raise UnreachableError(f"{self._where}: {exc}") from None
+        try:
+            payload = json.loads(raw)
+        except ValueError:  # not JSON, or not UTF-8
+            payload = None
+        if not isinstance(payload, dict):
+            raise UnreachableError(f"{self._where}: " + (
+                "not a Prometheus API response" if status == 200 else f"HTTP {status} {reason}"))
+        if payload.get("status") != "success":
+            raise UnreachableError(f"{self._where}: {payload.get('errorType') or 'error'}: "
+                                   f"{payload.get('error') or f'HTTP {status} {reason}'}")
+        data = payload.get("data")
+        if not isinstance(data, dict):
+            raise UnreachableError(f"{self._where}: answer has no data")
+        return data
