@@ -6,15 +6,16 @@ checked against the last one's bytes, _lines.c) and without it (the scan's serie
 from __future__ import annotations
 
 import pytest
+from halves import half  # noqa: F401 - the fixture
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 from test_fused import _file
 
 from fsdpmon import catalog
 from fsdpmon.scrape import fused, layout
 from fsdpmon.scrape.expfmt import Parser, Sample
-from fsdpmon.scrape.filing import Acc, Filed, ScrapeResult, Target
+from fsdpmon.scrape.filing import RANK_KIND, Acc, Filed, ScrapeResult, Target
 from fsdpmon.scrape.fused import FilingParser
-from fsdpmon.scrape.layout import Layout
+from fsdpmon.scrape.layout import Cell, Group, Layout
 from fsdpmon.scrape.sources.cadence import SLOW_NAMES
 from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
@@ -37,15 +38,10 @@ def _payloads(step: int, tail: str = "") -> list[tuple[Target, bytes]]:
             (Target("http://b/node"), exporter_exposition("n1", gpus[:1]))]
 
 
-@pytest.fixture(params=["c", "python"], autouse=True)
-def c_half(request, monkeypatch) -> bool:
-    """Whether the C half serves (else it is taken away)."""
-    if request.param == "python":
-        monkeypatch.setattr(layout, "fill", None)
-        monkeypatch.setattr(layout, "fill_rows", None)
-    elif layout.fill is None:
-        pytest.skip("fsdpmon.scrape._lines is not built")
-    return request.param == "c"
+@pytest.fixture(autouse=True)
+def c_half(half: str) -> bool:  # noqa: F811 - the fixture imported above
+    """Whether the C halves serve (each test runs with them and with their Python twins)."""
+    return half == "c"
 
 
 class Reader:
@@ -164,15 +160,15 @@ def test_a_template_whose_other_bytes_changed_is_made_anew(monkeypatch, c_half):
     assert len(reader.templated) == (4 if c_half else 0), reader.templated
 
 
-def _hand_made() -> tuple[Layout, list[list[object]]]:
+def _hand_made() -> tuple[Layout, list[Cell]]:
     """A layout no parser of top's WANTED names makes (none is a _bucket or _count): two cells,
     one of a rank without a rank (no row), then a histogram's count and a plain sample."""
-    rank, lost = [None, None, 1, {"rank": "3"}, False], [None, None, 1, {"job_name": "j"}, False]
-    names = (f"{LOSS}_count", STEP)
-    made = Layout(series=[], pick=None, groups=((rank, ("loss", "step"), 0, 2),  # type: ignore[arg-type]
-                                                (lost, ("loss",), 2, 3)),
-                  heads=(names, ({"a": "1"}, {"b": "2"})), first_sample=3, counted=(3,),
-                  filed=Filed(3, True, False), order=())
+    rank = Cell(RANK_KIND, {"rank": "3"}, gpu=False)
+    lost = Cell(RANK_KIND, {"job_name": "j"}, gpu=False)
+    made = Layout(series=[], pick=None,  # type: ignore[arg-type]
+                  groups=(Group(rank, ("loss", "step"), 0, 2), Group(lost, ("loss",), 2, 3)),
+                  names=(f"{LOSS}_count", STEP), labels=({"a": "1"}, {"b": "2"}),
+                  first_sample=3, counted=(3,), filed=Filed(3, True, False), order=())
     return made, [rank, lost]
 
 
@@ -187,7 +183,7 @@ def test_values_filed_from_a_hand_made_layout(values, filed):
     acc = Acc()
     done = layout.file_values(made, values, acc, Target("http://a/train", pod="p"))
     if not filed:
-        assert done is None and acc.ranks == {} and cells[0][0] is None, (done, acc.ranks)
+        assert done is None and acc.ranks == {} and cells[0].acc is None, (done, acc.ranks)
         return
     samples, what = done
     assert what is made.filed and samples == [(f"{LOSS}_count", {"a": "1"}, values[3]),
@@ -195,4 +191,5 @@ def test_values_filed_from_a_hand_made_layout(values, filed):
     assert all(type(s) is Sample for s in samples), [type(s) for s in samples]
     assert acc.ranks[3] == {"pod": "p", "node": "", "target": "http://a/train",
                             "local_rank": None, "loss": 1.0, "step": 2.0}, acc.ranks
-    assert cells[0][:2] == [acc, acc.ranks[3]] and cells[1][:2] == [acc, None], cells
+    assert (cells[0].acc, cells[0].row) == (acc, acc.ranks[3]), vars(cells[0])
+    assert (cells[1].acc, cells[1].row) == (acc, None), (cells[1].acc, cells[1].row)

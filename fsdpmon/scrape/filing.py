@@ -9,11 +9,12 @@ samples cost two dict lookups and a store.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.job.snapshot import TargetStatus
+from fsdpmon.scrape import fastpath
 from fsdpmon.scrape.expfmt import Sample
 from fsdpmon.scrape.frozen import maker
 from fsdpmon.scrape.wanted import (
@@ -34,11 +35,6 @@ from fsdpmon.scrape.wanted import (
     RANK_METRICS,
     TRAIN_INFO,
 )
-
-try:
-    from fsdpmon.scrape import _filing
-except ImportError:  # not built (no C compiler): the Python loop files every sample
-    _filing = None
 
 
 @dataclass(frozen=True)
@@ -130,7 +126,13 @@ _NONE = (_OTHER, "")
 # job's): what fused.FilingParser files as it reads.
 STORED = {name: kind_key for name, kind_key in _KIND.items()
           if kind_key[0] in (_RANK, _GPU, _JOB)}
-GPU_KIND = _GPU
+RANK_KIND, GPU_KIND, JOB_KIND = _RANK, _GPU, _JOB  # the kinds of row a STORED name fills
+
+
+def row_finder() -> Callable[[Acc, int, dict[str, str], Target], Row | None]:
+    """row_of, or its C half where fastpath says so (the rows it finds are memoised by the C
+    loop's rules, which are row_of's)."""
+    return fastpath.active().row_of or row_of
 
 
 def row_of(acc: Acc, kind: int, labels: dict[str, str], target: Target) -> Row | None:
@@ -250,7 +252,8 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     filed = result.filed or _NOTHING_FILED
     samples = result.samples or ()
     start = acc, samples, target, filed.train, filed.exporter, filed.node or target.node
-    done = _c_file_samples(*start) if _c_file_samples is not None else None
+    c_loop = fastpath.active().file_samples
+    done = c_loop(*start) if c_loop is not None else None  # None: samples it does not take
     train, exporter, node = done if done is not None else _file_samples(*start)
     kind_name = "train" if train else "exporter" if exporter else "unknown"
     return _new_status(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
@@ -259,7 +262,7 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
 
 def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bool,
                   exporter: bool, node: str) -> tuple[bool, bool, str]:
-    """file_result's loop (_filing.file_samples where built): whether a rank's and a GPU's
+    """file_result's loop (its C half is _filing.file_samples): whether a rank's and a GPU's
     figures were among them, and the node the target is known by after them."""
     rank_memo, gpu_memo, kinds = acc.rank_memo, acc.gpu_memo, _KIND
     # Process rows are keyed by node and pid, the node maybe the target's: memoised per target
@@ -315,17 +318,12 @@ def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bo
 
 _NOTHING_FILED = Filed(0, False, False)
 
-# The C half (_filing.c), where built: the loop and row_of, as above (the Python loop still
-# files what the C one leaves to it).
-_py_row_of = row_of
-_c_file_samples = None
-if _filing is not None:
-    _filing.setup(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
-                          GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
-                          LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
-                  _add_host, _add_gpu_event)
-    row_of = _filing.row_of
-    _c_file_samples = _filing.file_samples
+# The C half of the loop and of row_of (_filing.c) files by these tables and leaves the rare
+# samples to these helpers, as the Python loop does.
+fastpath.setup_filing(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
+                              GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
+                              LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
+                      _add_host, _add_gpu_event)
 
 
 # A rank's row as its first target made it: kept when another process's share has the rank too.

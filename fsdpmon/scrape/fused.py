@@ -15,10 +15,20 @@ Read on the refreshing thread only: cells are shared by every target of a refres
 
 from __future__ import annotations
 
+import enum
+from collections import Counter
 from collections.abc import Iterable
 
-from fsdpmon.scrape.expfmt import _COUNTS, _MISSING, Parser, Sample, _terminated
-from fsdpmon.scrape.filing import GPU_KIND, STORED, Acc, Filed, Target, row_of
+from fsdpmon.scrape.expfmt import (
+    COUNT_SUFFIXES,
+    MISSING,
+    Histograms,
+    Parser,
+    Sample,
+    Series,
+    terminated,
+)
+from fsdpmon.scrape.filing import GPU_KIND, STORED, Acc, Filed, Target, row_finder
 from fsdpmon.scrape.layout import (
     Cell,
     Layout,
@@ -35,21 +45,31 @@ Names = frozenset[str] | None  # the names a refresh asks for (None: all)
 Where = tuple[str, Names, int]  # a body's target URL, the names asked for it, its lines
 
 
+class Reading(enum.Enum):
+    """How a body was read (FilingParser.readings counts them)."""
+
+    TEMPLATE = "checked against its target's last body and its values read (_lines.fill)"
+    LAYOUT = "its series compared with its target's last ones, its values picked"
+    LINES = "line by line"
+
+
 class FilingParser(Parser):
     """A Parser that can also file what it reads (``parse_into``); ``parse`` is unchanged.
 
     ``samples_of`` names STORED names to return as Samples all the same (those a cadence keeps
-    between refreshes)."""
+    between refreshes). Without ``layouts``, every body is read line by line (what the layouts
+    buy is measured against that: benchmarks/bench_top.py)."""
 
     def __init__(self, names: Iterable[str], require: dict[str, str] | None = None,
-                 samples_of: Iterable[str] = ()) -> None:
+                 samples_of: Iterable[str] = (), layouts: bool = True) -> None:
         super().__init__(names, require)
         kept = frozenset(samples_of)
         self._stored = {name: kind_key for name, kind_key in STORED.items()
                         if name in self._name_of.values() and name not in kept
-                        and not name.endswith(_COUNTS)}
+                        and not name.endswith(COUNT_SUFFIXES)}
         self._hot: dict[bytes, tuple[Cell, str]] = {}  # series as written → (cell, field)
         self._cells: dict[tuple[int, int], Cell] = {}  # (kind, id(labels)) → cell
+        self._use_layouts = layouts
         # (target URL, the names asked, lines) → the layout of its last body of that many lines
         # (its series alone when no layout can be exact): keyed by the names and the count too,
         # as a cadence asks for more every few refreshes and a pod's series may come and go.
@@ -63,6 +83,7 @@ class FilingParser(Parser):
         self._template_line = self._line if all(
             text.endswith(b'"') for text in self._require.values()) else None
         self._laid = 0  # the series the layouts hold: they go once past _SERIES_LIMIT
+        self.readings: Counter[Reading] = Counter()  # how the bodies were read, so far
 
     def _bound(self) -> None:
         if len(self._series) > self._SERIES_LIMIT or len(self._blocks) > self._CACHE_LIMIT:
@@ -85,13 +106,17 @@ class FilingParser(Parser):
         """Files the stored figures of one exposition into ``acc`` (as filing.file_result
         would, ``target`` being where it came from); returns the other samples and a tally."""
         self._bound()
-        data = _terminated(payload)
+        data = terminated(payload)
+        if not self._use_layouts:
+            self.readings[Reading.LINES] += 1
+            return self._read(self._line.findall(data), data, acc, target)
         asked = target.url, self._asking
         lines = self._lines.get(asked)
         kept = self._layouts.get((*asked, lines)) if lines is not None else None
         if isinstance(kept, Layout):
             done = file_by_template(kept, data, acc, target)
             if done is not None:
+                self.readings[Reading.TEMPLATE] += 1
                 return done
         count = data.count(b"\n")
         key = (*asked, count)
@@ -104,9 +129,11 @@ class FilingParser(Parser):
         if same and isinstance(kept, Layout):
             done = file_by_layout(kept, matches, acc, target)
             if done is not None:
+                self.readings[Reading.LAYOUT] += 1
                 if kept.slots is not None:  # its bytes differ, its series do not: anew
                     self._layouts[key] = with_template(kept, data, self._line)
                 return done
+        self.readings[Reading.LINES] += 1
         done = self._read(matches, data, acc, target)
         if not same:  # a new body: its layout, or its series when none can be exact
             self._layouts[key] = layout_of(series, matches, acc, self._hot, self._series,
@@ -118,18 +145,19 @@ class FilingParser(Parser):
               target: Target) -> tuple[list[Sample], Filed]:
         """parse_into line by line."""
         out: list[Sample] = []
-        known_of, hot_of = self._series, self._hot
+        known_of, hot_of, row_of = self._series, self._hot, row_finder()
+        histograms = Histograms(data)
         count, train, gpu = 0, False, None
         for series, raw, odd in matches:
             hot = hot_of.get(series)
             if hot is None:
-                known = known_of.get(series, _MISSING)
-                if known is _MISSING:
-                    known = self._first_seen(series, odd, data, out)
+                known = known_of.get(series, MISSING)
+                if known is MISSING:
+                    known = self._first_seen(series, odd, histograms, out)
                     hot = self._new_hot(series, known)
                 if hot is None:
                     if known is not None:
-                        self._add_sample(out, known, raw, data)
+                        self._add_sample(out, known, raw, histograms)
                     continue
             cell, field = hot
             try:
@@ -138,34 +166,33 @@ class FilingParser(Parser):
                 continue
             if value != value and raw[:1] in b"+-":  # Go's float takes no signed NaN
                 continue
-            if cell[0] is not acc:  # the first of its series this refresh
-                cell[0], cell[1] = acc, row_of(acc, cell[2], cell[3], target)  # type: ignore[arg-type]
-            row = cell[1]
+            if cell.acc is not acc:  # Cell.row_in, inlined: this loop runs once per line
+                cell.acc, cell.row = acc, row_of(acc, cell.kind, cell.labels, target)
+            row = cell.row
             if row is not None:
-                row[field] = value  # type: ignore[index]
+                row[field] = value
             count += 1
-            if cell[4]:
+            if cell.gpu:
                 gpu = cell
             else:
                 train = True
-        node = gpu[3].get("node", "") if gpu is not None else ""  # type: ignore[attr-defined]
+        node = gpu.labels.get("node", "") if gpu is not None else ""
         return out, Filed(count, train, gpu is not None, node)
 
-    def _new_hot(self, series: bytes,
-                 known: tuple[str, dict[str, str]] | None) -> tuple[Cell, str] | None:
+    def _new_hot(self, series: bytes, known: Series | None) -> tuple[Cell, str] | None:
         """The cell and field of a series seen for the first time; None if it is no STORED
         name's (or is invalid)."""
-        if known is None or known[0] not in self._stored:
+        if known is None or known.name not in self._stored:
             return None
-        name, labels = known
-        kind, field = self._stored[name]
-        cell = self._cells.get((kind, id(labels)))
+        kind, field = self._stored[known.name]
+        cell = self._cells.get((kind, id(known.labels)))
         if cell is None:
-            cell = self._cells[kind, id(labels)] = [None, None, kind, labels, kind == GPU_KIND]
+            cell = self._cells[kind, id(known.labels)] = Cell(kind, known.labels,
+                                                              kind == GPU_KIND)
         hot = self._hot[series] = (cell, field)
         return hot
 
 
-def new_filing_parser(samples_of: Iterable[str] = ()) -> FilingParser:
+def new_filing_parser(samples_of: Iterable[str] = (), layouts: bool = True) -> FilingParser:
     """The parser of the plain-HTTP sources: only what top reads, filed as it is read."""
-    return FilingParser(WANTED, REQUIRE, samples_of)
+    return FilingParser(WANTED, REQUIRE, samples_of, layouts)
