@@ -95,10 +95,11 @@ def test_a_body_like_the_last_is_filed_from_its_values(monkeypatch, samples_of, 
             f"step {step}: {reader.templated} taken by the C half"
 
 
-@pytest.mark.parametrize("value", ["NaN", "-NaN", "+Inf", "1_0", "0x10", "abc"])
+@pytest.mark.parametrize("value", ["NaN", "-NaN", "+Inf", "1_0", "0x10", "abc", "١", "１"])
 def test_values_a_layout_cannot_take_are_read_line_by_line(monkeypatch, value):
-    """NaN (Go refuses it signed), a value Python's float reads and Go's does not, and no number
-    at all: the body is read line by line, then the layout serves again."""
+    """NaN (Go refuses it signed), values Python's float reads and Go's does not (other
+    scripts' digits among them), and no number at all: the body is read line by line (which
+    drops the line, as parsing does), then the layout serves again."""
     reader = Reader(monkeypatch)
     line = f'{LOSS}{{job_name="j",rank="9"}} '
     reader.refresh(_payloads(10, line + "1.5\n"))

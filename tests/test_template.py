@@ -257,3 +257,13 @@ def test_a_line_dropped_with_a_timestamp_leaves_no_template():
     pattern = Parser(None)._line
     assert layout.template_slots(data, pattern, [0]) is None
     assert layout.template_slots(b"\na 1\nb 2\n", pattern, [0]) is not None
+
+
+@needs_c
+@pytest.mark.parametrize("digit", ["١", "１", "१"])
+def test_fill_refuses_digits_of_other_scripts(digit):
+    """A value written in another script's digits is no number to Prometheus (Go's ParseFloat
+    reads ASCII only): fill leaves such a body to the line-by-line reading, which drops it."""
+    slots = array("i", [0]).tobytes()
+    for token in (digit, f"1{digit}", f"{digit}.5", f"1e{digit}"):
+        assert fill(b"\nm 1\n", f"\nm {token}\n".encode(), slots, 1) is None, token
