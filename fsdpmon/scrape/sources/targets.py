@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 from fsdpmon.errors import ConfigError
 from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.scrape.aggregate import JobAggregator, ScrapeResult, Target
+from fsdpmon.scrape.expfmt import Parser
 from fsdpmon.scrape.fetch import scrape_urls
 from fsdpmon.scrape.fused import new_filing_parser
 from fsdpmon.scrape.gcpause import collector_paused
@@ -57,7 +58,7 @@ class TargetsSource:
 
     def __init__(
         self, urls: Sequence[str], timeout_s: float = 2.0, max_workers: int = 16,
-        job_name: str = "", split: bool | None = None,
+        job_name: str = "", split: bool | None = None, parser: Parser | None = None,
     ) -> None:
         if not urls:
             raise ConfigError("--targets", "give at least one URL")
@@ -66,7 +67,9 @@ class TargetsSource:
         self.targets = [Target(normalise_url(u)) for u in urls]
         self.timeout_s = timeout_s
         self.job_name = job_name
-        self._parser = new_filing_parser(samples_of=SLOW_NAMES)  # the cadence keeps those
+        # What reads the bodies: by default one that files as it reads (fused.py), returning
+        # the families the cadence keeps as samples.
+        self._parser = parser or new_filing_parser(samples_of=SLOW_NAMES)
         self._limit = min(IN_FLIGHT, len(self.targets))  # plain HTTP, split with the helper
         tls = any(not t.url.startswith("http:") for t in self.targets)
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets)))
