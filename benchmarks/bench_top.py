@@ -3,12 +3,15 @@
 
 Measures, in one run, and prints:
   - one full refresh (fetch all targets, parse, aggregate, render a 200x50 frame) of each
-    table view: p50/p90, as top runs it (a helper process scrapes, parses and files every other
-    target: two cores) and on one process, refreshed in turn
+    table view, p50/p90, as top runs it and with each fast-path part left out (SETUPS: each C
+    half, all of them, the layouts, filing as read, the collector pause), every setup a `top`
+    in a process of its own, refreshed in turn
+  - each fast-path part's ratio (PARTS): the slowest view's p50 without it over with it, wall
+    and CPU time, from those same refreshes
   - bytes fetched per refresh (asking with name[]) against the whole expositions
   - fetch-only time of the hand-written selector loop against urllib3's connection pool and
     aiohttp's asyncio client
-  - resident memory of `top` (this process and its helper) after the refreshes
+  - resident memory of `top` after the refreshes
   - exposition parsing: fsdpmon's parser vs prometheus_client's text_string_to_metric_families
     on the same payloads, side by side (median of several runs), as a ratio; the rounds of
     parsing alternate with the rounds of refreshes, so that a machine whose speed drifts (a
@@ -20,9 +23,9 @@ Measures, in one run, and prints:
     (bodies whose series are their target's last ones filed from their values alone)
   - the Prometheus source's refresh against a real Prometheus holding the same job
     (benchmarks/top_prometheus.py) and its queries per refresh
-  - the last two lines: the slowest view's refresh over prometheus_client's parse of the full
-    payloads, on one process and as top runs it (two processes), wall time and CPU time (on a
-    machine shared with other work, wall time mostly measures the wait for a core)
+  - the last line: the slowest view's refresh over prometheus_client's parse of the full
+    payloads, wall time and CPU time (on a machine shared with other work, wall time mostly
+    measures the wait for a core)
 
 The parts compared with kept libraries (fetching, parsing, filing, drawing) are in top_parts.py.
 The pods are served by a few server processes (each one selector loop answering many paths,
@@ -100,8 +103,8 @@ def pod_urls(ports: list[int], paths: list[str]) -> list[str]:
 
 def timed_refresh(source: TargetsSource, console: Console,
                   view: str = "ranks", sort_key: str = "step_time") -> tuple[float, ...]:
-    """(total, fetch+parse+aggregate, render, CPU time of this process, CPU time of its helper
-    process) seconds and the bytes received, one refresh."""
+    """(total, fetch+parse+aggregate, render, CPU time) seconds and the bytes received, one
+    refresh."""
     source.showing(view)  # as the app tells it
     cpu = time.process_time()
     start = time.perf_counter()
@@ -113,8 +116,7 @@ def timed_refresh(source: TargetsSource, console: Console,
     done = time.perf_counter()
     if len(snap.ranks) == 0 or snap.targets_up != len(snap.targets):
         raise SystemExit(f"refresh incomplete: {snap.targets_up}/{len(snap.targets)} up")
-    helper = source.helper_cpu_s if source.helper_pid is not None else 0.0
-    return (done - start, fetched - start, done - fetched, time.process_time() - cpu, helper,
+    return (done - start, fetched - start, done - fetched, time.process_time() - cpu,
             source.bytes_received)
 
 
@@ -123,7 +125,6 @@ class Setup:
     """One way to run top's refresh: as it runs, or with one fast-path part left out."""
 
     switch: str = ""  # FSDPMON_PURE_PYTHON in its process: the C halves left out
-    split: bool = False  # a helper process scrapes, parses and files half the targets
     reader: str = "layouts"  # or "lines": no layouts (nor templates); "parse": parse, then file
     collector_paused: bool = True  # gcpause around each refresh
 
@@ -131,7 +132,6 @@ class Setup:
 # top as it runs, and each setup that leaves one part out (with what is built on it).
 SETUPS = {
     "top": Setup(),
-    "with the helper process": Setup(split=True),
     "without C fill": Setup(switch="fill"),
     "without C fill_rows": Setup(switch="fill_rows"),
     "without C filing": Setup(switch="filing"),
@@ -144,7 +144,6 @@ SETUPS = {
 }
 # Each part: (the setup with it, the setup without it), both in SETUPS.
 PARTS = {
-    "helper process (fsdpmon/scrape/sources/helper.py)": ("with the helper process", "top"),
     "C fill: a body checked against its last one (_lines.c)": ("top", "without C fill"),
     "C fill_rows: a layout's values filed (_lines.c)": ("top", "without C fill_rows"),
     "C filing: file_result's loop and row_of (_filing.c)": ("top", "without C filing"),
@@ -173,14 +172,14 @@ def _refresher(conn: Connection, urls: list[str], setup: Setup) -> None:
         top_owns_this_process()  # as the live view does
     else:  # this process only: the refresh runs with the collector as Python leaves it
         targets.collector_paused = contextlib.nullcontext
-    source = TargetsSource(urls, timeout_s=10.0, split=setup.split, parser=_parser(setup))
+    source = TargetsSource(urls, timeout_s=10.0, parser=_parser(setup))
     console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
     try:
         while (request := conn.recv()) is not None:
             if request == "state":
                 snap = source.fetch()
                 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-                conn.send((_rss(os.getpid()), peak, _rss(source.helper_pid),
+                conn.send((_rss(os.getpid()), peak,
                            {k: len(getattr(snap, k)) for k in ("ranks", "gpus", "processes",
                                                                "targets")}))
             else:
@@ -242,23 +241,25 @@ def _refresh_rounds(tops: dict[str, Refresher], servers: list[psutil.Process], r
     runs: dict[str, Runs] = {k: {} for k in tops}
     for each in tops.values():
         for _ in range(2):
-            each.ask(VIEWS[0])  # warm-up: imports, connections, caches, the helper
+            each.ask(VIEWS[0])  # warm-up: imports, connections, caches
     per_round = -(-refreshes // rounds)
+    order = list(tops)
     for _ in range(rounds):
         for view, key in VIEWS:
             for _ in range(per_round):
-                for name, each in tops.items():
+                order.append(order.pop(0))  # each setup takes each place in turn
+                for name in order:
                     before = _cpu(servers)
                     runs[name].setdefault(view, []).append(
-                        (*each.ask((view, key)), _cpu(servers) - before))
+                        (*tops[name].ask((view, key)), _cpu(servers) - before))
         between()
     return runs
 
 
 def _slowest(runs: Runs) -> tuple[float, float]:
-    """The slowest view's p50: wall, CPU of top's processes."""
+    """The slowest view's p50: wall, CPU."""
     return (max(statistics.median(r[0] for r in rs) for rs in runs.values()),
-            max(statistics.median(r[3] + r[4] for r in rs) for rs in runs.values()))
+            max(statistics.median(r[3] for r in rs) for rs in runs.values()))
 
 
 def _print_setup(name: str, runs: Runs) -> None:
@@ -268,16 +269,15 @@ def _print_setup(name: str, runs: Runs) -> None:
         print(f"    {view:9s} p50 {statistics.median(totals) * 1e3:5.0f} ms, "
               f"p90 {_p(totals, 0.9) * 1e3:5.0f} ms; fetch+parse+aggregate p50 "
               f"{statistics.median(r[1] for r in rs) * 1e3:.0f} ms, render p50 "
-              f"{statistics.median(r[2] for r in rs) * 1e3:.0f} ms, CPU of top p50 "
-              f"{statistics.median(r[3] + r[4] for r in rs) * 1e3:.0f} ms (helper "
-              f"{statistics.median(r[4] for r in rs) * 1e3:.0f} ms), "
-              f"{statistics.mean(r[5] for r in rs) / 2**20:.1f} MiB per refresh")
+              f"{statistics.median(r[2] for r in rs) * 1e3:.0f} ms, CPU p50 "
+              f"{statistics.median(r[3] for r in rs) * 1e3:.0f} ms, "
+              f"{statistics.mean(r[4] for r in rs) / 2**20:.1f} MiB per refresh")
 
 
 def print_parts(slowest: dict[str, tuple[float, float]]) -> None:
     """Each fast-path part's ratio: the slowest view's p50 without it over with it."""
     print("each fast-path part: the slowest view's p50 without it / with it, same run "
-          "(wall; CPU of top's processes):")
+          "(wall; CPU):")
     for part, (with_it, without) in PARTS.items():
         (w1, c1), (w0, c0) = slowest[with_it], slowest[without]
         print(f"  {part:55s} {w0 * 1e3:4.0f} / {w1 * 1e3:4.0f} ms = {w0 / w1:.2f}x; CPU "
@@ -286,8 +286,8 @@ def print_parts(slowest: dict[str, tuple[float, float]]) -> None:
 
 def bench_refresh(args: argparse.Namespace,
                   between: Callable[[], None]) -> dict[str, tuple[float, float]]:
-    """Prints the refresh figures; returns each setup's slowest view p50 (wall, CPU of top's
-    processes), in seconds. ``between`` runs after each round of refreshes
+    """Prints the refresh figures; returns each setup's slowest view p50 (wall, CPU), in
+    seconds. ``between`` runs after each round of refreshes
     (``args.parse_repeat`` rounds)."""
     ports, stop, procs = start_servers(args.servers, args.nodes, args.gpus)
     servers = [psutil.Process(p.pid) for p in procs]
@@ -299,7 +299,7 @@ def bench_refresh(args: argparse.Namespace,
     tops = {name: Refresher(urls, setup) for name, setup in setups.items()}
     try:
         runs = _refresh_rounds(tops, servers, args.refreshes, args.parse_repeat, between)
-        rss, peak, helper_rss, counts = tops["top"].ask("state")
+        rss, peak, counts = tops["top"].ask("state")
         ours, lib, aio = http_compare([with_names(u, WANTED) for u in urls], args.workers, 5)
     finally:
         for each in tops.values():
@@ -315,11 +315,11 @@ def bench_refresh(args: argparse.Namespace,
     for name, setup_runs in runs.items():
         _print_setup(name, setup_runs)
     slowest = {name: _slowest(setup_runs) for name, setup_runs in runs.items()}
-    served = [r[6] for rs in runs["top"].values() for r in rs]
+    served = [r[5] for rs in runs["top"].values() for r in rs]
     print(f"the stand-in pods' {args.servers} server processes, on the same cores: CPU p50 "
           f"{statistics.median(served) * 1e3:.0f} ms per refresh of top (real pods run "
           "elsewhere)")
-    fetched = statistics.mean(r[5] for r in runs["top"]["ranks"])
+    fetched = statistics.mean(r[4] for r in runs["top"]["ranks"])
     print(f"bytes per refresh (ranks view): {fetched / 2**20:.1f} MiB asking with name[] for "
           f"what top reads (process families and static facts every {SLOW_EVERY}th "
           f"refresh, the process families every refresh while the Processes view is open); "
@@ -331,9 +331,7 @@ def bench_refresh(args: argparse.Namespace,
           f"is {(lib - ours) / slowest['top'][0] * 100:+.0f}% (urllib3) and "
           f"{(aio - ours) / slowest['top'][0] * 100:+.0f}% (aiohttp) of the slowest view's "
           "refresh")
-    print(f"resident memory of top: {(rss + helper_rss) / 2**20:.0f} MiB now (main process "
-          f"{rss / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB; helper "
-          f"{helper_rss / 2**20:.0f} MiB)")
+    print(f"resident memory of top: {rss / 2**20:.0f} MiB now, peak {peak / 2**20:.0f} MiB")
     print_parts(slowest)
     return slowest
 

@@ -3,12 +3,11 @@
 On a shared machine the speed drifts by up to a third within minutes, more than most changes
 to a refresh gain, so figures from two runs of bench_top.py cannot tell two versions apart.
 Here each version (a git revision, checked out in a temporary worktree, or a directory holding a
-checkout, such as ``.``)
-runs as its own `top` process (TargetsSource with its default helper process, a 200x50 frame
-drawn), and the two refresh in turn, view by view, against the same stand-in pods (256 nodes x
-8 GPUs by default, served as bench_top.py serves them): drift hits both alike. Prints, for each
-version, every view's p50 wall and CPU time (both processes) and the slowest view's p50, then
-the ratio of the slowest views.
+checkout, such as ``.``) runs as its own `top` process (TargetsSource as the version has it, a
+200x50 frame drawn), and the two refresh in turn, view by view, against the same stand-in pods
+(256 nodes x 8 GPUs by default, served as bench_top.py serves them): drift hits both alike.
+Prints, for each version, every view's p50 wall and CPU time (with its helper process's, in a
+version that has one) and the slowest view's p50, then the ratio of the slowest views.
 
     python benchmarks/top_side_by_side.py HEAD~1 .        # the commit before against this tree
     python benchmarks/top_side_by_side.py --own-pods HEAD~1 .   # each served its own payloads
@@ -61,7 +60,7 @@ for line in sys.stdin:
     wall = time.perf_counter() - start
     if snap.targets_up != len(snap.targets):
         sys.exit(f"refresh incomplete: {snap.targets_up}/{len(snap.targets)} up")
-    helper = source.helper_cpu_s if source.helper_pid is not None else 0.0
+    helper = getattr(source, "helper_cpu_s", 0.0)  # a version with a helper process
     print(json.dumps([wall, time.process_time() - cpu + helper]), flush=True)
 source.close()
 """

@@ -91,12 +91,6 @@ class Acc:
     # the memos live (a parser that empties its caches mid-refresh frees its dicts).
     memo_labels: list[dict[str, str]] = field(default_factory=list)
 
-    def drop_memos(self) -> None:
-        """Empties the memos (ids mean nothing in another process)."""
-        self.rank_memo.clear()
-        self.gpu_memo.clear()
-        self.memo_labels.clear()
-
 
 def as_int(text: str) -> int | None:
     try:
@@ -324,40 +318,3 @@ fastpath.setup_filing(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _
                               GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
                               LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
                       _add_host, _add_gpu_event)
-
-
-# A rank's row as its first target made it: kept when another process's share has the rank too.
-_RANK_IDENTITY = frozenset(["pod", "target", "local_rank"])
-
-
-def merge(acc: Acc, other: Acc) -> None:
-    """Files ``other`` (another process's accumulators, its memos empty) into ``acc``, as if
-    its targets had been filed here after those of ``acc``: later values win, lists and sums
-    add up, a rank keeps the pod and target of its first row."""
-    for rank, row in other.ranks.items():
-        mine = acc.ranks.setdefault(rank, row)
-        if mine is not row:
-            mine.update((k, v) for k, v in row.items() if k not in _RANK_IDENTITY)
-    acc.job.update(other.job)
-    for key, gpu in other.gpus.items():
-        mine = acc.gpus.setdefault(key, gpu)
-        if mine is not gpu:
-            for name, value in gpu.items():
-                if name in ("clock_events", "xid_counts"):
-                    mine.setdefault(name, []).extend(value)  # type: ignore[union-attr]
-                else:
-                    mine[name] = value
-    for node, host in other.nodes.items():
-        acc.nodes.setdefault(node, {}).update(host)
-    for key, proc in other.procs.items():
-        mine = acc.procs.setdefault(key, proc)
-        if mine is not proc:
-            for name, value in proc.items():
-                if name == "gpu_memory_bytes":
-                    mine[name] = float(mine.get(name, 0.0)) + value  # type: ignore[arg-type]
-                elif name == "gpus":
-                    mine.setdefault(name, set()).update(value)  # type: ignore[union-attr]
-                else:
-                    mine[name] = value
-    acc.job_name = acc.job_name or other.job_name
-    acc.model = acc.model or other.model
