@@ -279,6 +279,8 @@ def print_parts(slowest: dict[str, tuple[float, float]]) -> None:
     print("each fast-path part: the slowest view's p50 without it / with it, same run "
           "(wall; CPU):")
     for part, (with_it, without) in PARTS.items():
+        if with_it not in slowest or without not in slowest:
+            continue  # a setup not run (--setups)
         (w1, c1), (w0, c0) = slowest[with_it], slowest[without]
         print(f"  {part:55s} {w0 * 1e3:4.0f} / {w1 * 1e3:4.0f} ms = {w0 / w1:.2f}x; CPU "
               f"{c0 * 1e3:4.0f} / {c1 * 1e3:4.0f} ms = {c0 / c1:.2f}x")
