@@ -4,8 +4,8 @@
 Measures, in one run, and prints:
   - one full refresh (fetch all targets, parse, aggregate, render a 200x50 frame) of each
     table view, p50/p90, as top runs it and with each fast-path part left out (SETUPS: each C
-    half, all of them, the layouts, filing as read, the collector pause), every setup a `top`
-    in a process of its own, refreshed in turn
+    half, all of them, filing as read, the collector pause), every setup a `top` in a process
+    of its own, refreshed in turn
   - each fast-path part's ratio (PARTS): the slowest view's p50 without it over with it, wall
     and CPU time, from those same refreshes
   - bytes fetched per refresh (asking with name[]) against the whole expositions
@@ -125,7 +125,7 @@ class Setup:
     """One way to run top's refresh: as it runs, or with one fast-path part left out."""
 
     switch: str = ""  # FSDPMON_PURE_PYTHON in its process: the C halves left out
-    reader: str = "layouts"  # or "lines": no layouts (nor templates); "parse": parse, then file
+    fused: bool = True  # bodies filed as read (fused.py); else parsed, then filed
     collector_paused: bool = True  # gcpause around each refresh
 
 
@@ -137,31 +137,23 @@ SETUPS = {
     "without C filing": Setup(switch="filing"),
     "without C rows": Setup(switch="rows"),
     "without any C half": Setup(switch="1"),
-    "without any C half, nor layouts": Setup(switch="1", reader="lines"),
-    "without layouts (nor templates)": Setup(reader="lines"),
-    "without filing as read (nor layouts)": Setup(reader="parse"),
+    "without filing as read": Setup(fused=False),
     "without the collector pause": Setup(collector_paused=False),
 }
 # Each part: (the setup with it, the setup without it), both in SETUPS.
 PARTS = {
-    "C fill: a body checked against its last one (_lines.c)": ("top", "without C fill"),
-    "C fill_rows: a layout's values filed (_lines.c)": ("top", "without C fill_rows"),
+    "C fill: bodies checked against templates (_lines.c, layout.py)": ("top", "without C fill"),
+    "C fill_rows: a template's values filed (_lines.c)": ("top", "without C fill_rows"),
     "C filing: file_result's loop and row_of (_filing.c)": ("top", "without C filing"),
     "C rows: frozen rows made (_rows.c)": ("top", "without C rows"),
     "every C half": ("top", "without any C half"),
-    "layouts without C (layout.file_by_layout)": ("without any C half",
-                                                  "without any C half, nor layouts"),
-    "layouts, and the C templates built on them": ("top", "without layouts (nor templates)"),
-    "filing as read (fused.py), and all built on it": ("top",
-                                                       "without filing as read (nor layouts)"),
+    "filing as read (fused.py), and all built on it": ("top", "without filing as read"),
     "the collector paused around a refresh (gcpause.py)": ("top", "without the collector pause"),
 }
 
 
 def _parser(setup: Setup) -> Parser | None:
-    if setup.reader == "parse":
-        return new_parser()
-    return new_filing_parser(samples_of=SLOW_NAMES, layouts=setup.reader == "layouts")
+    return new_filing_parser(samples_of=SLOW_NAMES) if setup.fused else new_parser()
 
 
 def _refresher(conn: Connection, urls: list[str], setup: Setup) -> None:

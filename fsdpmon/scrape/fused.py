@@ -8,7 +8,8 @@ GPU's), which holds the row of the refresh in progress: such a sample costs one 
 float and a store (benchmarks/bench_top.py prints both ways' time on a job's payloads). The
 other samples (info series, events, hosts, processes, the families a cadence carries, lines
 the strict reader takes) come back as Samples, filed by filing.file_result as before. A body
-with the same series as its target's last one is filed from its values alone (layout.py).
+that is its target's last one but for its values is filed from its values alone (layout.py,
+where the C half of fill serves).
 
 Read on the refreshing thread only: cells are shared by every target of a refresh.
 """
@@ -19,6 +20,7 @@ import enum
 from collections import Counter
 from collections.abc import Iterable
 
+from fsdpmon.scrape import fastpath
 from fsdpmon.scrape.expfmt import (
     COUNT_SUFFIXES,
     MISSING,
@@ -29,27 +31,17 @@ from fsdpmon.scrape.expfmt import (
     terminated,
 )
 from fsdpmon.scrape.filing import GPU_KIND, STORED, Acc, Filed, Target, row_finder
-from fsdpmon.scrape.layout import (
-    Cell,
-    Layout,
-    Match,
-    file_by_layout,
-    file_by_template,
-    layout_of,
-    series_of,
-    with_template,
-)
+from fsdpmon.scrape.layout import Cell, Layout, Match, file_values, layout_of, template_values
 from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
 Names = frozenset[str] | None  # the names a refresh asks for (None: all)
-Where = tuple[str, Names, int]  # a body's target URL, the names asked for it, its lines
+Where = tuple[str, Names]  # a body's target URL and the names asked for it
 
 
 class Reading(enum.Enum):
     """How a body was read (FilingParser.readings counts them)."""
 
     TEMPLATE = "checked against its target's last body and its values read (_lines.fill)"
-    LAYOUT = "its series compared with its target's last ones, its values picked"
     LINES = "line by line"
 
 
@@ -57,11 +49,10 @@ class FilingParser(Parser):
     """A Parser that can also file what it reads (``parse_into``); ``parse`` is unchanged.
 
     ``samples_of`` names STORED names to return as Samples all the same (those a cadence keeps
-    between refreshes). Without ``layouts``, every body is read line by line (what the layouts
-    buy is measured against that: benchmarks/bench_top.py)."""
+    between refreshes)."""
 
     def __init__(self, names: Iterable[str], require: dict[str, str] | None = None,
-                 samples_of: Iterable[str] = (), layouts: bool = True) -> None:
+                 samples_of: Iterable[str] = ()) -> None:
         super().__init__(names, require)
         kept = frozenset(samples_of)
         self._stored = {name: kind_key for name, kind_key in STORED.items()
@@ -69,20 +60,15 @@ class FilingParser(Parser):
                         and not name.endswith(COUNT_SUFFIXES)}
         self._hot: dict[bytes, tuple[Cell, str]] = {}  # series as written → (cell, field)
         self._cells: dict[tuple[int, int], Cell] = {}  # (kind, id(labels)) → cell
-        self._use_layouts = layouts
-        # (target URL, the names asked, lines) → the layout of its last body of that many lines
-        # (its series alone when no layout can be exact): keyed by the names and the count too,
-        # as a cadence asks for more every few refreshes and a pod's series may come and go.
-        self._layouts: dict[Where, Layout | list[bytes]] = {}
-        # (target URL, the names asked) → the lines of its last body: its template is tried
-        # before the body's lines are counted (a body the template takes has as many).
-        self._lines: dict[tuple[str, Names], int] = {}
+        # (target URL, the names asked) → the layout of its last body, which is its template:
+        # keyed by the names too, as a cadence asks for more every few refreshes.
+        self._layouts: dict[Where, Layout] = {}
         self._asking: Names = None
-        # The scan's pattern, for the layouts' templates (layout.with_template): only where
+        # The scan's pattern, for the layouts' templates (layout.template_slots): only where
         # every required text ends in '"', which no value holds.
         self._template_line = self._line if all(
             text.endswith(b'"') for text in self._require.values()) else None
-        self._laid = 0  # the series the layouts hold: they go once past _SERIES_LIMIT
+        self._laid = 0  # the lines the layouts hold: they go once past _SERIES_LIMIT
         self.readings: Counter[Reading] = Counter()  # how the bodies were read, so far
 
     def _bound(self) -> None:
@@ -94,7 +80,6 @@ class FilingParser(Parser):
             self._layouts.clear()  # targets that came and went
         if not self._layouts:
             self._laid = 0
-            self._lines.clear()
         super()._bound()
 
     def asking(self, names: frozenset[str] | None) -> None:
@@ -107,39 +92,30 @@ class FilingParser(Parser):
         would, ``target`` being where it came from); returns the other samples and a tally."""
         self._bound()
         data = terminated(payload)
-        if not self._use_layouts:
-            self.readings[Reading.LINES] += 1
-            return self._read(self._line.findall(data), data, acc, target)
-        asked = target.url, self._asking
-        lines = self._lines.get(asked)
-        kept = self._layouts.get((*asked, lines)) if lines is not None else None
-        if isinstance(kept, Layout):
-            done = file_by_template(kept, data, acc, target)
+        where = target.url, self._asking
+        kept = self._layouts.get(where)
+        values = template_values(kept, data) if kept is not None else None
+        if values is not None:
+            done = file_values(kept, values, acc, target)  # type: ignore[arg-type]
             if done is not None:
                 self.readings[Reading.TEMPLATE] += 1
                 return done
-        count = data.count(b"\n")
-        key = (*asked, count)
-        if count != lines:
-            self._lines[asked] = count
-            kept = self._layouts.get(key)
-        matches = self._line.findall(data)
-        series = series_of(matches)
-        same = kept is not None and (kept.series if isinstance(kept, Layout) else kept) == series
-        if same and isinstance(kept, Layout):
-            done = file_by_layout(kept, matches, acc, target)
-            if done is not None:
-                self.readings[Reading.LAYOUT] += 1
-                if kept.slots is not None:  # its bytes differ, its series do not: anew
-                    self._layouts[key] = with_template(kept, data, self._line)
-                return done
         self.readings[Reading.LINES] += 1
+        matches = self._line.findall(data)
         done = self._read(matches, data, acc, target)
-        if not same:  # a new body: its layout, or its series when none can be exact
-            self._layouts[key] = layout_of(series, matches, acc, self._hot, self._series,
-                                           data, self._template_line) or series
-            self._laid += len(series)
+        if values is None and self._templates():  # not the template: this body is the next
+            layout = layout_of(matches, acc, self._hot, self._series, data,
+                               self._template_line)  # type: ignore[arg-type]
+            if layout is None:
+                self._layouts.pop(where, None)
+            else:
+                self._layouts[where] = layout
+                self._laid += len(layout.order)
         return done
+
+    def _templates(self) -> bool:
+        """Whether bodies are checked against templates (the C half of fill serves)."""
+        return self._template_line is not None and fastpath.active().fill is not None
 
     def _read(self, matches: list[Match], data: bytes, acc: Acc,
               target: Target) -> tuple[list[Sample], Filed]:
@@ -193,6 +169,6 @@ class FilingParser(Parser):
         return hot
 
 
-def new_filing_parser(samples_of: Iterable[str] = (), layouts: bool = True) -> FilingParser:
+def new_filing_parser(samples_of: Iterable[str] = ()) -> FilingParser:
     """The parser of the plain-HTTP sources: only what top reads, filed as it is read."""
-    return FilingParser(WANTED, REQUIRE, samples_of, layouts)
+    return FilingParser(WANTED, REQUIRE, samples_of)
