@@ -158,13 +158,15 @@ class FilingParser(Parser):
     def _new_hot(self, series: bytes, known: Series | None) -> tuple[Cell, str] | None:
         """The cell and field of a series seen for the first time; None if it is no STORED
         name's (or is invalid)."""
-        if known is None or known.name not in self._stored:
+        if known is None:
             return None
-        kind, field = self._stored[known.name]
-        cell = self._cells.get((kind, id(known.labels)))
+        name, labels = known
+        if name not in self._stored:
+            return None
+        kind, field = self._stored[name]
+        cell = self._cells.get((kind, id(labels)))
         if cell is None:
-            cell = self._cells[kind, id(known.labels)] = Cell(kind, known.labels,
-                                                              kind == GPU_KIND)
+            cell = self._cells[kind, id(labels)] = Cell(kind, labels, kind == GPU_KIND)
         hot = self._hot[series] = (cell, field)
         return hot
 

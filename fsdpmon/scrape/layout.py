@@ -124,9 +124,9 @@ def layout_of(matches: Sequence[Match], acc: Acc, hot: dict[bytes, tuple[Cell, s
     slots = template_slots(data, pattern, order)
     if slots is None:
         return None
-    names = tuple(head.name for head in heads)
+    names = tuple(name for name, _labels in heads)
     return Layout(
-        groups=tuple(spans), names=names, labels=tuple(head.labels for head in heads),
+        groups=tuple(spans), names=names, labels=tuple(labels for _name, labels in heads),
         first_sample=start,
         counted=tuple(start + j for j, name in enumerate(names) if name.endswith(COUNT_SUFFIXES)),
         filed=Filed(start, any(not g.cell.gpu for g in spans), gpu is not None,
