@@ -3,15 +3,15 @@
 On a shared machine the speed drifts by up to a third within minutes, more than most changes
 to a refresh gain, so figures from two runs of bench_top.py cannot tell two versions apart.
 Here each version (a git revision, checked out in a temporary worktree, or a directory holding a
-checkout, such as ``.``)
-runs as its own `top` process (TargetsSource with its default helper process, a 200x50 frame
-drawn), and the two refresh in turn, view by view, against the same stand-in pods (256 nodes x
-8 GPUs by default, served as bench_top.py serves them): drift hits both alike. Prints, for each
-version, every view's p50 wall and CPU time (both processes) and the slowest view's p50, then
-the ratio of the slowest views.
+checkout, such as ``.``) runs as its own `top` process (TargetsSource as the version has it, a
+200x50 frame drawn), and the two refresh in turn, view by view, against the same stand-in pods
+(256 nodes x 8 GPUs by default, served as bench_top.py serves them): drift hits both alike.
+Prints, for each version, every view's p50 wall and CPU time (with its helper process's, in a
+version that has one) and the slowest view's p50, then the ratio of the slowest views.
 
     python benchmarks/top_side_by_side.py HEAD~1 .        # the commit before against this tree
     python benchmarks/top_side_by_side.py --own-pods HEAD~1 .   # each served its own payloads
+    python benchmarks/top_side_by_side.py --one-process OLD .   # OLD without its helper process
 
 Not a timed test: numbers depend on the machine.
 """
@@ -49,7 +49,10 @@ try:  # as the live view does, where the version has it
     top_owns_this_process()
 except ImportError:
     pass
-source = TargetsSource(json.loads(sys.stdin.readline()), timeout_s=10.0)
+import inspect
+one_process = sys.argv[2] == "one" and "split" in inspect.signature(TargetsSource).parameters
+source = TargetsSource(json.loads(sys.stdin.readline()), timeout_s=10.0,
+                       **({"split": False} if one_process else {}))
 console = Console(width=200, height=50, color_system="truecolor", force_terminal=True)
 for line in sys.stdin:
     view, key = line.split()
@@ -61,7 +64,7 @@ for line in sys.stdin:
     wall = time.perf_counter() - start
     if snap.targets_up != len(snap.targets):
         sys.exit(f"refresh incomplete: {snap.targets_up}/{len(snap.targets)} up")
-    helper = source.helper_cpu_s if source.helper_pid is not None else 0.0
+    helper = getattr(source, "helper_cpu_s", 0.0)  # a version with a helper process
     print(json.dumps([wall, time.process_time() - cpu + helper]), flush=True)
 source.close()
 """
@@ -103,9 +106,10 @@ class OwnPods:
 class Version:
     """One version's `top` process."""
 
-    def __init__(self, name: str, tree: Path, urls: list[str]) -> None:
+    def __init__(self, name: str, tree: Path, urls: list[str], one_process: bool) -> None:
         self.name = name
-        self.process = subprocess.Popen([sys.executable, "-c", _REFRESHER, str(tree)],
+        self.process = subprocess.Popen([sys.executable, "-c", _REFRESHER, str(tree),
+                                         "one" if one_process else "as-is"],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, cwd=tree)
         self._send(json.dumps(urls))
@@ -165,6 +169,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--servers", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=5, help="3 refreshes per view each")
+    parser.add_argument("--one-process", action="store_true",
+                        help="a version with a helper process runs without it (split=False)")
     parser.add_argument("--own-pods", action="store_true",
                         help="serve each version the payloads of its own tests/synthetic_job.py "
                              "(for a change to what the exporter or the monitor serves)")
@@ -182,7 +188,7 @@ def main() -> None:
         trees = [checkout(r, scratch) for r in (args.before, args.after)]
         if args.own_pods:  # each version's top hits its own pods, idle while the other refreshes
             pods = [OwnPods(tree, args.nodes, args.gpus, args.servers) for tree in trees]
-        versions = [Version(r, tree, pods[i].urls if pods else urls)
+        versions = [Version(r, tree, pods[i].urls if pods else urls, args.one_process)
                     for i, (r, tree) in enumerate(zip((args.before, args.after), trees,
                                                       strict=True))]
         for version in versions:

@@ -1,6 +1,8 @@
 """Small typed builders for Grafana dashboard JSON: targets, panels, rows, variables, layout.
 
-Only the parts of Grafana's dashboard model that fsdpmon uses (schema version 39, Grafana 10+).
+Only the parts of Grafana's dashboard model that fsdpmon uses. The JSON is Grafana's dashboard
+model of the releases in GRAFANA_VERSIONS: tests/test_dashboards.py validates every dashboard
+against each one's schema (tests/schemas/grafana-<version>.json, from its @grafana/schema).
 Every panel and variable reads the datasource from the ``$datasource`` variable, so one JSON file
 works against any Prometheus the user picks.
 """
@@ -16,6 +18,9 @@ from dashboards.descriptions import DESCRIPTIONS
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
+# The Grafana releases supported: the oldest (12.4) and the newest checked (13.2). The JSON
+# keeps schemaVersion 39, which both load (and migrate as they load it).
+GRAFANA_VERSIONS = ("12.4.11", "13.2.3")
 SCHEMA_VERSION = 39
 
 Json = dict[str, Any]
@@ -126,17 +131,20 @@ def table(title: str, *targets: Target, unit: str = "short", description: str = 
     if len(targets) == 1:
         transforms = ()
     transforms += ({"id": "organize", "options": {"excludeByName": {"Time": True}}},)
-    options = {"showHeader": True, "cellHeight": "sm", "footer": {"show": False}}
+    options = {"showHeader": True, "cellHeight": "sm"}
+    custom = {"cellOptions": {"type": "auto"}}  # Grafana's default cell, which its schema asks for
     return Panel(title, "table", instant, unit, description, width, height, options=options,
-                 transformations=transforms, **kw)
+                 custom=custom, transformations=transforms, **kw)
 
 
 def heatmap(title: str, target: Target, unit: str = "short", description: str = "",
             width: int = 12, **kw: Any) -> Panel:
     """One row per series (e.g. per rank), coloured by value: no bucketing by Grafana."""
     options = {"calculate": False, "yAxis": {"axisPlacement": "left"},
-               "rowsFrame": {"layout": "auto"}, "color": {"mode": "scheme",
-                                                          "scheme": "Oranges", "steps": 64},
+               "rowsFrame": {"layout": "auto"},
+               # Grafana's defaults but for the mode: its schema asks for the whole object
+               "color": {"mode": "scheme", "scheme": "Oranges", "steps": 64,
+                         "fill": "dark-orange", "exponent": 0.5, "reverse": False},
                "cellGap": 1, "legend": {"show": True},
                "tooltip": {"mode": "single", "yHistogram": False, "showColorScale": False}}
     return Panel(title, "heatmap", (target,), unit, description, width, options=options, **kw)
@@ -147,7 +155,10 @@ def bars(title: str, *targets: Target, unit: str = "short", description: str = "
     """Bar gauge of current values, one bar per series (e.g. per job, per rank)."""
     instant = tuple(Target(t.expr, t.legend, instant=True) for t in targets)
     options = {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-               "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True}
+               "orientation": "horizontal", "displayMode": "gradient", "showUnfilled": True,
+               # the bar gauge's default legend (hidden), which Grafana's schema asks for
+               "legend": {"showLegend": False, "displayMode": "list", "placement": "bottom",
+                          "calcs": []}}
     return Panel(title, "bargauge", instant, unit, description, width, options=options, **kw)
 
 
@@ -157,7 +168,7 @@ def query_variable(name: str, label: str, query: str, *, include_all: bool = Tru
                else {"selected": False, "text": "", "value": ""})
     return {
         "type": "query", "name": name, "label": label, "datasource": DATASOURCE,
-        "query": {"query": query, "refId": f"{name}-variable"}, "definition": query,
+        "query": {"query": query, "refId": f"{name}-variable"},
         "refresh": 2, "includeAll": include_all, "allValue": ".*", "multi": True,
         "sort": 3 if name == "rank" else 1, "current": current, "options": [], "hide": 0,
         "regex": "",
@@ -215,11 +226,13 @@ def dashboard(uid: str, title: str, description: str, items: Sequence[Panel | Ro
 _LABEL_VALUES = re.compile(r"label_values\((?P<selector>.*),\s*(?P<label>\w+)\)")
 
 
-def variable_selector(definition: str) -> tuple[str, str]:
-    """``label_values(SELECTOR, LABEL)`` -> (SELECTOR, LABEL); ValueError for anything else."""
-    match = _LABEL_VALUES.fullmatch(definition.strip())
+def variable_selector(variable: Json) -> tuple[str, str]:
+    """A query variable's ``label_values(SELECTOR, LABEL)`` -> (SELECTOR, LABEL); ValueError for
+    any other query."""
+    query = variable["query"]["query"]
+    match = _LABEL_VALUES.fullmatch(query.strip())
     if not match:
-        raise ValueError(f"not a label_values() query: {definition!r}")
+        raise ValueError(f"not a label_values() query: {query!r}")
     return match["selector"], match["label"]
 
 
@@ -243,7 +256,7 @@ def substitute(expr: str, values: Mapping[str, str]) -> str:
 
 def expressions(dash: Json) -> list[tuple[str, str]]:
     """(where, PromQL) for every panel query and variable selector of a dashboard JSON."""
-    found = [(f"variable {v['name']}", variable_selector(v["definition"])[0])
+    found = [(f"variable {v['name']}", variable_selector(v)[0])
              for v in dash["templating"]["list"] if v["type"] == "query"]
     for panel in dash["panels"]:
         for target in panel.get("targets", []):

@@ -8,6 +8,7 @@ in the catalog), or Prometheus' own ``ALERTS``.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 import shutil
@@ -21,7 +22,7 @@ import yaml
 
 from dashboards import build, generate, promql
 from dashboards.build import all_dashboards
-from dashboards.panels import expressions, substitute, variable_selector
+from dashboards.panels import GRAFANA_VERSIONS, expressions, substitute, variable_selector
 from dashboards.promql import metric_names
 from dashboards.rules import recorded_names, rule_groups
 from fsdpmon import catalog
@@ -206,7 +207,7 @@ def test_variables_are_defined_and_used(name, variables):
         assert f"${var}" in queries, f"{name} never filters by ${var}"
     for v in dash["templating"]["list"]:
         if v["type"] == "query":
-            selector, label = variable_selector(v["definition"])
+            selector, label = variable_selector(v)
             assert label in {"namespace", "job_name", "node", "rank"}
             assert metric_names(selector)
 
@@ -278,17 +279,64 @@ def test_device_only_list_names_real_metrics():
     assert not build.DEVICE_ONLY - known
 
 
-def test_dashboards_pass_grafanas_schema_for_their_version():
-    """Grafana's own dashboard model (tests/schemas/grafana-dashboard-v39.json, transcribed from
-    @grafana/schema for schemaVersion 39): links with tooltips, variables whose `current` has
-    text and value, the heatmap tooltip's `mode`, a description on every panel."""
-    schema = json.loads((Path(__file__).parent / "schemas" / "grafana-dashboard-v39.json")
-                        .read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    problems = [f"{name}: {'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
-                for name, dash in all_dashboards().items()
-                for e in validator.iter_errors(dash)]
-    assert problems == [], "\n".join(problems)
+def _schema_problems(bundle: dict, dash: dict) -> list[str]:
+    """Where ``dash`` breaks the schema ``bundle`` (tests/schemas/grafana_schema.py): the
+    dashboard's own, and each panel's options and field config by its panel type."""
+    def found(validator: jsonschema.Draft7Validator, value: object, where: str) -> list[str]:
+        return [f"{where}/{'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+                for e in validator.iter_errors(value)]
+
+    problems = found(jsonschema.Draft7Validator(bundle["dashboard"]), dash, "")
+    for panel in dash["panels"]:
+        if panel["type"] == "row":
+            continue
+        kind = bundle["panels"].get(panel["type"])
+        if kind is None:
+            problems.append(f"panel {panel['title']!r}: no schema of type {panel['type']!r}: "
+                            "add it to tests/schemas/grafana_schema.py's PANEL_TYPES")
+            continue
+        where = f"panel {panel['title']!r} "
+        problems += found(jsonschema.Draft7Validator(kind["options"]), panel["options"],
+                          where + "options")
+        problems += found(jsonschema.Draft7Validator(kind["custom"]),
+                          panel["fieldConfig"]["defaults"].get("custom", {}), where + "custom")
+    return problems
+
+
+def _grafana_schema(version: str) -> dict:
+    return json.loads((Path(__file__).parent / "schemas" / f"grafana-{version}.json").read_text())
+
+
+@pytest.mark.parametrize("version", GRAFANA_VERSIONS)
+def test_dashboards_pass_grafanas_schema_of_each_supported_release(version):
+    """Grafana's own dashboard model, generated from that release's @grafana/schema: unknown
+    keys are errors (query variables' ``definition`` and tables' ``footer`` were), keys Grafana
+    requires without a default must be there. And fsdpmon's own rule: every panel says what it
+    shows (Grafana's (i) tooltip)."""
+    bundle = _grafana_schema(version)
+    assert bundle["grafana"] == version, (bundle["grafana"], version)
+    problems = [f"{name}: {problem}" for name, dash in all_dashboards().items()
+                for problem in _schema_problems(bundle, dash)]
+    assert problems == [], f"{len(problems)} schema errors:\n" + "\n".join(problems)
+    for name, dash in all_dashboards().items():
+        bare = [p["title"] for p in dash["panels"] if p["type"] != "row" and not p["description"]]
+        assert not bare, f"{name}: panels without a description: {bare}"
+
+
+def test_the_schema_check_sees_what_grafana_rejects():
+    """The keys the dashboards used to carry, and a key Grafana requires, left out."""
+    bundle = _grafana_schema(GRAFANA_VERSIONS[-1])
+    dash = copy.deepcopy(all_dashboards()["fsdpmon-ranks.json"])
+    variable = next(v for v in dash["templating"]["list"] if v["type"] == "query")
+    variable["definition"] = variable["query"]["query"]
+    table = next(p for p in dash["panels"] if p["type"] == "table")
+    table["options"]["footer"] = {"show": False}
+    heatmap = next(p for p in dash["panels"] if p["type"] == "heatmap")
+    del heatmap["options"]["color"]["fill"]
+    problems = _schema_problems(bundle, dash)
+    assert len(problems) == 3 and all(
+        any(word in p for p in problems) for word in ("'definition'", "'footer'", "'fill'")), \
+        problems
 
 
 def test_each_dashboard_uses_every_variable_it_declares():
@@ -296,7 +344,7 @@ def test_each_dashboard_uses_every_variable_it_declares():
     forwarding a variable the dashboard lacks sends `${x:queryparam}` literally."""
     for name, dash in all_dashboards().items():
         text = json.dumps(dash["panels"]) + json.dumps(
-            [v.get("definition", "") for v in dash["templating"]["list"]])
+            [v["query"] for v in dash["templating"]["list"] if v["type"] == "query"])
         declared = {v["name"] for v in dash["templating"]["list"]} - {"datasource"}
         unused = {v for v in declared if f"${v}" not in text and f"${{{v}" not in text}
         assert not unused, (name, unused)

@@ -163,7 +163,7 @@ def check_variables(prom: Prometheus) -> None:
         for var in dash["templating"]["list"]:
             if var["type"] != "query" or var["name"] == "namespace":
                 continue  # no Kubernetes namespace on a local run
-            selector, label = variable_selector(var["definition"])
+            selector, label = variable_selector(var)
             values = prom.label_values(substitute(selector), label)
             expected = {"job": JOB_NAME, "node": NODE, "rank": "1"}[var["name"]]
             assert expected in values, (var["name"], values)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import time
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -160,3 +162,47 @@ def test_odd_but_valid_forms_read_as_prometheus_reads_them_filtered_or_not():
             got = [tuple(s) for s in Parser(names).parse(text)]
             expected = [s for s in want if names is None or s[0] in names]
             assert got == expected, f"{text!r} names {names}: {got} vs {expected}"
+
+
+@pytest.mark.parametrize("digit", ["١", "１", "१"])  # Arabic-Indic, fullwidth, Devanagari one
+def test_digits_of_other_scripts_are_no_number(digit):
+    """Python's float() reads "١" as 1.0; Go's ParseFloat, and so Prometheus, reads ASCII only:
+    a value or a bound written so makes the line rejected, by the strict reader (lines not in
+    the canonical form) and the fast path alike."""
+    for line in (f" a {digit}", f"a {digit}", f"a {digit}.5", f"a 1{digit}", f'a{{le="{digit}"}} 1',
+                 f'a {{quantile="0.{digit}"}} 1'):
+        assert parse_line(line) is None, line
+    body = (f" a {digit}\na {digit}\nb{{x=\"1\"}} 1{digit}\nc_bucket{{le=\"{digit}\"}} 1\n"
+            f"d 2\n").encode()
+    assert parse(body) == [("d", {}, 2.0)], parse(body)
+    assert Parser(["a", "b", "c_bucket", "d"]).parse(body) == [("d", {}, 2.0)]
+
+
+def _best_parse_s(body: bytes, rounds: int = 5) -> float:
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        Parser().parse(body)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_negative_histogram_counts_parse_in_linear_time():
+    """A negative ``_count`` or ``_bucket`` of a histogram is rejected (Prometheus does), which
+    asks whether the body declares that family a histogram: asked of the whole body per line,
+    that made the parse quadratic in such lines (16k lines: 4.3 s against 0.058 s positive).
+    Against control lines with positive values parsed here too, 4x the lines must cost about
+    4x the time: the ratio of the two growths is ~1 when linear and ~4 when quadratic (the
+    quadratic term dominates already at 1,000 such lines), so 2 lies between them."""
+    def body(count: int, sign: str) -> bytes:
+        lines = [f'h_count{{i="{i}"}} {sign}1\nh_bucket{{i="{i}",le="+Inf"}} {sign}1\n'
+                 f' h_sum{{i="{i}"}} 1\n' for i in range(count)]  # odd spacing: strict reader
+        return ("# TYPE h histogram\n" + "".join(lines)).encode()
+
+    n = 500  # lines of each kind: 3 per i
+    growth = {sign: _best_parse_s(body(4 * n, sign)) / _best_parse_s(body(n, sign))
+              for sign in ("", "-")}
+    assert len(Parser().parse(body(n, "-"))) == n, "the negative counts were not rejected"
+    ratio = growth["-"] / growth[""]
+    assert ratio < 2.0, (f"4x the negative counts cost {growth['-']:.1f}x the time where "
+                         f"positive ones cost {growth['']:.1f}x: ratio {ratio:.2f}")

@@ -6,19 +6,27 @@ from __future__ import annotations
 
 import math
 
-import pytest
+import halves
 from synthetic_job import GpuSpec, exporter_exposition, job_expositions
 from test_fused import _job
 
 from fsdpmon import catalog
-from fsdpmon.scrape import filing, fused, layout
+from fsdpmon.scrape import fastpath, filing
 from fsdpmon.scrape.expfmt import Parser, Sample
-from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result
+from fsdpmon.scrape.filing import (
+    GPU_KIND,
+    JOB_KIND,
+    RANK_KIND,
+    Acc,
+    ScrapeResult,
+    Target,
+    file_result,
+)
 from fsdpmon.scrape.fused import FilingParser
 from fsdpmon.scrape.sources.cadence import SLOW_NAMES
 from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
-needs_c = pytest.mark.skipif(filing._filing is None, reason="fsdpmon.scrape._filing is not built")
+needs_c = halves.needs_c("file_samples", "row_of")
 
 STEP = catalog.TRAIN_STEP.name
 INFO = catalog.TRAIN_INFO.name
@@ -33,14 +41,6 @@ PCPU = catalog.PROCESS_CPU_UTILIZATION_RATIO.name
 PMEM = catalog.GPU_PROCESS_MEMORY_USED_BYTES.name
 HOST = catalog.HOST_LOAD1.name
 JOB = catalog.JOB_WORLD_SIZE.name
-
-
-def _python(monkeypatch: pytest.MonkeyPatch) -> None:
-    """file_result and row_of (where the fused path and the layouts call it) as they run
-    without the C half."""
-    monkeypatch.setattr(filing, "_c_file_samples", None)
-    for module in (filing, fused, layout):
-        monkeypatch.setattr(module, "row_of", filing._py_row_of)
 
 
 def _comparable(value: object) -> object:
@@ -71,11 +71,11 @@ def _outcome(results: list[ScrapeResult], acc: Acc | None = None) -> tuple[objec
     return statuses, _filed(acc)
 
 
-def _both_ways(monkeypatch: pytest.MonkeyPatch, make: object) -> tuple[object, object]:
+def _both_ways(make: object) -> tuple[object, object]:
     """``make()`` (fresh results each call) filed by the C half, then by Python."""
-    got = _outcome(make())  # type: ignore[operator]
-    with monkeypatch.context() as patched:
-        _python(patched)
+    with fastpath.using(halves.BUILT):
+        got = _outcome(make())  # type: ignore[operator]
+    with fastpath.using(fastpath.PYTHON):
         expected = _outcome(make())  # type: ignore[operator]
     return got, expected
 
@@ -85,7 +85,7 @@ def _results(samples: list[Sample], target: Target | None = None) -> list[Scrape
 
 
 @needs_c
-def test_a_large_jobs_payloads_file_alike_both_ways(monkeypatch):
+def test_a_large_jobs_payloads_file_alike_both_ways():
     """Every exposition of a 4-node job, parsed as top's cadence parses (the slow tiers as
     samples): the rows of three refreshes, filing into new accumulators each time."""
     parser = FilingParser(WANTED, REQUIRE, SLOW_NAMES)
@@ -100,7 +100,7 @@ def test_a_large_jobs_payloads_file_alike_both_ways(monkeypatch):
         return results
 
     for _ in range(3):
-        got, expected = _both_ways(monkeypatch, refresh)
+        got, expected = _both_ways(refresh)
         assert got == expected, f"differ: C {got[0]} != Python {expected[0]}"
     statuses, rows = got
     assert len(rows["ranks"]) == 32 and len(rows["procs"]) == 32, \
@@ -109,12 +109,12 @@ def test_a_large_jobs_payloads_file_alike_both_ways(monkeypatch):
 
 
 @needs_c
-def test_hostile_payloads_file_alike_both_ways(monkeypatch):
+def test_hostile_payloads_file_alike_both_ways():
     """test_fused's job: stalled and straggling ranks, throttled GPUs with XIDs, lines the
     references reject, a rank without a rank label."""
     plain = Parser(WANTED, REQUIRE)
     for step in (10, 11):
-        got, expected = _both_ways(monkeypatch, lambda step=step: [
+        got, expected = _both_ways(lambda step=step: [
             ScrapeResult(t, plain.parse(b)) for t, b in _job(step)])
         assert got == expected, f"differ: C {got} != Python {expected}"
     assert any(g.get("clock_events") for g in got[1]["gpus"].values()), got[1]["gpus"]
@@ -157,9 +157,9 @@ def _odd_samples() -> list[Sample]:
 
 
 @needs_c
-def test_odd_samples_file_alike_both_ways(monkeypatch):
+def test_odd_samples_file_alike_both_ways():
     samples = _odd_samples()
-    got, expected = _both_ways(monkeypatch, lambda: _results(samples))
+    got, expected = _both_ways(lambda: _results(samples))
     assert got == expected, f"differ: C {got} != Python {expected}"
     ranks, procs = got[1]["ranks"], got[1]["procs"]
     assert sorted(ranks) == [3, 7, 10], f"ranks filed: {sorted(ranks)}"
@@ -169,76 +169,77 @@ def test_odd_samples_file_alike_both_ways(monkeypatch):
     assert (procs["n7", 21], procs["n8", 21]) == ({"cpu_ratio": 0.1}, {"rss_bytes": 9.0}), procs
     # Each sample alone, from a fresh start: no sample is filed alike only by luck of order.
     for sample in samples:
-        got, expected = _both_ways(monkeypatch, lambda s=sample: _results([s]))
+        got, expected = _both_ways(lambda s=sample: _results([s]))
         assert got == expected, f"{sample}: C {got} != Python {expected}"
 
 
 @needs_c
-def test_the_targets_node_and_the_first_results_rows_carry_over_alike(monkeypatch):
+def test_the_targets_node_and_the_first_results_rows_carry_over_alike():
     """A second target files into the rows the first made; a target without a node takes its
     processes' node from the GPU series before them."""
     first = Target("http://a/m", pod="pa", node="na")
     second = Target("http://b/m", pod="pb")
     samples = _odd_samples()
-    got, expected = _both_ways(monkeypatch, lambda: [*_results(samples, first),
+    got, expected = _both_ways(lambda: [*_results(samples, first),
                                                      *_results(samples[::-1], second)])
     assert got == expected, f"differ: C {got} != Python {expected}"
 
 
 @needs_c
-def test_errors_are_the_same_both_ways(monkeypatch):
+def test_errors_are_the_same_both_ways():
     """int() of a label that is no text raises TypeError (no parser makes one): raised alike,
     with what was filed before it."""
     bad = [Sample(STEP, {"rank": "1"}, 1.0), Sample(STEP, {"rank": ["1"]}, 2.0)]  # type: ignore[dict-item]
-    got, expected = _both_ways(monkeypatch, lambda: _results(bad))
+    got, expected = _both_ways(lambda: _results(bad))
     assert got == expected, f"differ: C {got} != Python {expected}"
     assert got[0][0] is TypeError, got
     # A rank row without its node field (not one _rank_entry makes), then its info sample.
     info = [Sample(INFO, {"rank": "4", "node": ""}, 1.0)]
-    c_way = _outcome(_results(info), Acc(ranks={4: {}}))
-    with monkeypatch.context() as patched:
-        _python(patched)
+    with fastpath.using(halves.BUILT):
+        c_way = _outcome(_results(info), Acc(ranks={4: {}}))
+    with fastpath.using(fastpath.PYTHON):
         python_way = _outcome(_results(info), Acc(ranks={4: {}}))
     assert c_way == python_way and c_way[0][0] is KeyError, f"C {c_way} != Python {python_way}"
 
 
 @needs_c
-def test_samples_that_are_not_tuples_are_filed_by_the_python_loop(monkeypatch):
+def test_samples_that_are_not_tuples_are_filed_by_the_python_loop():
     """The C loop takes (str, dict, value) tuples only; anything else is left whole to Python."""
     rows = [(STEP, {"rank": "1"}, 1.0), [UTIL, {"gpu": "0"}, 0.5]]
-    got, expected = _both_ways(monkeypatch, lambda: _results(rows))  # type: ignore[arg-type]
+    got, expected = _both_ways(lambda: _results(rows))  # type: ignore[arg-type]
     assert got == expected and got[1]["ranks"][1]["step"] == 1.0, f"C {got} != Python {expected}"
-    assert filing._filing.file_samples(Acc(), rows, Target("u"), False, False, "") is None
+    assert halves.BUILT.file_samples(Acc(), rows, Target("u"), False, False, "") is None
 
 
 @needs_c
-def test_row_of_finds_the_rows_python_finds(monkeypatch):
+def test_row_of_finds_the_rows_python_finds():
     """The fused path's row_of, with the C entries and without, on a GPU's and a rank's labels."""
     labels = [{"rank": "2", "job_name": "j", "local_rank": "1"}, {"rank": "x"},
               {"gpu": "1", "node": "n", "pod": "p", "uuid": ""}, {}]
 
     def find() -> list[ScrapeResult]:
         acc = Acc()
-        for kind in (filing._RANK, filing._GPU, filing._JOB):
+        row_of = filing.row_finder()
+        for kind in (RANK_KIND, GPU_KIND, JOB_KIND):
             for one in labels:
-                filing.row_of(acc, kind, one, Target("http://x/m", pod="q", node="m"))
+                row_of(acc, kind, one, Target("http://x/m", pod="q", node="m"))
         return [ScrapeResult(Target("u"), [])], acc
 
-    got = _outcome(*find())
-    with monkeypatch.context() as patched:
-        _python(patched)
+    with fastpath.using(halves.BUILT):
+        got = _outcome(*find())
+    with fastpath.using(fastpath.PYTHON):
         expected = _outcome(*find())
     assert got == expected, f"C {got} != Python {expected}"
 
 
 @needs_c
-def test_exporter_with_throttled_gpus_and_processes_files_alike(monkeypatch):
+def test_exporter_with_throttled_gpus_and_processes_files_alike():
     gpus = [GpuSpec(gpu=i, pod="p", pid=100 + i, rank=i, clock_events=("hw_slowdown",) * (i % 2),
                     xids=((79, i),) * (i % 3 == 0)) for i in range(8)]
     body = exporter_exposition("n3", gpus)
     plain = Parser(WANTED, REQUIRE)
     target = Target("http://n3/metrics")
-    got, expected = _both_ways(monkeypatch, lambda: [ScrapeResult(target, plain.parse(body))])
+    got, expected = _both_ways(lambda: [ScrapeResult(target, plain.parse(body))])
     assert got == expected, f"differ: C {got} != Python {expected}"
     with_xids = sum(bool(gpu.get("xid_counts")) for gpu in got[1]["gpus"].values())
     assert len(got[1]["procs"]) == 8 and with_xids == 3, got[1]

@@ -44,8 +44,8 @@ def _file(payloads, parse) -> tuple[object, list]:
     acc, statuses = Acc(), []
     for target, body in payloads:
         statuses.append(file_result(acc, parse(acc, target, body)))
-    acc.drop_memos()
-    return _nan_as_text(vars(acc)), statuses
+    memos = ("rank_memo", "gpu_memo", "memo_labels")  # keyed by ids: the two ways' differ
+    return _nan_as_text({k: v for k, v in vars(acc).items() if k not in memos}), statuses
 
 
 def _nan_as_text(value: object) -> object:

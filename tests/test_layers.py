@@ -275,3 +275,79 @@ def test_the_retyped_name_check_sees_names_in_strings_bytes_and_f_strings(tmp_pa
                       'C = f"rate(fsdpmon_job:loss:avg[{A}])"\nD = "FSDPMON_PORT"\n')
     names = [hit.split(": ")[1] for hit in _quoted_names(sample)]
     assert names == ["fsdpmon_train_loss", "fsdpmon_gpu_up", "fsdpmon_job:loss:avg"], names
+
+
+def _private_uses(tree: ast.Module, module: str, known: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each private name (``_x``, not ``__x__``) of another of our modules that
+    a file imports or reads as a module's attribute (``from a import _x``, ``a._x``)."""
+    def private(name: str) -> bool:
+        return name.startswith("_") and not name.endswith("__")
+
+    modules: set[str] = set()  # local names bound to one of our modules
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = module.split(".")[:len(module.split(".")) - node.level + 1]
+                base = ".".join(package + ([base] if base else []))
+            if base.split(".")[0] not in PACKAGES:
+                continue
+            for alias in node.names:
+                if f"{base}.{alias.name}" in known:
+                    modules.add(alias.asname or alias.name)
+                elif private(alias.name):
+                    found.append((node.lineno, f"{base}.{alias.name}"))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PACKAGES and alias.asname:
+                    modules.add(alias.asname)
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in modules and private(node.attr)):
+            found.append((node.lineno, f"{node.value.id}.{node.attr}"))
+    return found
+
+
+def test_no_private_name_is_used_across_modules():
+    """A name starting with ``_`` is its module's own: another module that needs it needs a
+    public name (tests may reach in; the code may not)."""
+    paths = _sources(*PACKAGES)
+    known = {_module(p) for p in paths}
+    used = [f"{p.relative_to(ROOT)}:{line}: {name}" for p in paths
+            for line, name in _private_uses(_tree(p), _module(p), known)]
+    assert not used, f"{len(used)} private names used across modules:\n" + "\n".join(used)
+
+
+def test_the_private_name_check_sees_imports_and_attributes():
+    tree = ast.parse("from fsdpmon.scrape.expfmt import _x, Parser\n"
+                     "from fsdpmon.scrape import layout\n"
+                     "from fsdpmon.scrape import filing as f\nimport torch\n"
+                     "f._y, layout._z, layout.__doc__, torch._C, f.row_of\n")
+    known = {"fsdpmon.scrape.layout", "fsdpmon.scrape.filing", "fsdpmon.scrape.expfmt"}
+    found = _private_uses(tree, "fsdpmon.scrape.fused", known)
+    assert sorted(found) == [(1, "fsdpmon.scrape.expfmt._x"), (5, "f._y"), (5, "layout._z")], \
+        found
+
+
+def test_only_the_seam_imports_the_c_halves():
+    """fsdpmon/scrape/fastpath.py chooses C or Python for every C half: no other file names a
+    C module (an import, or its name in a string for importlib)."""
+    halves = {p.name.split(".")[0] for p in (ROOT / "fsdpmon" / "scrape").glob("_*.c")}
+    assert halves, "no C half found"
+    seam = ROOT / "fsdpmon" / "scrape" / "fastpath.py"
+    named = []
+    for path in _sources(*PACKAGES, "benchmarks"):
+        if path == seam:
+            continue
+        for node in ast.walk(_tree(path)):
+            names = []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or "", *(a.name for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                names = [node.value]
+            named += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
+                      if name.rsplit(".", 1)[-1] in halves]
+    assert not named, "C halves imported outside fastpath.py:\n" + "\n".join(named)

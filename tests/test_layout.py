@@ -1,20 +1,24 @@
-"""A body with the same series as its target's last one is filed from its values alone
-(layout.file_by_layout), exactly as reading it line by line files it; what a layout cannot
-take exactly is read line by line. Each test runs with the C half of the layouts (the body
-checked against the last one's bytes, _lines.c) and without it (the scan's series compared)."""
+"""A body that is its target's last one but for its values is filed from its values alone
+(layout.py, with the C half of fill: _lines.c), exactly as reading it line by line files it;
+what a layout cannot take exactly is read line by line. The tests that compare rows run with
+the C halves and without them (every body read line by line)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
+import halves
 import pytest
+from halves import half  # noqa: F401 - the fixture
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition
 from test_fused import _file
 
 from fsdpmon import catalog
-from fsdpmon.scrape import fused, layout
+from fsdpmon.scrape import fastpath, layout
 from fsdpmon.scrape.expfmt import Parser, Sample
-from fsdpmon.scrape.filing import Acc, Filed, ScrapeResult, Target
-from fsdpmon.scrape.fused import FilingParser
-from fsdpmon.scrape.layout import Layout
+from fsdpmon.scrape.filing import RANK_KIND, Acc, Filed, ScrapeResult, Target
+from fsdpmon.scrape.fused import FilingParser, Reading
+from fsdpmon.scrape.layout import Cell, Group, Layout
 from fsdpmon.scrape.sources.cadence import SLOW_NAMES
 from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
@@ -37,33 +41,29 @@ def _payloads(step: int, tail: str = "") -> list[tuple[Target, bytes]]:
             (Target("http://b/node"), exporter_exposition("n1", gpus[:1]))]
 
 
-@pytest.fixture(params=["c", "python"], autouse=True)
-def c_half(request, monkeypatch) -> bool:
-    """Whether the C half serves (else it is taken away)."""
-    if request.param == "python":
-        monkeypatch.setattr(layout, "fill", None)
-        monkeypatch.setattr(layout, "fill_rows", None)
-    elif layout.fill is None:
+@pytest.fixture
+def c_half(half: str) -> bool:  # noqa: F811 - the fixture imported above
+    """Whether the C halves serve (the test runs with them and with their Python twins)."""
+    return half == "c"
+
+
+@pytest.fixture
+def c_only() -> Iterator[None]:
+    """The C halves serve: without the C half of fill, every body is read line by line."""
+    if halves.BUILT.fill is None:
         pytest.skip("fsdpmon.scrape._lines is not built")
-    return request.param == "c"
+    with fastpath.using(halves.BUILT):
+        yield
 
 
 class Reader:
-    """One FilingParser over refreshes, counting the bodies it read line by line."""
+    """One FilingParser over refreshes, counting the bodies it read line by line (the others
+    were taken by their templates)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, samples_of=frozenset()) -> None:
         self.fused, self.plain = FilingParser(WANTED, REQUIRE, samples_of), Parser(WANTED, REQUIRE)
         self.by_line: list[str] = []
-        self.templated: list[str] = []  # the bodies _lines.fill took, this refresh
-        read, by_template = FilingParser._read, fused.file_by_template
-
-        def templated(kept, data, acc, target):
-            done = by_template(kept, data, acc, target)
-            if done is not None:
-                self.templated.append(target.url)
-            return done
-
-        monkeypatch.setattr(fused, "file_by_template", templated)
+        read = FilingParser._read
 
         def counted(parser, matches, data, acc, target):
             self.by_line.append(target.url)
@@ -74,7 +74,7 @@ class Reader:
     def refresh(self, payloads: list[tuple[Target, bytes]]) -> list[str]:
         """Checks one refresh against parsing then filing; returns the targets read by line."""
         self.by_line.clear()
-        self.templated.clear()
+        templated = self.fused.readings[Reading.TEMPLATE]
 
         def read(acc, target, body):
             samples, filed = self.fused.parse_into(body, acc, target)
@@ -84,25 +84,31 @@ class Reader:
         got = _file(payloads, read)
         assert got[1] == expected[1], f"statuses differ: {got[1]} != {expected[1]}"
         assert got[0] == expected[0], f"rows differ: {got[0]} != {expected[0]}"
+        taken = self.fused.readings[Reading.TEMPLATE] - templated
+        assert taken + len(self.by_line) == len(payloads), (taken, self.by_line)
         return list(self.by_line)
+
+
+ALL = ["http://a/train", "http://b/train", "http://a/node", "http://b/node"]
 
 
 @pytest.mark.parametrize("samples_of", [frozenset(), SLOW_NAMES], ids=["all", "cadence"])
 def test_a_body_like_the_last_is_filed_from_its_values(monkeypatch, samples_of, c_half):
+    """With the C halves, each body is checked against its target's last one and filed from
+    its values; without them every body is read line by line. The rows are the same."""
     reader = Reader(monkeypatch, samples_of)
     first = reader.refresh(_payloads(10))
-    assert len(first) == 4, f"the first bodies are read line by line: {first}"
+    assert first == ALL, f"the first bodies are read line by line: {first}"
     for step in (11, 12, 13):  # new values, the same series
         by_line = reader.refresh(_payloads(step))
-        assert by_line == [], f"step {step}: read line by line: {by_line}"
-        assert len(reader.templated) == (4 if c_half else 0), \
-            f"step {step}: {reader.templated} taken by the C half"
+        assert by_line == ([] if c_half else ALL), f"step {step}: read line by line: {by_line}"
 
 
-@pytest.mark.parametrize("value", ["NaN", "-NaN", "+Inf", "1_0", "0x10", "abc"])
-def test_values_a_layout_cannot_take_are_read_line_by_line(monkeypatch, value):
-    """NaN (Go refuses it signed), a value Python's float reads and Go's does not, and no number
-    at all: the body is read line by line, then the layout serves again."""
+@pytest.mark.parametrize("value", ["NaN", "-NaN", "+Inf", "1_0", "0x10", "abc", "١", "１"])
+def test_values_a_template_cannot_take_are_read_line_by_line(monkeypatch, c_only, value):
+    """NaN (Go refuses it signed), values Python's float reads and Go's does not (other
+    scripts' digits among them), and no number at all: the body is read line by line (which
+    drops the line, as parsing does), then the template serves again."""
     reader = Reader(monkeypatch)
     line = f'{LOSS}{{job_name="j",rank="9"}} '
     reader.refresh(_payloads(10, line + "1.5\n"))
@@ -116,7 +122,7 @@ def test_values_a_layout_cannot_take_are_read_line_by_line(monkeypatch, value):
     assert reader.refresh(_payloads(14, line + "4.5\n")) == []
 
 
-def test_one_field_of_one_row_from_two_label_sets_keeps_line_order(monkeypatch):
+def test_one_field_of_one_row_from_two_label_sets_keeps_line_order(monkeypatch, c_half):
     """Rank 9's step under two label orders (two label dicts, one row): the line written last
     wins, as line by line, so no layout is made for that body."""
     reader = Reader(monkeypatch)
@@ -125,61 +131,60 @@ def test_one_field_of_one_row_from_two_label_sets_keeps_line_order(monkeypatch):
                 f'{LOSS}{{rank="9",job_name="j"}} 1.0\n'
                 f'{STEP}{{job_name="j",rank="9"}} {step * 2}\n')
         by_line = reader.refresh(_payloads(step, tail))
-        assert by_line == ["http://b/train"] if step > 10 else len(by_line) == 4, by_line
+        assert by_line == (["http://b/train"] if step > 10 and c_half else ALL), by_line
 
 
-def test_new_series_are_read_line_by_line_and_laid_out_anew(monkeypatch):
+def test_new_or_gone_series_are_read_line_by_line_and_laid_out_anew(monkeypatch, c_only):
     reader = Reader(monkeypatch)
     reader.refresh(_payloads(10))
     rank = f'{STEP}{{job_name="j",rank="7"}} '
     assert reader.refresh(_payloads(11, rank + "1\n")) == ["http://b/train"]  # a new rank
     assert reader.refresh(_payloads(12, rank + "2\n")) == []
-    assert reader.refresh(_payloads(13)) == []  # gone again: the first layout serves
-    assert reader.refresh(_payloads(14, rank.replace("7", "8") + "3\n")) == ["http://b/train"]
+    assert reader.refresh(_payloads(13)) == ["http://b/train"]  # gone again
+    assert reader.refresh(_payloads(14)) == []
+    assert reader.refresh(_payloads(15, rank.replace("7", "8") + "3\n")) == ["http://b/train"]
 
 
-def test_layouts_of_targets_that_come_and_go_are_bounded(monkeypatch):
+def test_layouts_of_targets_that_come_and_go_are_bounded(monkeypatch, c_only):
     """Pods that come and go (a new URL each) leave layouts behind: once they hold more
-    series than the parser's series limit, they go, and reading stays exact."""
+    lines than the parser's series limit, they go, and reading stays exact."""
     reader = Reader(monkeypatch)
     monkeypatch.setattr(FilingParser, "_SERIES_LIMIT", 400)
     for generation in range(12):
         payloads = [(Target(f"{t.url}/{generation}", t.pod, t.node), body)
                     for t, body in _payloads(10 + generation)]
         reader.refresh(payloads)
-        held = [len(v.series if isinstance(v, Layout) else v)
-                for v in reader.fused._layouts.values()]
+        held = [len(v.order) for v in reader.fused._layouts.values()]
+        assert held, "no layout was made"
         # at most the limit, and then this refresh's bodies, laid out since the last clearing
-        assert sum(held) <= 400 + sum(held[-4:]), f"generation {generation}: {held} series"
+        assert sum(held) <= 400 + sum(held[-4:]), f"generation {generation}: {held} lines"
 
 
-def test_a_template_whose_other_bytes_changed_is_made_anew(monkeypatch, c_half):
-    """A comment changed, the series did not: the scan's layout serves, and with the C half
-    the next body is checked against this one."""
+def test_a_body_whose_other_bytes_changed_is_read_and_laid_out_anew(monkeypatch, c_only):
+    """A comment changed, the series did not: that body is read line by line and becomes the
+    template the next body is checked against."""
     reader = Reader(monkeypatch)
     reader.refresh(_payloads(10, "# HELP x one y\n"))
-    assert reader.refresh(_payloads(11, "# HELP x two y\n")) == []
-    assert "http://b/train" not in reader.templated, reader.templated
+    assert reader.refresh(_payloads(11, "# HELP x two y\n")) == ["http://b/train"]
     assert reader.refresh(_payloads(12, "# HELP x two y\n")) == []
-    assert len(reader.templated) == (4 if c_half else 0), reader.templated
 
 
-def _hand_made() -> tuple[Layout, list[list[object]]]:
+def _hand_made() -> tuple[Layout, list[Cell]]:
     """A layout no parser of top's WANTED names makes (none is a _bucket or _count): two cells,
     one of a rank without a rank (no row), then a histogram's count and a plain sample."""
-    rank, lost = [None, None, 1, {"rank": "3"}, False], [None, None, 1, {"job_name": "j"}, False]
-    names = (f"{LOSS}_count", STEP)
-    made = Layout(series=[], pick=None, groups=((rank, ("loss", "step"), 0, 2),  # type: ignore[arg-type]
-                                                (lost, ("loss",), 2, 3)),
-                  heads=(names, ({"a": "1"}, {"b": "2"})), first_sample=3, counted=(3,),
-                  filed=Filed(3, True, False), order=())
+    rank = Cell(RANK_KIND, {"rank": "3"}, gpu=False)
+    lost = Cell(RANK_KIND, {"job_name": "j"}, gpu=False)
+    made = Layout(groups=(Group(rank, ("loss", "step"), 0, 2), Group(lost, ("loss",), 2, 3)),
+                  names=(f"{LOSS}_count", STEP), labels=({"a": "1"}, {"b": "2"}),
+                  first_sample=3, counted=(3,), filed=Filed(3, True, False), order=(),
+                  body=b"", slots=b"")
     return made, [rank, lost]
 
 
 @pytest.mark.parametrize("values, filed", [
     ([1.0, 2.0, 3.0, 4.0, 5.0], True), ([1.0, 2.0, 3.0, -4.0, 5.0], False),
     ([1.0, float("nan"), 3.0, 4.0, 5.0], False), ([1.0, 2.0, 3.0, 4.0, -5.0], True)])
-def test_values_filed_from_a_hand_made_layout(values, filed):
+def test_values_filed_from_a_hand_made_layout(values, filed, c_half):
     """A negative count or any NaN files nothing (the body is then read line by line); else
     each cell's row takes its fields and the rest come back as samples, with the C half and
     without."""
@@ -187,7 +192,7 @@ def test_values_filed_from_a_hand_made_layout(values, filed):
     acc = Acc()
     done = layout.file_values(made, values, acc, Target("http://a/train", pod="p"))
     if not filed:
-        assert done is None and acc.ranks == {} and cells[0][0] is None, (done, acc.ranks)
+        assert done is None and acc.ranks == {} and cells[0].acc is None, (done, acc.ranks)
         return
     samples, what = done
     assert what is made.filed and samples == [(f"{LOSS}_count", {"a": "1"}, values[3]),
@@ -195,4 +200,5 @@ def test_values_filed_from_a_hand_made_layout(values, filed):
     assert all(type(s) is Sample for s in samples), [type(s) for s in samples]
     assert acc.ranks[3] == {"pod": "p", "node": "", "target": "http://a/train",
                             "local_rank": None, "loss": 1.0, "step": 2.0}, acc.ranks
-    assert cells[0][:2] == [acc, acc.ranks[3]] and cells[1][:2] == [acc, None], cells
+    assert (cells[0].acc, cells[0].row) == (acc, acc.ranks[3]), vars(cells[0])
+    assert (cells[1].acc, cells[1].row) == (acc, None), (cells[1].acc, cells[1].row)

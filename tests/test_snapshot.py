@@ -6,6 +6,7 @@ import dataclasses
 import json
 
 import pytest
+from halves import half  # noqa: F401 - the fixture
 from top_snapshots import ranks, snapshot
 
 from fsdpmon.diagnose import judge
@@ -44,16 +45,10 @@ def test_frozen_and_derived_fields():
     assert RankRow(rank=2, down=True, stalled=True, slowest=True).flags == "DOWN STALLED SLOWEST"
 
 
-@pytest.fixture(params=["c", "python"])
-def maker_half(request, monkeypatch) -> str:
+@pytest.fixture
+def maker_half(half: str) -> str:  # noqa: F811 - the fixture imported above
     """frozen.maker with its C half (_rows.make_row) and without."""
-    from fsdpmon.scrape import frozen
-
-    if request.param == "python":
-        monkeypatch.setattr(frozen, "make_row", None)
-    elif frozen.make_row is None:
-        pytest.skip("fsdpmon.scrape._rows is not built")
-    return request.param
+    return half
 
 
 def test_rows_built_without_init_equal_those_built_with_it(maker_half):

@@ -133,7 +133,7 @@ def test_a_refresh_that_does_not_ask_for_processes_keeps_each_answering_nodesscr
     its processes anyway and they are used; the Processes view asks every refresh."""
     payloads = job_expositions("llama", 2, 2)
     srv = PayloadServer(payloads)
-    source = TargetsSource([srv.url(p) for p in sorted(payloads)], timeout_s=5.0, split=False)
+    source = TargetsSource([srv.url(p) for p in sorted(payloads)], timeout_s=5.0)
 
     def rss(snap) -> dict[str, set[float]]:
         return {n: {p.rss_bytes for p in snap.processes if p.node == n}

@@ -19,11 +19,11 @@ import pytest
 from synthetic_job import job_expositions
 from test_expfmt_refs import CASES
 
-from fsdpmon.scrape import layout
-from fsdpmon.scrape.expfmt import Parser, _terminated
+from fsdpmon.scrape import fastpath, layout
+from fsdpmon.scrape.expfmt import Parser, terminated
 from fsdpmon.scrape.wanted import REQUIRE, WANTED
 
-fill = layout.fill
+fill = fastpath.built().fill  # the C half itself, whatever FSDPMON_PURE_PYTHON says
 needs_c = pytest.mark.skipif(fill is None, reason="fsdpmon.scrape._lines is not built")
 
 # New last tokens: numbers as Go and Python write them, words, and what the scan reads apart
@@ -91,7 +91,7 @@ def _mutations(data: bytes) -> list[bytes]:
 def test_what_fill_takes_the_scan_reads_alike_on_the_reference_cases():
     taken, wrong, patterns = 0, [], 0
     for case in CASES:
-        data = _terminated(case["input"].encode("utf-8", "surrogateescape"))
+        data = terminated(case["input"].encode("utf-8", "surrogateescape"))
         names = sorted({s[0] for s in case["expected"]})
         require = {names[0]: 'type="x"'} if names else {}
         for parser in (Parser(None), Parser(names), Parser(names, require)):
@@ -107,7 +107,7 @@ def test_what_fill_takes_the_scan_reads_alike_on_the_reference_cases():
 def test_what_fill_takes_the_scan_reads_alike_on_lines_read_apart():
     taken, wrong = 0, []
     for body in CRAFTED:
-        data = _terminated(body)
+        data = terminated(body)
         for parser in (Parser(None), Parser(["foo", "up"]), Parser(["foo", "bar", "up"],
                                                                    {"bar": 'type="x"'})):
             got, bad = _check(parser._line, data, _mutations(data))
@@ -124,7 +124,7 @@ def test_what_fill_takes_the_scan_reads_alike_on_a_jobs_bodies():
     bodies = job_expositions("llama2-7b", 2, 2)
     taken, wrong = 0, []
     for path in sorted(bodies)[:2] + sorted(bodies)[-2:]:
-        data = _terminated(bodies[path])
+        data = terminated(bodies[path])
         got, bad = _check(pattern, data, _mutations(data))
         taken, wrong = taken + got, wrong + [f"{path}: {w}" for w in bad]
         numbers = [b"\n" + b"".join((x if x.startswith(b"#") else _with_token(x, b"42.5"))
@@ -257,3 +257,13 @@ def test_a_line_dropped_with_a_timestamp_leaves_no_template():
     pattern = Parser(None)._line
     assert layout.template_slots(data, pattern, [0]) is None
     assert layout.template_slots(b"\na 1\nb 2\n", pattern, [0]) is not None
+
+
+@needs_c
+@pytest.mark.parametrize("digit", ["١", "１", "१"])
+def test_fill_refuses_digits_of_other_scripts(digit):
+    """A value written in another script's digits is no number to Prometheus (Go's ParseFloat
+    reads ASCII only): fill leaves such a body to the line-by-line reading, which drops it."""
+    slots = array("i", [0]).tobytes()
+    for token in (digit, f"1{digit}", f"{digit}.5", f"1e{digit}"):
+        assert fill(b"\nm 1\n", f"\nm {token}\n".encode(), slots, 1) is None, token

@@ -11,7 +11,7 @@ from pathlib import Path
 
 # seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
 # watchdog_unix, seq
-_HB = struct.Struct("<qqddddddd q")
+HB_RECORD = struct.Struct("<qqddddddd q")
 HB_SIZE = 128  # room to grow without changing the file size
 
 
@@ -34,9 +34,9 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
     except OSError:
         return None
     for _ in range(3):
-        if len(raw) < _HB.size:
+        if len(raw) < HB_RECORD.size:
             return None
-        seq, pid, *values, seq_end = _HB.unpack_from(raw)
+        seq, pid, *values, seq_end = HB_RECORD.unpack_from(raw)
         if seq == seq_end:
             return Heartbeat(pid, *values)
         try:

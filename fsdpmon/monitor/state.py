@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon.monitor import exit_record, statedir
-from fsdpmon.monitor.heartbeat import _HB, HB_SIZE, Heartbeat, pid_alive, read_heartbeat
+from fsdpmon.monitor.heartbeat import HB_RECORD, HB_SIZE, Heartbeat, pid_alive, read_heartbeat
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ class RankStateWriter:
             if self._closed:
                 return  # a SIGTERM's clean-up got here first: nothing more to publish
             self._seq += 1
-            _HB.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
+            HB_RECORD.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
 
     def snapshot(self, data: dict[str, Any]) -> None:
         with self._lock:

@@ -10,11 +10,12 @@
  * start with one and end with one); slots holds one native int per line: where that line's
  * token goes in the list, or -1. A token that float() would not read whole gives None too.
  *
- * fill_rows(layout, values, acc, target, row_of, sample) -> the other samples, None, or
- * NotImplemented: layout.file_values (its Python twin) for a list of floats, step for step: None
- * (nothing filed) for a NaN or a negative count; each group's figures stored in its cell's row
- * (found by row_of on its first use this refresh); the samples made as ``sample`` tuples.
- * NotImplemented (nothing filed) where the arguments are not what layouts hold.
+ * fill_rows(layout, values, acc, target, row_of, sample) -> the other samples, or None:
+ * layout.file_values (its Python twin) for a list of floats, step for step: None (nothing filed)
+ * for a NaN or a negative count; each group's figures stored in its cell's row (found by row_of
+ * on its first use this refresh); the samples made as ``sample`` tuples. It reads the layout's
+ * and the cells' attributes by name (layout.Layout, layout.Cell) and raises where they are not
+ * what layout.py makes.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -230,67 +231,94 @@ done:
     return out;
 }
 
+/* The attributes fill_rows reads, by name: a Layout's and a Cell's (layout.py). One missing,
+ * or of another type, raises: a layout is made by layout.layout_of alone, so that is a bug
+ * here or there, which the tests must see (not a body quietly left to the Python twin). */
+static PyObject *s_groups, *s_counted, *s_names, *s_labels, *s_first_sample, *s_acc, *s_row,
+    *s_kind;
+
 /* The parts of a layout fill_rows reads, checked against the values before anything is filed. */
 typedef struct {
     PyObject *groups, *counted, *names, *labels;
     Py_ssize_t first;
 } Laid;
 
-static int laid_out(PyObject *layout, Py_ssize_t count, Laid *laid) {
-    PyObject *heads = NULL, *first = NULL;
-    int fits = 0;
-    laid->groups = PyObject_GetAttrString(layout, "groups");
-    laid->counted = PyObject_GetAttrString(layout, "counted");
-    heads = PyObject_GetAttrString(layout, "heads");
-    first = PyObject_GetAttrString(layout, "first_sample");
-    if (!laid->groups || !laid->counted || !heads || !first)
-        goto done;
-    if (!PyTuple_Check(laid->groups) || !PyTuple_Check(laid->counted) || !PyTuple_Check(heads) ||
-        PyTuple_GET_SIZE(heads) != 2 || !PyLong_Check(first))
-        goto done;
-    laid->names = PyTuple_GET_ITEM(heads, 0);
-    laid->labels = PyTuple_GET_ITEM(heads, 1);
-    laid->first = PyLong_AsSsize_t(first);
-    if (laid->first < 0 || laid->first > count || !PyTuple_Check(laid->names) ||
-        !PyTuple_Check(laid->labels) || PyTuple_GET_SIZE(laid->names) != count - laid->first ||
-        PyTuple_GET_SIZE(laid->labels) != count - laid->first)
-        goto done;
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid->counted); i++) {
-        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(laid->counted, i));
-        if (at < 0 || at >= count)
-            goto done;
-    }
-    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid->groups); i++) {
-        PyObject *group = PyTuple_GET_ITEM(laid->groups, i);
-        if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 4 ||
-            !PyList_CheckExact(PyTuple_GET_ITEM(group, 0)) ||
-            PyList_GET_SIZE(PyTuple_GET_ITEM(group, 0)) < 4 || !PyTuple_Check(PyTuple_GET_ITEM(group, 1)))
-            goto done;
-        Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 2));
-        Py_ssize_t stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 3));
-        if (start < 0 || stop > count || stop - start != PyTuple_GET_SIZE(PyTuple_GET_ITEM(group, 1)))
-            goto done;
-    }
-    fits = 1;
-done:
-    PyErr_Clear(); /* a layout that does not fit is filed by the Python twin, which says why */
-    Py_XDECREF(heads);
-    Py_XDECREF(first);
-    return fits;
+static int laid_error(const char *what) {
+    PyErr_Format(PyExc_TypeError, "fill_rows: the layout's %s is not what layout.py makes", what);
+    return -1;
 }
 
-/* The cell's row this refresh: `if cell[0] is not acc: cell[0], cell[1] = acc, row_of(...)`.
- * Borrowed (the cell holds it); NULL on error. */
-static PyObject *row_in(PyObject *cell, PyObject *acc, PyObject *target, PyObject *row_of) {
-    if (PyList_GET_ITEM(cell, 0) != acc) {
-        PyObject *row = PyObject_CallFunctionObjArgs(row_of, acc, PyList_GET_ITEM(cell, 2),
-                                                     PyList_GET_ITEM(cell, 3), target, NULL);
-        if (row == NULL)
-            return NULL;
-        PyList_SetItem(cell, 0, Py_NewRef(acc));
-        PyList_SetItem(cell, 1, row); /* steals it */
+/* 0, or -1 with an exception set. */
+static int laid_out(PyObject *layout, Py_ssize_t count, Laid *laid) {
+    PyObject *first = NULL;
+    int failed = -1;
+    if (!(laid->groups = PyObject_GetAttr(layout, s_groups)) ||
+        !(laid->counted = PyObject_GetAttr(layout, s_counted)) ||
+        !(laid->names = PyObject_GetAttr(layout, s_names)) ||
+        !(laid->labels = PyObject_GetAttr(layout, s_labels)) ||
+        !(first = PyObject_GetAttr(layout, s_first_sample)))
+        goto done;
+    if (!PyTuple_Check(laid->groups) || !PyTuple_Check(laid->counted) ||
+        !PyTuple_Check(laid->names) || !PyTuple_Check(laid->labels) || !PyLong_Check(first)) {
+        laid_error("groups, counted, names, labels or first_sample");
+        goto done;
     }
-    return PyList_GET_ITEM(cell, 1);
+    laid->first = PyLong_AsSsize_t(first);
+    if (laid->first < 0 || laid->first > count || PyTuple_GET_SIZE(laid->names) != count - laid->first ||
+        PyTuple_GET_SIZE(laid->labels) != count - laid->first) {
+        if (!PyErr_Occurred())
+            laid_error("first_sample, names or labels (against the values)");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid->counted); i++) {
+        Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(laid->counted, i));
+        if (at < 0 || at >= count) {
+            if (!PyErr_Occurred())
+                laid_error("counted");
+            goto done;
+        }
+    }
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(laid->groups); i++) {
+        PyObject *group = PyTuple_GET_ITEM(laid->groups, i); /* a layout.Group */
+        if (!PyTuple_Check(group) || PyTuple_GET_SIZE(group) != 4 ||
+            !PyTuple_Check(PyTuple_GET_ITEM(group, 1))) {
+            laid_error("groups");
+            goto done;
+        }
+        Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 2));
+        Py_ssize_t stop = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 3));
+        if (start < 0 || stop > count || stop - start != PyTuple_GET_SIZE(PyTuple_GET_ITEM(group, 1))) {
+            if (!PyErr_Occurred())
+                laid_error("groups' spans");
+            goto done;
+        }
+    }
+    failed = 0;
+done:
+    Py_XDECREF(first);
+    return failed;
+}
+
+/* The cell's row this refresh, as Cell.row_in: `if cell.acc is not acc: cell.acc, cell.row =
+ * acc, row_of(acc, cell.kind, cell.labels, target)`. New reference; NULL on error. */
+static PyObject *row_in(PyObject *cell, PyObject *acc, PyObject *target, PyObject *row_of) {
+    PyObject *found = PyObject_GetAttr(cell, s_acc);
+    if (found == NULL)
+        return NULL;
+    Py_DECREF(found); /* only compared */
+    if (found != acc) {
+        PyObject *kind = PyObject_GetAttr(cell, s_kind), *labels = NULL, *row = NULL;
+        if (kind != NULL && (labels = PyObject_GetAttr(cell, s_labels)) != NULL)
+            row = PyObject_CallFunctionObjArgs(row_of, acc, kind, labels, target, NULL);
+        Py_XDECREF(kind);
+        Py_XDECREF(labels);
+        if (row == NULL || PyObject_SetAttr(cell, s_acc, acc) || PyObject_SetAttr(cell, s_row, row)) {
+            Py_XDECREF(row);
+            return NULL;
+        }
+        return row;
+    }
+    return PyObject_GetAttr(cell, s_row);
 }
 
 static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -305,10 +333,12 @@ static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_ssize_t count = PyList_GET_SIZE(values);
     Laid laid = {NULL, NULL, NULL, NULL, 0};
     for (Py_ssize_t i = 0; i < count; i++)
-        if (!PyFloat_CheckExact(PyList_GET_ITEM(values, i)))
-            goto not_ours;
-    if (!laid_out(args[0], count, &laid))
-        goto not_ours;
+        if (!PyFloat_CheckExact(PyList_GET_ITEM(values, i))) {
+            PyErr_SetString(PyExc_TypeError, "fill_rows: the values are floats");
+            return NULL;
+        }
+    if (laid_out(args[0], count, &laid))
+        goto done;
     for (Py_ssize_t i = 0; i < count; i++) { /* any(map(math.isnan, values)) */
         double v = PyFloat_AS_DOUBLE(PyList_GET_ITEM(values, i));
         if (v != v)
@@ -324,12 +354,13 @@ static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
         PyObject *row = row_in(PyTuple_GET_ITEM(group, 0), acc, target, row_of);
         if (row == NULL)
             goto done;
-        if (row == Py_None)
-            continue;
         Py_ssize_t start = PyLong_AsSsize_t(PyTuple_GET_ITEM(group, 2));
-        for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(fields); k++)
-            if (PyObject_SetItem(row, PyTuple_GET_ITEM(fields, k), PyList_GET_ITEM(values, start + k)))
-                goto done;
+        int failed = 0;
+        for (Py_ssize_t k = 0; row != Py_None && k < PyTuple_GET_SIZE(fields) && !failed; k++)
+            failed = PyObject_SetItem(row, PyTuple_GET_ITEM(fields, k), PyList_GET_ITEM(values, start + k));
+        Py_DECREF(row);
+        if (failed)
+            goto done;
     }
     Py_ssize_t made = count - laid.first;
     if ((out = PyList_New(made)) == NULL)
@@ -348,12 +379,11 @@ static PyObject *fill_rows(PyObject *self, PyObject *const *args, Py_ssize_t nar
     goto done;
 refused:
     out = Py_NewRef(Py_None);
-    goto done;
-not_ours:
-    out = Py_NewRef(Py_NotImplemented);
 done:
     Py_XDECREF(laid.groups);
     Py_XDECREF(laid.counted);
+    Py_XDECREF(laid.names);
+    Py_XDECREF(laid.labels);
     return out;
 }
 
@@ -372,5 +402,14 @@ PyMODINIT_FUNC PyInit__lines(void) {
     const char *chars = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.+-";
     for (const char *c = chars; *c; c++)
         token_char[(unsigned char)*c] = 1;
+    struct {
+        PyObject **at;
+        const char *text;
+    } names[] = {{&s_groups, "groups"}, {&s_counted, "counted"}, {&s_names, "names"},
+                 {&s_labels, "labels"}, {&s_first_sample, "first_sample"}, {&s_acc, "acc"},
+                 {&s_row, "row"}, {&s_kind, "kind"}};
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++)
+        if ((*names[i].at = PyUnicode_InternFromString(names[i].text)) == NULL)
+            return NULL;
     return PyModule_Create(&module);
 }

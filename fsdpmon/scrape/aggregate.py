@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from fsdpmon.job.health import settle
 from fsdpmon.job.snapshot import History, JobSnapshot, TargetStatus
-from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result, merge  # noqa: F401 - Target re-exported
+from fsdpmon.scrape.filing import Acc, ScrapeResult, Target, file_result  # noqa: F401 - Target re-exported
 from fsdpmon.scrape.rows import (
     carry_down_ranks,
     carry_processes,
@@ -53,14 +53,6 @@ class JobAggregator:
             self._down[index] = result
         else:
             self._statuses[index] = file_result(self._acc, result)
-
-    def add_filed(self, acc: Acc, statuses: dict[int, TargetStatus],
-                  down: dict[int, ScrapeResult]) -> None:
-        """Targets filed by another process: its accumulators (memos empty), the statuses of
-        those that answered and the results of those that did not, by target number."""
-        merge(self._acc, acc)
-        self._statuses.update(statuses)
-        self._down.update(down)
 
     def snapshot(
         self, *, now: float, source: str, previous: JobSnapshot | None = None,

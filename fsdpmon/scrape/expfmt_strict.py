@@ -4,8 +4,9 @@ expfmt's fast path matches the canonical form exporters emit (``name{a="1"} 2``)
 does not match come here, one at a time: blanks before ``{`` or none after ``}``, leading blanks,
 quoted (UTF-8) names, odd label spacing. The rules are those of prometheus/common's text parser
 and Prometheus's scrape parser where they are stricter than prometheus_client: a value is a float
-without ``_`` or hex; a timestamp is an integer; label names are unique and not ``__name__``;
-every label value is quoted; ``le`` and ``quantile`` are floats; no exemplars (OpenMetrics only).
+in ASCII without ``_`` or hex; a timestamp is an integer; label names are unique and not
+``__name__``; every label value is quoted; ``le`` and ``quantile`` are floats; no exemplars
+(OpenMetrics only).
 Anything else makes the line None.
 """
 
@@ -37,8 +38,11 @@ def unescape(text: str) -> str:
 
 def number(text: str) -> float | None:
     """A sample value or ``le``/``quantile`` bound: Go's ParseFloat without ``_`` or hex."""
-    if "_" in text or text != text.strip() or (text[:1] in "+-" and text[1:2] in "nN"):
-        return None  # Python's float takes "1_2", blanks around and a signed NaN; Go does not
+    if not text.isascii() or "_" in text or text != text.strip() or (
+            text[:1] in "+-" and text[1:2] in "nN"):
+        # Python's float takes other scripts' digits ("١", "１"), "1_2", blanks around and a
+        # signed NaN; Go's takes none of them
+        return None
     try:
         return float(text)
     except ValueError:

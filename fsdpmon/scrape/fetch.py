@@ -1,6 +1,6 @@
 """Scraping a list of targets: each body fetched with its own deadline and parsed (and, with a
-filing parser, filed) on the calling thread as soon as it arrives. The targets source and its
-helper process both scrape through here."""
+filing parser, filed) on the calling thread as soon as it arrives: the targets source scrapes
+plain URLs through here, the Kubernetes source its pods."""
 
 from __future__ import annotations
 

@@ -9,11 +9,12 @@ samples cost two dict lookups and a store.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.job.snapshot import TargetStatus
+from fsdpmon.scrape import fastpath
 from fsdpmon.scrape.expfmt import Sample
 from fsdpmon.scrape.frozen import maker
 from fsdpmon.scrape.wanted import (
@@ -34,11 +35,6 @@ from fsdpmon.scrape.wanted import (
     RANK_METRICS,
     TRAIN_INFO,
 )
-
-try:
-    from fsdpmon.scrape import _filing
-except ImportError:  # not built (no C compiler): the Python loop files every sample
-    _filing = None
 
 
 @dataclass(frozen=True)
@@ -95,12 +91,6 @@ class Acc:
     # the memos live (a parser that empties its caches mid-refresh frees its dicts).
     memo_labels: list[dict[str, str]] = field(default_factory=list)
 
-    def drop_memos(self) -> None:
-        """Empties the memos (ids mean nothing in another process)."""
-        self.rank_memo.clear()
-        self.gpu_memo.clear()
-        self.memo_labels.clear()
-
 
 def as_int(text: str) -> int | None:
     try:
@@ -130,7 +120,13 @@ _NONE = (_OTHER, "")
 # job's): what fused.FilingParser files as it reads.
 STORED = {name: kind_key for name, kind_key in _KIND.items()
           if kind_key[0] in (_RANK, _GPU, _JOB)}
-GPU_KIND = _GPU
+RANK_KIND, GPU_KIND, JOB_KIND = _RANK, _GPU, _JOB  # the kinds of row a STORED name fills
+
+
+def row_finder() -> Callable[[Acc, int, dict[str, str], Target], Row | None]:
+    """row_of, or its C half where fastpath says so (the rows it finds are memoised by the C
+    loop's rules, which are row_of's)."""
+    return fastpath.active().row_of or row_of
 
 
 def row_of(acc: Acc, kind: int, labels: dict[str, str], target: Target) -> Row | None:
@@ -250,7 +246,8 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     filed = result.filed or _NOTHING_FILED
     samples = result.samples or ()
     start = acc, samples, target, filed.train, filed.exporter, filed.node or target.node
-    done = _c_file_samples(*start) if _c_file_samples is not None else None
+    c_loop = fastpath.active().file_samples
+    done = c_loop(*start) if c_loop is not None else None  # None: samples it does not take
     train, exporter, node = done if done is not None else _file_samples(*start)
     kind_name = "train" if train else "exporter" if exporter else "unknown"
     return _new_status(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
@@ -259,7 +256,7 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
 
 def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bool,
                   exporter: bool, node: str) -> tuple[bool, bool, str]:
-    """file_result's loop (_filing.file_samples where built): whether a rank's and a GPU's
+    """file_result's loop (its C half is _filing.file_samples): whether a rank's and a GPU's
     figures were among them, and the node the target is known by after them."""
     rank_memo, gpu_memo, kinds = acc.rank_memo, acc.gpu_memo, _KIND
     # Process rows are keyed by node and pid, the node maybe the target's: memoised per target
@@ -315,51 +312,9 @@ def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bo
 
 _NOTHING_FILED = Filed(0, False, False)
 
-# The C half (_filing.c), where built: the loop and row_of, as above (the Python loop still
-# files what the C one leaves to it).
-_py_row_of = row_of
-_c_file_samples = None
-if _filing is not None:
-    _filing.setup(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
-                          GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
-                          LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
-                  _add_host, _add_gpu_event)
-    row_of = _filing.row_of
-    _c_file_samples = _filing.file_samples
-
-
-# A rank's row as its first target made it: kept when another process's share has the rank too.
-_RANK_IDENTITY = frozenset(["pod", "target", "local_rank"])
-
-
-def merge(acc: Acc, other: Acc) -> None:
-    """Files ``other`` (another process's accumulators, its memos empty) into ``acc``, as if
-    its targets had been filed here after those of ``acc``: later values win, lists and sums
-    add up, a rank keeps the pod and target of its first row."""
-    for rank, row in other.ranks.items():
-        mine = acc.ranks.setdefault(rank, row)
-        if mine is not row:
-            mine.update((k, v) for k, v in row.items() if k not in _RANK_IDENTITY)
-    acc.job.update(other.job)
-    for key, gpu in other.gpus.items():
-        mine = acc.gpus.setdefault(key, gpu)
-        if mine is not gpu:
-            for name, value in gpu.items():
-                if name in ("clock_events", "xid_counts"):
-                    mine.setdefault(name, []).extend(value)  # type: ignore[union-attr]
-                else:
-                    mine[name] = value
-    for node, host in other.nodes.items():
-        acc.nodes.setdefault(node, {}).update(host)
-    for key, proc in other.procs.items():
-        mine = acc.procs.setdefault(key, proc)
-        if mine is not proc:
-            for name, value in proc.items():
-                if name == "gpu_memory_bytes":
-                    mine[name] = float(mine.get(name, 0.0)) + value  # type: ignore[arg-type]
-                elif name == "gpus":
-                    mine.setdefault(name, set()).update(value)  # type: ignore[union-attr]
-                else:
-                    mine[name] = value
-    acc.job_name = acc.job_name or other.job_name
-    acc.model = acc.model or other.model
+# The C half of the loop and of row_of (_filing.c) files by these tables and leaves the rare
+# samples to these helpers, as the Python loop does.
+fastpath.setup_filing(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
+                              GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
+                              LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
+                      _add_host, _add_gpu_event)

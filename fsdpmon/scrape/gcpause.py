@@ -5,14 +5,13 @@ left alone, the collector runs ~120 passes and one full pass per refresh that wa
 label caches (~50 ms of a ~400 ms refresh for 2048 ranks on 2 cores). So it is held off while a
 refresh runs; reference counting still frees everything at once.
 
-In top's own processes (``top_owns_this_process()``: the live view and the helper), what
-survives a refresh (the new snapshot, the parser's caches) is then frozen (``gc.freeze``): the
-passes that drawing the frame triggers would otherwise walk those ~30k containers again after
-every refresh (15 ms of a ~330 ms refresh of 2048 ranks on 2 cores; 0.2 ms frozen).
-Frozen objects are still freed by reference counting as before; only a cycle among them that
-has become garbage waits, for every ``UNFREEZE_EVERY``-th refresh, which hands all of them back
-to the collector. Other processes (a test run, a program using a source) are left as they are:
-freezing is process-wide.
+In top's own process (``top_owns_this_process()``: the live view), what survives a refresh (the
+new snapshot, the parser's caches) is then frozen (``gc.freeze``): the passes that drawing the
+frame triggers would otherwise walk those ~30k containers again after every refresh (15 ms of a
+~330 ms refresh of 2048 ranks on 2 cores; 0.2 ms frozen). Frozen objects are still freed by
+reference counting as before; only a cycle among them that has become garbage waits, for every
+``UNFREEZE_EVERY``-th refresh, which hands all of them back to the collector. Other processes (a
+test run, a program using a source) are left as they are: freezing is process-wide.
 """
 
 from __future__ import annotations

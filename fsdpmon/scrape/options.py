@@ -8,6 +8,7 @@ from typing import Protocol
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape import fastpath
 
 SOURCES = """\
 Choose one: --targets (scrape endpoints directly, no cluster needed); --job or --selector (find
@@ -49,6 +50,7 @@ def build_source(args: argparse.Namespace) -> Source:
     if args.interval <= 0:
         raise ConfigError("--interval", f"must be > 0, got {args.interval!r}")
     _one_source(args)
+    fastpath.active()  # FSDPMON_PURE_PYTHON, checked at start (a ConfigError names it)
     if args.targets is not None:
         from fsdpmon.scrape.sources.targets import TargetsSource
 

@@ -61,7 +61,7 @@ class Cadence:
         else:
             asked = WANTED - STATIC_NAMES if self.processes_open else WANTED - SLOW_NAMES
         self._refreshes += 1
-        self.begin(asked)
+        self._asked, self._lacking = asked, False
         return asked
 
     @property
@@ -75,19 +75,10 @@ class Cadence:
         process rows stand: aggregate's ``processes_asked``)."""
         return self._asked >= PROCESS_NAMES
 
-    def begin(self, asked: frozenset[str]) -> None:
-        """A refresh that asks for ``asked``: what ``names()`` does, and all a helper process's
-        cadence is told (its targets' carry lives with it)."""
-        self._asked, self._lacking = asked, False
-
     @property
     def lacking(self) -> bool:
         """A target was down or had no static facts this refresh: the next asks for all."""
         return self._lacking
-
-    def note_lacking(self) -> None:
-        """A helper process's target lacked its static facts: the next refresh asks for all."""
-        self._lacking = True
 
     def check(self, snap: JobSnapshot) -> None:
         """After a refresh: a live rank without a node had no ``*_info`` series at the last

@@ -5,14 +5,11 @@ one selector loop on the refreshing thread (`httpget.get_all`); each body is par
 aggregated on that thread as soon as it arrives (only the series `top` reads). HTTPS targets go
 through blocking GETs on a thread pool (``max_workers`` threads) meanwhile. A target that
 refuses, times out, answers non-200 or sends too much is reported down with the reason; the
-rest go on. On a large job every other plain-HTTP target is scraped, parsed and filed the same
-way by a helper process (helper.py), so that a refresh uses two cores.
+rest go on.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +17,13 @@ from urllib.parse import urlsplit
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.job.snapshot import JobSnapshot
-from fsdpmon.scrape.aggregate import JobAggregator, ScrapeResult, Target
+from fsdpmon.scrape.aggregate import JobAggregator, Target
+from fsdpmon.scrape.expfmt import Parser
 from fsdpmon.scrape.fetch import scrape_urls
 from fsdpmon.scrape.fused import new_filing_parser
 from fsdpmon.scrape.gcpause import collector_paused
 from fsdpmon.scrape.httpget import IN_FLIGHT
 from fsdpmon.scrape.sources.cadence import SLOW_NAMES, Cadence
-from fsdpmon.scrape.sources.helper import SPLIT_MIN_TARGETS, Helper
 
 
 def normalise_url(url: str, field: str = "--targets") -> str:
@@ -48,16 +45,11 @@ def normalise_url(url: str, field: str = "--targets") -> str:
 
 
 class TargetsSource:
-    """Scrapes fixed URLs; ``fetch()`` returns a fresh JobSnapshot each call.
-
-    With ``split`` (the default: when there are SPLIT_MIN_TARGETS plain-HTTP targets or more and
-    a second CPU), every other plain-HTTP target is scraped, parsed and filed by a helper process
-    (helper.py) while this one does the rest: a refresh then uses two cores.
-    """
+    """Scrapes fixed URLs; ``fetch()`` returns a fresh JobSnapshot each call."""
 
     def __init__(
         self, urls: Sequence[str], timeout_s: float = 2.0, max_workers: int = 16,
-        job_name: str = "", split: bool | None = None,
+        job_name: str = "", parser: Parser | None = None,
     ) -> None:
         if not urls:
             raise ConfigError("--targets", "give at least one URL")
@@ -66,31 +58,20 @@ class TargetsSource:
         self.targets = [Target(normalise_url(u)) for u in urls]
         self.timeout_s = timeout_s
         self.job_name = job_name
-        self._parser = new_filing_parser(samples_of=SLOW_NAMES)  # the cadence keeps those
-        self._limit = min(IN_FLIGHT, len(self.targets))  # plain HTTP, split with the helper
+        # What reads the bodies: by default one that files as it reads (fused.py), returning
+        # the families the cadence keeps as samples.
+        self._parser = parser or new_filing_parser(samples_of=SLOW_NAMES)
+        self._limit = min(IN_FLIGHT, len(self.targets))  # plain HTTP requests in flight
         tls = any(not t.url.startswith("http:") for t in self.targets)
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(max_workers, len(self.targets)))
                                         ) if tls else None
         self._previous: JobSnapshot | None = None
         self.bytes_received = 0  # by the last refresh
-        self.helper_cpu_s = 0.0  # the helper process's CPU time in the last refresh
         self.cadence = Cadence()
-        plain = [i for i, t in enumerate(self.targets) if t.url.startswith("http:")]
-        if split is None:
-            split = len(plain) >= SPLIT_MIN_TARGETS and (os.cpu_count() or 1) >= 2
-        self._theirs = plain[1::2] if split else []  # the helper's targets
-        theirs = set(self._theirs)
-        self._own = [i for i in range(len(self.targets)) if i not in theirs]
-        self._helper: Helper | None = None
 
     @property
     def description(self) -> str:
         return f"{len(self.targets)} target(s)"
-
-    @property
-    def helper_pid(self) -> int | None:
-        """The helper process's id while one runs."""
-        return self._helper.process.pid if self._helper is not None else None
 
     def showing(self, view: str, processes: bool = False) -> None:
         """The view on screen, and whether process figures are on it (``processes``; the
@@ -108,57 +89,16 @@ class TargetsSource:
         aggregator = JobAggregator()
         cadence = self.cadence
         names = cadence.names()
-        helper = self._ask_helper(names)
-        own, acc = self._own, aggregator.acc
+        acc = aggregator.acc
         self.bytes_received = scrape_urls(
-            [self.targets[i] for i in own], self._parser, self.timeout_s,
-            max(1, self._limit // 2) if helper else self._limit, self._pool,
-            lambda i, result: aggregator.add(own[i], cadence.complete(result)), names,
-            lambda: acc)
-        if helper is not None:
-            self._take_share(helper, aggregator)
+            self.targets, self._parser, self.timeout_s, self._limit, self._pool,
+            lambda i, result: aggregator.add(i, cadence.complete(result)), names, lambda: acc)
         snap = aggregator.snapshot(now=time.time(), source="targets", previous=self._previous,
                                    job_name=self.job_name,
                                    processes_asked=cadence.processes_asked)
         cadence.check(snap)
         return snap
 
-    def _ask_helper(self, names: frozenset[str]) -> Helper | None:
-        if not self._theirs:
-            return None
-        if self._helper is None:
-            self._helper = Helper([self.targets[i].url for i in self._theirs], self.timeout_s,
-                                  max(1, self._limit - self._limit // 2))
-        with contextlib.suppress(OSError, ValueError):  # it exited: _take_share says why
-            self._helper.ask(names)
-        return self._helper
-
-    def _take_share(self, helper: Helper, aggregator: JobAggregator) -> None:
-        """Merges the helper's share, part by part (helper.Share), as its parts come."""
-        theirs, got = self._theirs, set()
-        while True:
-            share = helper.answer()
-            if isinstance(share, str):  # its targets are down for this refresh; next, a new one
-                self._helper = None
-                self.cadence.note_lacking()
-                for i in theirs:
-                    if i not in got:
-                        aggregator.add(i, ScrapeResult(self.targets[i], None, share))
-                return
-            statuses = {theirs[j]: s for j, s in share.statuses.items()}
-            down = {theirs[j]: r for j, r in share.down.items()}
-            aggregator.add_filed(share.acc, statuses, down)
-            if share.last:
-                break
-            got.update(statuses, down)
-        self.bytes_received += share.received
-        self.helper_cpu_s = share.cpu_s
-        if share.lacking:
-            self.cadence.note_lacking()
-
     def close(self) -> None:
-        if self._helper is not None:
-            self._helper.close()
-            self._helper = None
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
