@@ -89,9 +89,17 @@ def test_a_lowest_score_above_the_threshold_flags_nobody():
 def test_stalled_rank_from_the_monitor_flag_or_the_heartbeat():
     flagged = snapshot(ranks(r1={"stalled": True}))
     assert flagged.state is JobState.STALLED and flagged.stalled_ranks == (1,)
-    aged = snapshot(ranks(r3={"heartbeat_age_s": 95.0, "stall_threshold_s": 30.0}))
+    aged = snapshot(ranks(r3={"heartbeat_age_s": 30.5, "stall_threshold_s": 30.0}))
     assert aged.state is JobState.STALLED and aged.stalled_ranks == (3,)
     assert "stall" in _kinds(aged)
+
+
+@pytest.mark.parametrize("age, stalled", [(29.5, False), (30.5, True)])
+def test_a_heartbeat_is_stale_past_its_threshold_and_not_before(age, stalled):
+    """Half a second either side of a 30 s threshold, with no flag from the monitor."""
+    snap = snapshot(ranks(r2={"heartbeat_age_s": age, "stall_threshold_s": 30.0}))
+    assert snap.stalled_ranks == ((2,) if stalled else ()), (age, snap.stalled_ranks)
+    assert (snap.state is JobState.STALLED) is stalled, snap.state
 
 
 def test_pod_that_stops_answering_is_marked_down_and_the_view_goes_on():

@@ -190,6 +190,17 @@ def test_xid_rise_is_named_once_it_happens():
     assert (f.rank, f.node, f.gpu, f.severity) == (2, "node-1", "0", "critical")
 
 
+@pytest.mark.parametrize("code, severity", [(13, "warning"), (79, "critical")])
+def test_an_xid_is_critical_only_when_it_means_draining_the_node(code, severity):
+    """XID 79 (fallen off the bus) needs the node drained; XID 13 (a graphics engine exception,
+    most often the application's own fault) is worth a look, not a page (DESIGN.md's list)."""
+    def at(i: int) -> dict:
+        return {"gpu": {(1, 0): {"xids": ((code, 1),) if i >= 2 else ()}}}
+    f = only(diagnose(history(at)), "gpu_xid")
+    assert (f.rank, f.node, f.gpu, f.severity) == (2, "node-1", "0", severity), f
+    assert f"XID {code}" in f.summary, f.summary
+
+
 def test_xid_seen_before_the_history_is_not_news():
     assert diagnose(history(lambda i: {"gpu": {(1, 0): {"xids": ((13, 4),)}}})) == []
 
@@ -235,11 +246,32 @@ def test_critical_findings_come_first():
     assert causes(diagnose(snaps)) == ["loss_nonfinite", "straggler_compute"]
 
 
-@pytest.mark.parametrize("doc", [None, [], {"ranks": "x"}, {"ranks": [1, {"rank": "a"}]},
-                                 {"ranks": [{"rank": 1, "frames": "x", "last_collective": 3}]}])
-def test_stack_documents_are_read_without_trust(doc):
-    for s in parse_stacks(doc):
-        assert s.rank == 1 and s.frames == () and s.seq is None
+@pytest.mark.parametrize("doc, count", [
+    (None, 0), ([], 0), ({"ranks": "x"}, 0),
+    ({"ranks": [1, {"rank": "a"}, {"rank": True}, {"rank": 1, "frames": "x"}]}, 1),
+    ({"ranks": [{"rank": 1, "frames": "x", "last_collective": 3}]}, 1),
+    ({"ranks": [{"rank": 1.0, "frames": [7, {"file": 5}], "last_collective": {"seq": "9"}}]}, 1),
+])
+def test_stack_documents_are_read_without_trust(doc, count):
+    """Entries without an integer rank are skipped (a bool is not one); what the others carry
+    that is not of its kind is dropped, never raised."""
+    got = parse_stacks(doc)
+    assert len(got) == count, got
+    for s in got:
+        assert s.rank == 1 and s.seq is None and s.op == "" and s.step is None, s
+        assert s.frames in ((), (Frame("", 0, ""),)), s.frames
+
+
+def test_a_well_formed_stack_document_is_read_whole():
+    doc = {"ranks": [{"rank": r, "step": 40 + r, "phase": "forward", "stalled": r == 1,
+                      "last_collective": {"op": "all_gather", "seq": 9 - r},
+                      "frames": [{"file": "train.py", "line": 3, "function": "main"},
+                                 {"file": "fsdp.py", "line": 7, "function": "wait"}]}
+                     for r in (0, 1)]}
+    got = parse_stacks(doc)
+    assert [(s.rank, s.step, s.phase, s.stalled, s.op, s.seq) for s in got] == [
+        (0, 40, "forward", False, "all_gather", 9), (1, 41, "forward", True, "all_gather", 8)]
+    assert got[1].frames == (Frame("train.py", 3, "main"), Frame("fsdp.py", 7, "wait"))
 
 
 def test_merge_thousands_of_ranks_into_few_classes():

@@ -149,15 +149,18 @@ def test_a_step_that_raises_is_not_counted_and_the_error_propagates(tmp_path):
 
 
 def test_nonfinite_loss_is_flagged_and_published(tmp_path):
+    """A window per step: the finite loss is not flagged, NaN, +Inf and -Inf are."""
     port = free_port()
-    mon = monitor(config(tmp_path, port=port, log_interval=2, jsonl_path=None))
+    mon = monitor(config(tmp_path, port=port, log_interval=1, jsonl_path=None))
     seen: list[dict] = []
     mon.add_log_listener(seen.append)
-    for loss in (1.0, float("nan")):
+    for loss in (1.0, math.inf, -math.inf, math.nan):
         with mon.step():
             mon.record(loss=torch.tensor(loss))
     body = scrape_when_up(port)
     mon.close()
+    assert [r["loss_nonfinite"] for r in seen] == [False, True, True, True], seen
+    assert seen[1]["loss"] == math.inf and seen[2]["loss"] == -math.inf
     assert seen[-1]["loss_nonfinite"] is True and math.isnan(seen[-1]["loss"])
     assert 'fsdpmon_train_loss_nonfinite{job_name="unit",local_rank="0",rank="0"} 1.0' in body
     assert 'fsdpmon_train_loss{job_name="unit",local_rank="0",rank="0"} NaN' in body

@@ -69,12 +69,23 @@ def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
 def test_rates_and_gpm_appear_on_the_second_read() -> None:
     fake = FakeNvml(_gpus(1))
     reader = _open(fake)
+    first_begun = time.monotonic()
     reader.read()
-    time.sleep(0.05)
+    first_done = time.monotonic()
+    time.sleep(0.05)  # a gap between the reads; its length is measured, not assumed
     fake.gpus[0].nvlink_kib[:] = [1024 * 1024, 2 * 1024 * 1024]  # +1 GiB tx, +2 GiB rx
+    second_begun = time.monotonic()
     gpu = reader.read().gpus[0]
+    second_done = time.monotonic()
+    # The reader stamps each read inside the brackets taken here, so the time it divides by
+    # lies between the shortest and the longest span those brackets allow.
+    shortest, longest = second_begun - first_done, second_done - first_begun
     nvlink = gpu.labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
-    assert 0 < nvlink["tx"] < nvlink["rx"] <= 2 * 1024**3 / 0.05
+    for direction, moved in (("tx", 1024**3), ("rx", 2 * 1024**3)):
+        low, high = moved / longest, moved / shortest
+        assert low <= nvlink[direction] <= high, (
+            f"{direction}: {nvlink[direction]:.4g} B/s, {moved} bytes over {shortest:.4f}.."
+            f"{longest:.4f} s allow {low:.4g}..{high:.4g} B/s")
     assert gpu.values["fsdpmon_gpu_sm_activity_ratio"] == pytest.approx(0.88)
     assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == pytest.approx(0.61)
 
