@@ -17,6 +17,7 @@ from typing import Any
 import pynvml
 
 MIB = 1024 * 1024
+HANG_S = 30.0  # a hung GPU's calls return (NotFound-free) after this long, never sooner
 
 
 @dataclass
@@ -85,7 +86,7 @@ class FakeNvml:
         if gpu is None:
             return
         if gpu.hang is not None:
-            gpu.hang.wait(30)
+            gpu.hang.wait(HANG_S)
         if gpu.lost:
             raise pynvml.NVMLError_GpuIsLost()
         if function in gpu.unsupported:

@@ -13,6 +13,7 @@ behind either: test_monitor_statedir's SIGTERM case, which goes through the same
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -83,6 +84,13 @@ def _exits(port: int, ranks: int,
         time.sleep(0.3)
 
 
+def _recorded_step(directory: Path, rank: int) -> float:
+    try:
+        return float(json.loads(record_path(directory, rank).read_text()).get("step") or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
 def _series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     out = []
     for line in text.splitlines():
@@ -98,7 +106,11 @@ def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(t
     directory = job_state_dir(JOB, port, str(tmp_path))
     procs = _group(tmp_path, port, restart=0)
     try:
-        time.sleep(0.5)  # a few log steps: the records hold a step
+        # a few log steps: both records hold a step (polled, generously)
+        deadline = time.monotonic() + 30
+        while min(_recorded_step(directory, r) for r in (0, 1)) < 5:
+            assert time.monotonic() < deadline, "no log step recorded in 30 s"
+            time.sleep(0.05)
         procs[1].send_signal(signal.SIGKILL)
         assert procs[1].wait(timeout=20) == -signal.SIGKILL
         procs[0].send_signal(signal.SIGTERM)

@@ -23,15 +23,18 @@ from fsdpmon.monitor.stacks import (
 from fsdpmon.monitor.state import RankStateWriter
 
 
-def next_batch_that_never_comes(release: threading.Event) -> None:
+def next_batch_that_never_comes(entered: threading.Event, release: threading.Event) -> None:
+    entered.set()
     release.wait()
 
 
 def _blocked_thread() -> tuple[threading.Thread, threading.Event]:
-    release = threading.Event()
-    thread = threading.Thread(target=next_batch_that_never_comes, args=(release,), daemon=True)
+    """A thread inside next_batch_that_never_comes until released (it says when it is)."""
+    entered, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=next_batch_that_never_comes, args=(entered, release),
+                              daemon=True)
     thread.start()
-    time.sleep(0.05)
+    assert entered.wait(30), "the thread never started"
     return thread, release
 
 
@@ -128,6 +131,7 @@ def test_stacks_are_served_beside_metrics_on_the_same_listener(tmp_path):
         deadline = time.monotonic() + 10
         while not keeper.serving and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert keeper.serving, "not serving after 10 s"
         base = f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(base + "/stacks", timeout=5) as resp:
             assert resp.headers["Content-Type"] == "application/json"
@@ -171,6 +175,7 @@ def test_stacks_take_the_same_basic_auth_as_metrics(tmp_path):
         deadline = time.monotonic() + 10
         while not keeper.serving and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert keeper.serving, "not serving after 10 s"
         for path in ("/stacks", "/metrics"):
             assert [status(path, None), status(path, b"wrong"), status(path, b"right")] == [
                 401, 401, 200], path
