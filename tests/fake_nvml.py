@@ -240,7 +240,19 @@ class FakeNvml:
 
     # -- processes -------------------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[Any]:
-        self._enter("nvmlDeviceGetComputeRunningProcesses", gpu)
+        """pynvml's unversioned call asks the library for _v3 and, where a driver lacks it,
+        raises NVMLLibraryMismatchError (no NVMLError)."""
+        try:
+            return self.nvmlDeviceGetComputeRunningProcesses_v3(gpu)
+        except pynvml.NVMLError_FunctionNotFound:
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called") from None
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, gpu: FakeGpu) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses_v3", gpu)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, gpu: FakeGpu) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses_v2", gpu)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
 
     def nvmlDeviceGetProcessUtilization(self, gpu: FakeGpu, since: int) -> list[Any]:

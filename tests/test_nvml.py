@@ -125,6 +125,21 @@ def test_function_not_found_degrades_to_older_calls_or_drops_the_field() -> None
     assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 1  # disabled on every GPU after one
 
 
+def test_a_driver_older_than_pynvml_still_lists_the_processes() -> None:
+    """pynvml asks for nvmlDeviceGetComputeRunningProcesses_v3; a driver without it makes the
+    unversioned call raise NVMLLibraryMismatchError, which is no NVMLError: the reader asks
+    for _v2 instead, and without that too the process field is dropped, never the GPU."""
+    gpus = _gpus(1, processes=[(4242, 1024 * MIB)])
+    older = FakeNvml(gpus, missing_functions={"nvmlDeviceGetComputeRunningProcesses_v3"})
+    reading = _open(older).read()
+    assert reading.gpus[0].up and [p.pid for p in reading.gpus[0].processes] == [4242]
+    oldest = FakeNvml(_gpus(1, processes=[(4242, 1024 * MIB)]), missing_functions={
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"})
+    reading = _open(oldest).read()
+    assert reading.gpus[0].up and reading.gpus[0].processes == () and reading.errors == 0
+    assert reading.gpus[0].values["fsdpmon_gpu_temperature_celsius"] == 64
+
+
 def test_lost_gpu_reads_down_and_the_others_go_on() -> None:
     fake = FakeNvml(_gpus(3))
     reader = _open(fake)
