@@ -55,6 +55,29 @@ def test_window_without_data_phase_or_peak():
     empty = window_stats(WindowTimes(), tokens=0, wall_seconds=0.0, flops_per_token=1.0,
                          peak_flops=None)
     assert empty.data_wait_ratio is None and empty.tokens_per_second == 0.0
+    assert (empty.steps, empty.step_time_s, empty.busy_s) == (0, 0.0, 0.0), empty
+    # data time measured past the steps' own (a loader between steps) counts as all of it
+    late = window_stats(WindowTimes([1.0, 1.0], {"data": 3.0}), 1, 2.0, 1.0, None)
+    assert late.data_wait_ratio == 1.0, late
+
+
+def test_a_rank_is_scored_once_the_median_spans_enough_steps_and_not_before():
+    from fsdpmon.monitor.stats import BusyHistory
+
+    def window(steps: int):
+        return window_stats(WindowTimes([0.1] * steps), 1, 1.0, 1.0, None)
+
+    history = BusyHistory()
+    assert not history.known  # before any window
+    for steps, known in ((10, False), (10, False), (BUSY_MIN_STEPS - 20, True), (1, True)):
+        history.add(window(steps))
+        assert history.known is known, (steps, len(history.steps))
+    at_once = BusyHistory()
+    at_once.add(window(BUSY_MIN_STEPS))
+    assert at_once.known
+    short = BusyHistory()
+    short.add(window(BUSY_MIN_STEPS - 1))
+    assert not short.known
 
 
 def test_straggler_is_the_rank_that_waits_least_at_the_collectives():
