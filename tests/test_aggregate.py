@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from rich.console import Console
+from support import rounded
 from top_snapshots import T0, ranks, results, snapshot
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
@@ -23,12 +24,12 @@ def test_healthy_job_header_figures():
     snap = snapshot()
     assert snap.state is JobState.RUNNING and snap.alerts == ()
     assert snap.job_name == "llama" and snap.world_size == 4 and snap.model == "llama2-7b"
-    assert snap.step == 100 and snap.total_steps == 1000 and snap.progress == pytest.approx(0.1)
-    assert snap.tokens_per_second == pytest.approx(4 * 8192.0)
-    assert snap.mfu_ratio == pytest.approx(0.41)
+    assert snap.step == 100 and snap.total_steps == 1000 and snap.progress == rounded(0.1)
+    assert snap.tokens_per_second == rounded(4 * 8192.0)
+    assert snap.mfu_ratio == rounded(0.41)
     # job-level series come from rank 0's pod: median (upper, from the synthetic monitor) and max
-    assert snap.step_time_max_s == pytest.approx(0.506)
-    assert snap.eta_s == pytest.approx(900 * snap.step_time_median_s)
+    assert snap.step_time_max_s == rounded(0.506)
+    assert snap.eta_s == rounded(900 * snap.step_time_median_s)
     assert [r.rank for r in snap.ranks] == [0, 1, 2, 3]
     assert [r.pod for r in snap.ranks] == ["llama-worker-0"] * 2 + ["llama-worker-1"] * 2
     # rank 3 is the job's slowest by 1%: no straggler by the shared line, so no SLOWEST flag
@@ -36,7 +37,7 @@ def test_healthy_job_header_figures():
     assert len(snap.gpus) == 4 and {g.node for g in snap.gpus} == {"node-0", "node-1"}
     assert len(snap.history.tokens_per_second) == 3 and len(snap.gpus[0].utilization_history) == 3
     assert [n.node for n in snap.nodes] == ["node-0", "node-1"] and snap.nodes[0].gpus == 2
-    assert snap.nodes[0].simulated and snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)
+    assert snap.nodes[0].simulated and snap.nodes[0].cpu_utilization_ratio == rounded(0.35)
     proc = snap.processes[0]
     assert proc.pid == 4000 and proc.pod == "llama-worker-0" and proc.gpu_memory_bytes == 60e9
     assert proc.command.startswith("python -m trainer.train")
@@ -294,7 +295,7 @@ def test_gpu_fault_evidence_survives_the_scan_that_skips_idle_series():
     assert hot.clock_events == ("hw_slowdown", "sw_thermal_slowdown"), hot.clock_events
     assert hot.ecc_uncorrected == 3 and hot.xid_counts == (("79", 1.0),), hot
     assert idle.clock_events == () and idle.ecc_uncorrected == 0 and idle.xid_counts == ()
-    assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)
+    assert snap.nodes[0].cpu_utilization_ratio == rounded(0.35)
     masks = [s.value for s in samples if s.name == "fsdpmon_gpu_clock_event_reasons"]
     assert masks == [0x8 | 0x20, 0.0], f"one clock-event bitmask per GPU: {masks}"
     assert not [s for s in samples if s.name == "fsdpmon_gpu_clock_event_active"], \

@@ -78,7 +78,9 @@ def test_only_the_stalled_rank_publishes_and_the_document_has_the_agreed_shape(t
     publisher = StackPublisher(tmp_path, 0, 0, thread.ident,
                                lambda: (7.0, "data", ("all_gather_into_tensor", 41)))
     try:
+        before = time.time()
         publisher.publish()
+        after = time.time()
         doc = json.loads(json.dumps(job_stacks(tmp_path, "j"), allow_nan=False))
         assert doc["job"] == "j" and [r["rank"] for r in doc["ranks"]] == [0, 1]
         hung, fine = doc["ranks"]
@@ -88,7 +90,7 @@ def test_only_the_stalled_rank_publishes_and_the_document_has_the_agreed_shape(t
         assert hung["last_collective"] == {"op": "all_gather_into_tensor", "seq": 41}
         assert hung["frames"][-2]["function"] == "next_batch_that_never_comes" or any(
             f["function"] == "next_batch_that_never_comes" for f in hung["frames"])
-        assert abs(hung["published_at"] - time.time()) < 60
+        assert before <= hung["published_at"] <= after, (before, hung["published_at"], after)
         assert not fine["stalled"] and fine["frames"] == [] and fine["last_collective"] is None
         publisher.clear()  # steps resumed
         assert job_stacks(tmp_path, "j")["ranks"][0]["frames"] == []

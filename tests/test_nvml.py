@@ -6,6 +6,7 @@ import time
 
 import pynvml
 import pytest
+from support import rounded
 
 from exporters.nvml import NvmlReader
 from exporters.sample import GpuSample
@@ -38,15 +39,15 @@ def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
     gpu = reading.gpus[0]
     v = gpu.values
     assert gpu.up
-    assert v["fsdpmon_gpu_utilization_ratio"] == pytest.approx(0.97)
-    assert v["fsdpmon_gpu_memory_utilization_ratio"] == pytest.approx(0.41)
+    assert v["fsdpmon_gpu_utilization_ratio"] == rounded(0.97)
+    assert v["fsdpmon_gpu_memory_utilization_ratio"] == rounded(0.41)
     assert v["fsdpmon_gpu_memory_used_bytes"] == 69 * 1024 * MIB
     assert v["fsdpmon_gpu_memory_reserved_bytes"] == 512 * MIB
     assert v["fsdpmon_gpu_temperature_celsius"] == 64
     assert v["fsdpmon_gpu_memory_temperature_celsius"] == 71
-    assert v["fsdpmon_gpu_power_watts"] == pytest.approx(612.0)
-    assert v["fsdpmon_gpu_power_limit_watts"] == pytest.approx(700.0)
-    assert v["fsdpmon_gpu_energy_joules_total"] == pytest.approx(9_876_543.21)
+    assert v["fsdpmon_gpu_power_watts"] == rounded(612.0)
+    assert v["fsdpmon_gpu_power_limit_watts"] == rounded(700.0)
+    assert v["fsdpmon_gpu_energy_joules_total"] == rounded(9_876_543.21)
     assert v["fsdpmon_gpu_sm_clock_hertz"] == 1755e6
     assert v["fsdpmon_gpu_memory_clock_max_hertz"] == 2619e6
     assert v["fsdpmon_gpu_pcie_replay_errors_total"] == 5
@@ -62,7 +63,7 @@ def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
     assert len(gpu.processes) == 2  # PID 4242 holds two contexts: one entry, memory summed
     by_pid = {p.pid: p for p in gpu.processes}
     assert by_pid[4242].memory_used_bytes == 5 * 1024 * MIB
-    assert by_pid[4242].sm_utilization_ratio == pytest.approx(0.73)
+    assert by_pid[4242].sm_utilization_ratio == rounded(0.73)
     assert by_pid[4243].memory_used_bytes is None and by_pid[4243].sm_utilization_ratio is None
 
 
@@ -86,8 +87,8 @@ def test_rates_and_gpm_appear_on_the_second_read() -> None:
         assert low <= nvlink[direction] <= high, (
             f"{direction}: {nvlink[direction]:.4g} B/s, {moved} bytes over {shortest:.4f}.."
             f"{longest:.4f} s allow {low:.4g}..{high:.4g} B/s")
-    assert gpu.values["fsdpmon_gpu_sm_activity_ratio"] == pytest.approx(0.88)
-    assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == pytest.approx(0.61)
+    assert gpu.values["fsdpmon_gpu_sm_activity_ratio"] == rounded(0.88)
+    assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == rounded(0.61)
 
 
 def test_not_supported_fields_are_absent_and_not_asked_again() -> None:
