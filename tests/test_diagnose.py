@@ -139,6 +139,9 @@ def test_throttled_gpu_without_a_straggler_is_still_named():
     f = only(diagnose(history(lambda i: {"gpu": {(0, 1): {"clock_events": ("hw_slowdown",)}}})),
              "gpu_throttled")
     assert (f.rank, f.gpu) == (1, "1")
+    assert f.summary == "GPU 1 on node-0 throttled (hw_slowdown)", f.summary
+    assert f.evidence == ("clock events active for 10s: hw_slowdown",  # the healthy score: 1.0
+                          "rank 1 straggler score 1.00 (not below the threshold yet)"), f.evidence
 
 
 def test_power_cap_alone_is_normal():
@@ -181,6 +184,33 @@ def test_lost_gpu_explains_its_ranks_stall():
     f = only(diagnose(history(lambda i: {"specs": _all_stalled(),
                                          "gpu": {(0, 1): {"up": False}}})), "gpu_lost")
     assert (f.rank, f.node, f.gpu) == (1, "node-0", "1")
+    assert f.summary == "GPU 1 on node-0 lost (rank 1)", f.summary
+
+
+def test_a_lost_gpu_carries_its_own_xids_and_no_other_gpus():
+    """The XID 79 that came with the loss is its evidence (no finding of its own); another
+    GPU's XID stays a finding of that GPU."""
+    def at(i: int) -> dict:
+        rose = i >= 2
+        return {"specs": _all_stalled(),
+                "gpu": {(0, 1): {"up": False, "xids": ((79, 1),) if rose else ()},
+                        (1, 1): {"xids": ((13, 1),) if rose else ()}}}
+    found = diagnose(history(at))
+    assert causes(found) == ["gpu_lost", "gpu_xid"], found
+    lost, xid = found
+    assert lost.evidence[:2] == ("GPU 1 on node-0 not answering NVML for 10s",
+                                 "XID 79 (0 → 1)"), lost.evidence
+    assert not any("XID 13" in e for e in lost.evidence), lost.evidence
+    assert (xid.node, xid.gpu, xid.summary) == ("node-1", "1", "GPU 1 on node-1 raised XID 13")
+
+
+def test_a_lost_gpu_that_serves_no_rank_names_none():
+    from fsdpmon.job.snapshot import GpuRow
+
+    spare = GpuRow(node="node-0", gpu="7", up=False)
+    snaps = [dataclasses.replace(s, gpus=(*s.gpus, spare)) for s in history(lambda i: {})]
+    f = only(diagnose(snaps), "gpu_lost")
+    assert (f.rank, f.summary) == (None, "GPU 7 on node-0 lost"), f
 
 
 def test_xid_rise_is_named_once_it_happens():
@@ -198,7 +228,8 @@ def test_an_xid_is_critical_only_when_it_means_draining_the_node(code, severity)
         return {"gpu": {(1, 0): {"xids": ((code, 1),) if i >= 2 else ()}}}
     f = only(diagnose(history(at)), "gpu_xid")
     assert (f.rank, f.node, f.gpu, f.severity) == (2, "node-1", "0", severity), f
-    assert f"XID {code}" in f.summary, f.summary
+    assert f.summary == f"GPU 0 on node-1 raised XID {code}", f.summary
+    assert f.evidence == (f"XID {code}: 0 → 1", "it serves rank 2"), f.evidence
 
 
 def test_xid_seen_before_the_history_is_not_news():
@@ -206,9 +237,18 @@ def test_xid_seen_before_the_history_is_not_news():
 
 
 def test_uncorrected_ecc_rise():
-    f = only(diagnose(history(lambda i: {"gpu": {(0, 0): {"ecc_uncorrected": i // 3}}})),
+    f = only(diagnose(history(lambda i: {"gpu": {(0, 1): {"ecc_uncorrected": i // 3}}})),
              "gpu_ecc")
-    assert (f.rank, f.gpu) == (0, "0")
+    assert (f.rank, f.gpu) == (1, "1")
+    assert f.summary == "GPU 1 on node-0: uncorrected ECC errors (+2)", f.summary
+    assert f.evidence == ("uncorrected ECC errors 0 → 2",), f.evidence
+
+
+def test_uncorrected_ecc_explains_its_ranks_straggling():
+    f = only(diagnose(history(lambda i: {"specs": {"r1": {"straggler_score": SLOW}},
+                                         "gpu": {(0, 1): {"ecc_uncorrected": i // 3}}})),
+             "gpu_ecc")
+    assert f.rank == 1, f
 
 
 def test_missing_pod_names_the_first_ranks_to_go():
@@ -235,9 +275,11 @@ def test_nonfinite_loss_on_one_rank():
 
 
 def test_memory_pressure():
-    f = only(diagnose(history(lambda i: {"specs": {"r0": {"peak_memory_bytes": 79e9}}})),
+    f = only(diagnose(history(lambda i: {"specs": {"r0": {"peak_memory_bytes": 79e9}},
+                                         "gpu": {(1, 1): {"memory_used_bytes": 79e9}}})),
              "memory_pressure")
     assert f.rank == 0
+    assert f.evidence == ("rank 0 peak 7.9e+10 of 8e+10 bytes", "GPU 1 on node-1 at 99%"), f
 
 
 def test_critical_findings_come_first():

@@ -143,3 +143,15 @@ def test_a_job_that_finished_names_nobody():
     found = diagnose(snaps)
     assert crashes(found) == [], found
     assert not [f for f in found if f.cause == "target_down" and "worker" in (f.pod or "")], found
+
+
+def test_each_way_of_ending_is_one_line_with_its_ranks_and_steps():
+    from fsdpmon.diagnose.exits import exit_evidence
+
+    lines = exit_evidence({0: ("sigterm", 40), 1: ("sigterm", 45), 2: ("sigterm", 50),
+                           3: ("killed", 60), 4: ("error", None)})
+    assert lines == [
+        "rank 3 died without exiting (killed: SIGKILL, the OOM killer or a segfault) after "
+        "step 60 (its last log step)",
+        "ranks 0, 1, 2 stopped by a signal (the agent's SIGTERM) after steps 40–50",
+        "rank 4 exited on an error"], lines
