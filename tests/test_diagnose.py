@@ -316,6 +316,15 @@ def test_a_well_formed_stack_document_is_read_whole():
     assert got[1].frames == (Frame("train.py", 3, "main"), Frame("fsdp.py", 7, "wait"))
 
 
+def test_a_rank_that_never_entered_a_collective_is_the_odd_one_out():
+    """No collective yet is furthest behind: that class comes first, before the ones that
+    entered any (sequence numbers start at 1)."""
+    behind = RankStack(rank=3, step=0, stalled=True, frames=(Frame("data.py", 5, "load"),))
+    classes = merge([_stack(r, 1, "fsdp.py") for r in (0, 1, 2)] + [behind])
+    assert [(c.ranks, c.seq) for c in classes] == [((3,), None), ((0, 1, 2), 1)], classes
+    assert classes[0].describe() == "rank 3 at data.py:5 load (step 0, last no collective yet)"
+
+
 def test_merge_thousands_of_ranks_into_few_classes():
     stacks = [_stack(r, 21937, "fsdp.py") for r in range(2048) if r != 17]
     stacks.append(_stack(17, 21936, "data.py"))
