@@ -28,6 +28,8 @@ from trainer.model import FLAVOURS, Transformer
     ("NVIDIA H100 PCIe", 756e12),
     ("NVIDIA H100 NVL", 835e12),
     ("NVIDIA H200", 989e12),
+    ("NVIDIA H800", 989e12),
+    ("NVIDIA A800-SXM4-80GB", 312e12),
     ("NVIDIA GH200 480GB", 989e12),
     ("NVIDIA B200", 2.25e15),
     ("NVIDIA L40S", 362e12),
