@@ -352,3 +352,114 @@ def test_slow_checkpoints_need_the_whole_window():
     assert only(diagnose(history(lambda i: {"specs": heavy})), "checkpoint_slow").rank == 1
     once = history(lambda i: {"specs": heavy} if i == N - 1 else {})
     assert diagnose(once) == []
+
+
+# -- what each finding says: the summary and evidence a person reads ---------------------------
+
+STORIES = {
+    "hang behind in steps": (
+        lambda i: {"specs": _all_stalled(r0={"heartbeat_age_s": 41.0}, r1={"step": 99})}, (),
+        ("hang", 1, "rank 1 holds up 3 ranks",
+         ("culprit: rank 1 (behind at step 99 (others at 100))",
+          "ranks 0, 1, 2, 3 made no step for 10s or more; no step for 41s (threshold 30s)"))),
+    "hang alike": (
+        lambda i: {"specs": _all_stalled()}, [_stack(r, 5, "fsdp.py") for r in range(4)],
+        ("hang", None, "ranks 0, 1, 2, 3 stalled, none behind the others",
+         ("4 ranks at fsdp.py:123 wait (step 812, last collective #5 all_gather_into_tensor)",
+          "ranks 0, 1, 2, 3 made no step for 10s or more; no step for 40s (threshold 30s)"))),
+    "hang, half behind": (  # two of four behind are not "the" culprits
+        lambda i: {"specs": _all_stalled(r0={"step": 99}, r1={"step": 99})}, (),
+        ("hang", None, "ranks 0, 1, 2, 3 stalled, none behind the others",
+         ("ranks 0, 1, 2, 3 made no step for 10s or more; no step for 40s (threshold 30s)",))),
+    "straggler compute": (
+        lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}}, (),
+        ("straggler_compute", 2, "rank 2 straggles: its own compute is slow",
+         ("straggler score 0.60 for 10s", "busy 0.7s vs median 0.454s"))),
+    "straggler data": (
+        lambda i: {"specs": {"r1": {"straggler_score": SLOW, "busy_s": 0.75,
+                                    "data_wait_ratio": 0.6}}}, (),
+        ("straggler_data", 1, "rank 1 straggles: it waits for data",
+         ("straggler score 0.60 for 10s", "0.291s of its 0.295s extra is data wait"))),
+    "throttled straggler": (
+        lambda i: {"specs": {"r3": {"straggler_score": SLOW}},
+                   "gpu": {(1, 1): {"clock_events": ("hw_thermal_slowdown",)}}}, (),
+        ("gpu_throttled", 3, "GPU 1 on node-1 throttled (hw_thermal_slowdown) slows rank 3",
+         ("clock events active for 10s: hw_thermal_slowdown",
+          "rank 3 straggler score 0.60 for 10s"))),
+    "slow checkpoint": (
+        lambda i: {"specs": saves({3: 4.1})}, (),
+        ("checkpoint_slow", 3, "checkpointing takes 60% of the time: rank 3's save holds up the "
+         "others", ("the last save took 4.2s, 60% of the time since the save before it (limit "
+                    "25%)", "rank 3's own save work took 4.1s of it, the other ranks' 0.1s: "
+                    "they waited for rank 3"))),
+    "two slow savers": (  # the slower is named, the other listed
+        lambda i: {"specs": saves({2: 4.0, 3: 4.1})}, (),
+        ("checkpoint_slow", 3, "checkpointing takes 60% of the time: rank 3's save holds up the "
+         "others", ("the last save took 4.2s, 60% of the time since the save before it (limit "
+                    "25%)", "rank 3's own save work took 4.1s of it, the other ranks' 0.1s: "
+                    "they waited for rank 3", "ranks 3, 2 all saved slowly"))),
+    "only two ranks have saved": (  # the wall time is theirs, not zeros for the rest
+        lambda i: {"specs": {r: v for r, v in saves({1: 4.1}).items() if r in ("r0", "r1")}},
+        (), ("checkpoint_slow", 1, "checkpointing takes 60% of the time: rank 1's save holds up "
+             "the others", ("the last save took 4.2s, 60% of the time since the save before it "
+                            "(limit 25%)", "rank 1's own save work took 4.1s of it, the other "
+                            "ranks' 0.1s: they waited for rank 1"))),
+    "every loss non-finite": (
+        lambda i: {"specs": {f"r{r}": {"loss_nonfinite": True} for r in range(4)}}, (),
+        ("loss_nonfinite", None, "loss is NaN/inf on ranks 0, 1, 2, 3",
+         ("non-finite loss on ranks 0, 1, 2, 3 for 10s",))),
+    "a pod missing": (
+        lambda i: {"down": (1,) if i >= 1 else ()}, (),
+        ("rank_missing", 2, "ranks 2, 3 missing",
+         ("ranks 2, 3 stopped reporting 10s ago", "its target http://10.0.0.2:9520/metrics does "
+          "not answer", "the node's other targets do not answer either: "
+          "http://10.0.1.2:9521/metrics"))),
+}
+
+
+@pytest.mark.parametrize("story", STORIES)
+def test_each_finding_says_what_and_where(story):
+    at, stacks, (cause, rank, summary, evidence) = STORIES[story]
+    f = only(diagnose(history(at), stacks), cause)
+    assert (f.rank, f.summary, f.evidence) == (rank, summary, evidence), f
+
+
+def test_another_nodes_dead_target_is_a_finding_of_its_own():
+    snaps = history(lambda i: {"down": (1,) if i >= 1 else ()})
+    bad = [dataclasses.replace(s, targets=(*s.targets, TargetStatus(
+        "http://10.0.9.9:9521/metrics", "unknown", up=False, error="refused",
+        pod="fsdpmon-exporter-9", node="node-9"))) for s in snaps]
+    found = diagnose(bad)
+    assert causes(found) == ["rank_missing", "target_down"], found
+    assert not any("10.0.9.9" in e for e in found[0].evidence), found[0].evidence
+    assert found[1].node == "node-9", found[1]
+
+
+def test_a_hang_culprit_is_fewer_than_half_the_ranks():
+    """Six ranks, two behind in steps: a third is fewer than half, so they are named."""
+    from top_snapshots import T0, ranks, results
+
+    from fsdpmon.scrape.aggregate import aggregate
+
+    specs = ranks(3, 2, **{f"r{r}": {**STALLED, **({"step": 99} if r < 2 else {})}
+                           for r in range(6)})
+    snaps = []
+    for i in range(N):
+        snaps.append(aggregate(results(specs), now=T0 + REFRESH_S * i, source="targets",
+                               previous=snaps[-1] if snaps else None))
+    f = only(diagnose(snaps), "hang")
+    assert (f.summary, f.evidence[0]) == (
+        "ranks 0, 1 hold up 4 ranks", "culprit: ranks 0, 1 (behind at step 99 (others at 100))"), f
+
+
+def test_data_wait_half_the_extra_busy_time_makes_it_a_data_straggler():
+    """Exactly STRAGGLER_CAUSE_SHARE (a half) of the extra busy time in data wait: data."""
+    from fsdpmon.diagnose.engine import _straggler_cause
+    from fsdpmon.job.snapshot import RankRow
+
+    peers = [RankRow(rank=r, busy_s=0.5, step_time_s=1.0, data_wait_ratio=0.0) for r in (0, 1)]
+    slow = RankRow(rank=2, busy_s=1.0, step_time_s=1.0, data_wait_ratio=0.25)
+    assert _straggler_cause(slow, [*peers, slow]) == (
+        "straggler_data", "0.25s of its 0.5s extra is data wait")
+    less = dataclasses.replace(slow, data_wait_ratio=0.25 - 2**-20)
+    assert _straggler_cause(less, [*peers, less])[0] == "straggler_compute"

@@ -155,3 +155,13 @@ def test_each_way_of_ending_is_one_line_with_its_ranks_and_steps():
         "step 60 (its last log step)",
         "ranks 0, 1, 2 stopped by a signal (the agent's SIGTERM) after steps 40–50",
         "rank 4 exited on an error"], lines
+
+
+def test_one_restart_after_an_earlier_one_is_no_crash_loop():
+    """Restarts 1 → 2 in view: one restart, below CRASH_LOOP_RESTARTS (2), whatever came
+    before the history; the refreshes while every rank was gone know no count (not 0: read as
+    0, they made every restart after the first a crash loop)."""
+    snaps = crash(KILLED_1, BACK + 1, restarts_before=1, before=KILLED_1)
+    found = diagnose(snaps)
+    assert crashes(found) == [("rank_missing", 1)], found
+    assert "the elastic agent restarted every rank (1 → 2 restarts)" in found[0].evidence, found
