@@ -4,6 +4,7 @@ into one finding, no verdict from one sample, findings gone when the evidence go
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import pytest
@@ -404,6 +405,16 @@ STORIES = {
              "the others", ("the last save took 4.2s, 60% of the time since the save before it "
                             "(limit 25%)", "rank 1's own save work took 4.1s of it, the other "
                             "ranks' 0.1s: they waited for rank 1"))),
+    "data straggler among ranks with no data wait": (
+        lambda i: {"specs": {**{f"r{r}": {"data_wait_ratio": 0.0} for r in (0, 2, 3)},
+                             "r1": {"straggler_score": SLOW, "busy_s": 0.75,
+                                    "data_wait_ratio": 0.6}}}, (),
+        ("straggler_data", 1, "rank 1 straggles: it waits for data",
+         ("straggler score 0.60 for 10s", "0.301s of its 0.295s extra is data wait"))),
+    "hang with a pod just gone": (  # its rows are down: their steps are no evidence
+        lambda i: {"specs": _all_stalled(r2={"step": 99}), "down": (1,) if i == N - 1 else ()},
+        (), ("hang", None, "ranks 0, 1 stalled, none behind the others",
+             ("ranks 0, 1 made no step for 10s or more; no step for 40s (threshold 30s)",))),
     "every loss non-finite": (
         lambda i: {"specs": {f"r{r}": {"loss_nonfinite": True} for r in range(4)}}, (),
         ("loss_nonfinite", None, "loss is NaN/inf on ranks 0, 1, 2, 3",
@@ -463,3 +474,130 @@ def test_data_wait_half_the_extra_busy_time_makes_it_a_data_straggler():
         "straggler_data", "0.25s of its 0.5s extra is data wait")
     less = dataclasses.replace(slow, data_wait_ratio=0.25 - 2**-20)
     assert _straggler_cause(less, [*peers, less])[0] == "straggler_compute"
+
+
+def _job(n_nodes: int, per_node: int, at: Callable[[int], dict]) -> list[JobSnapshot]:
+    from top_snapshots import T0, ranks, results
+
+    from fsdpmon.scrape.aggregate import aggregate
+
+    snaps: list[JobSnapshot] = []
+    for i in range(N):
+        snaps.append(aggregate(results(ranks(n_nodes, per_node), per_node=per_node, **at(i)),
+                               now=T0 + REFRESH_S * i, source="targets",
+                               previous=snaps[-1] if snaps else None))
+    return snaps
+
+
+def test_every_rank_gone_at_once_is_said_so_from_two_ranks_up():
+    """Two ranks vanishing together is the agent's doing (no culprit yet); a one-rank job's
+    rank gone is that rank."""
+    gone = lambda i: {"down": (0,) if i >= 1 else ()}  # noqa: E731
+    both = only(diagnose(_job(1, 2, gone)), "rank_missing")
+    assert both.rank is None and "all at once" in both.evidence[0], both
+    one = only(diagnose(_job(1, 1, gone)), "rank_missing")
+    assert (one.rank, one.evidence[0]) == (0, "rank 0 stopped reporting 10s ago"), one
+
+
+# -- the lines each rule draws: a case on each side, or exactly on it ---------------------------
+
+def spike(losses: list[float]) -> list[Finding]:
+    """The diagnosis of a healthy job whose job loss per refresh is ``losses``: with N + 2
+    refreshes, the span holds the last N - 1 and the three before it are the baseline."""
+    snaps = history(lambda i: {}, n=len(losses))
+    return diagnose([dataclasses.replace(s, loss=v) for s, v in zip(snaps, losses, strict=True)])
+
+
+def test_a_loss_spike_is_every_loss_of_the_span_above_twice_the_median_before():
+    calm, n = [1.0, 1.0, 1.0], N + 2
+    f = only(spike(calm + [1.0] + [3.0] * (n - 4)), "loss_spike")  # 3 before, the span high
+    assert (f.summary, f.evidence) == ("loss spiked: 3 vs 1 before",
+                                       ("job loss ≥ 3 for 10s, median before 1",)), f
+    assert spike(calm + [1.0] + [2.0] * (n - 4)) == [], "twice the median is not above it"
+    assert spike(calm + [1.0, 1.0] + [3.0] * (n - 5)) == [], "one calm loss in the span"
+    assert spike(calm + [1.0] + [3.0] * (n - 5) + [math.nan]) == [], "non-finite: its own rule"
+    assert spike([0.0] * 4 + [3.0] * (n - 4)) == [], "no baseline to be twice of"
+    f = only(spike([0.4] * 4 + [1.0] * (n - 4)), "loss_spike")
+    assert f.summary == "loss spiked: 1 vs 0.4 before", f
+    # one refresh fewer: the span starts a refresh earlier, two losses before it
+    assert spike(calm + [3.0] * (n - 1 - 3)) == [], "two losses are no baseline"
+
+
+def test_the_lines_are_drawn_where_the_conventions_say():
+    """On the line: a straggler score of exactly the threshold is none; memory at exactly
+    MEMORY_PRESSURE_RATIO is pressure; a node at exactly HOST_CPU_BUSY_RATIO is saturated;
+    saves at exactly CHECKPOINT_SHARE_LIMIT of the time are heavy."""
+    from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, HOST_CPU_BUSY_RATIO
+    from fsdpmon.conventions import MEMORY_PRESSURE_RATIO as FULL
+
+    assert diagnose(history(lambda i: {"specs": {"r2": {
+        "straggler_score": STRAGGLER_SCORE_THRESHOLD}}})) == []
+    f = only(diagnose(history(lambda i: {"specs": {"r0": {"peak_memory_bytes": FULL * 80e9}}})),
+             "memory_pressure")
+    assert f.rank == 0
+    assert diagnose(history(lambda i: {"specs": {"r0": {
+        "peak_memory_bytes": 0.94 * 80e9}}})) == []
+    g = only(diagnose(history(lambda i: {"gpu": {(1, 1): {"memory_used_bytes": FULL * 80e9}}})),
+             "memory_pressure")
+    assert g.evidence == ("GPU 1 on node-1 at 95%",), g
+    snaps = history(lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}})
+    at_line = [dataclasses.replace(s, nodes=tuple(
+        dataclasses.replace(n, cpu_utilization_ratio=HOST_CPU_BUSY_RATIO if n.node == "node-1"
+                            else 0.35) for n in s.nodes)) for s in snaps]
+    assert only(diagnose(at_line), "host_cpu_contention").rank == 2
+    at_limit = saves({3: 4.1}, share=CHECKPOINT_SHARE_LIMIT)
+    heavy = only(diagnose(history(lambda i: {"specs": at_limit})), "checkpoint_slow")
+    assert heavy.rank == 3
+    assert diagnose(history(lambda i: {"specs": saves({3: 4.1}, share=0.24)})) == []
+
+
+def test_a_rank_held_the_save_up_from_half_its_wall_time_of_own_work_over_the_others():
+    """Own save work above the others' median by STRAGGLER_CAUSE_SHARE (half) of the save's
+    wall time, exactly: the rank is named; a little less: the save is slow for everyone."""
+    def own(seconds: float) -> Finding:
+        specs = {f"r{r}": {"checkpoint_seconds": 4.0, "checkpoint_own_seconds": 0.5,
+                           "checkpoint_time_ratio": 0.6} for r in range(4)}
+        specs["r3"]["checkpoint_own_seconds"] = seconds
+        return only(diagnose(history(lambda i: {"specs": specs})), "checkpoint_slow")
+
+    assert own(0.5 + 0.5 * 4.0).rank == 3
+    assert own(0.5 + 0.5 * 4.0 - 0.125).rank is None
+
+
+def test_a_loss_that_is_not_finite_is_named_without_the_monitors_flag():
+    """An older monitor serves the loss but no flag: +Inf itself says it."""
+    snaps = history(lambda i: {})
+    bad = [dataclasses.replace(s, ranks=tuple(
+        dataclasses.replace(r, loss=math.inf) if r.rank == 1 else r for r in s.ranks))
+        for s in snaps]
+    assert only(diagnose(bad), "loss_nonfinite").rank == 1
+
+
+def test_a_gpu_without_a_process_listing_serves_the_rank_of_its_local_index():
+    """Without the exporter's process table (no tie), GPU i on a node serves the rank whose
+    LOCAL_RANK is i there, as torchrun and the PyTorchJob place them."""
+    snaps = history(lambda i: {"gpu": {(0, 1): {"clock_events": ("hw_slowdown",)}}})
+    untied = [dataclasses.replace(s, processes=(), gpus=tuple(
+        dataclasses.replace(g, ranks=()) for g in s.gpus)) for s in snaps]
+    f = only(diagnose(untied), "gpu_throttled")
+    assert (f.rank, f.node, f.gpu) == (1, "node-0", "1"), f
+
+
+def test_places_are_the_latest_refreshs():
+    """A pod that came up after the history began is placed from the newest refresh."""
+    snaps = history(lambda i: {"down": (1,) if i == 0 else (),
+                               "specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}})
+    f = only(diagnose(snaps[1:]), "straggler_compute")
+    assert (f.rank, f.pod, f.node) == (2, "llama-worker-1", "node-1"), f
+
+
+def test_two_refreshes_a_whole_window_apart_are_enough():
+    """`diagnose --interval` as long as the evidence window: the first and the last refresh
+    span it, and the verdict is drawn (two samples, never one)."""
+    snaps = history(lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}})
+    apart = [s for s in snaps if s.time in (snaps[0].time,
+                                            snaps[0].time + DIAGNOSIS_EVIDENCE_SECONDS)]
+    assert len(apart) == 2, apart
+    f = only(diagnose(apart), "straggler_compute")
+    assert f.evidence[0] == "straggler score 0.60 for 10s", f.evidence
+    assert diagnose(apart[1:]) == []

@@ -165,3 +165,10 @@ def test_one_restart_after_an_earlier_one_is_no_crash_loop():
     found = diagnose(snaps)
     assert crashes(found) == [("rank_missing", 1)], found
     assert "the elastic agent restarted every rank (1 → 2 restarts)" in found[0].evidence, found
+
+
+def test_a_report_exactly_crash_evidence_seconds_old_still_counts():
+    on_the_line = BACK + int(CRASH_EVIDENCE_SECONDS // REFRESH_S)
+    snaps = crash(KILLED_1, on_the_line + 1)
+    assert snaps[-1].time - snaps[BACK].time == CRASH_EVIDENCE_SECONDS
+    assert crashes(diagnose(snaps)) == [("rank_missing", 1)]

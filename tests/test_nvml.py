@@ -91,6 +91,42 @@ def test_rates_and_gpm_appear_on_the_second_read() -> None:
     assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == rounded(0.61)
 
 
+def test_nvlink_rates_are_the_kib_counters_over_the_elapsed_time_exactly(monkeypatch) -> None:
+    """On a clock of the test's own: 2 s between reads, 1 GiB and 2 GiB more in NVML's KiB
+    counters (summed over every link: the scope NVML reads as all links)."""
+    import exporters.nvml_fields as fields
+
+    now = [100.0]
+    monkeypatch.setattr(fields, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
+    fake = FakeNvml(_gpus(1))
+    reader = _open(fake)
+    reader.read()
+    now[0] += 2.0
+    fake.gpus[0].nvlink_kib[:] = [1024 * 1024, 2 * 1024 * 1024]
+    rates = reader.read().gpus[0].labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
+    assert rates == {"tx": 2**30 / 2.0, "rx": 2**31 / 2.0}, rates
+
+
+def test_a_field_value_is_read_as_the_type_nvml_says_it_is() -> None:
+    """nvmlFieldValue_t holds a union; the other bytes may hold anything (set here to ones),
+    so only the member of the declared type gives the value."""
+    from exporters.nvml_fields import _field_number
+
+    cases = [(pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 2.5),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 7),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 2**40 + 9),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**50 + 3),
+             (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -5),
+             (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -6),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 11)]
+    for kind, member, value in cases:
+        entry = pynvml.c_nvmlFieldValue_t()
+        entry.value.ullVal = 2**64 - 1  # every byte set
+        setattr(entry.value, member, value)
+        entry.valueType = kind
+        assert _field_number(entry) == value, (member, _field_number(entry))
+
+
 def test_not_supported_fields_are_absent_and_not_asked_again() -> None:
     gpus = _gpus(2)
     gpus[1].unsupported |= {"nvmlDeviceGetTotalEccErrors", "nvmlDeviceGetPowerUsage",
