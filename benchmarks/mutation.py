@@ -4,11 +4,12 @@ is wrong?
 Each mutant (benchmarks/mutants.py: a comparison, a constant or unit, a boolean or arithmetic
 operator changed) is written into a copy of the repository and the non-slow tests of its area
 run against it (`pytest -x -m "not slow"`); a mutant no test notices survives. Tests are chosen
-per mutant from a traced run of the area (the tests that ran the mutated line; all of the
-area's when none did in-process, since some run the code in subprocesses), so most mutants
-cost one short pytest. Prints each module's mutation score, killed / (mutants - equivalent),
-and every surviving mutant. Equivalent mutants (no input tells them apart, or none a user
-would be told differently) are listed with their reasons in benchmarks/mutation_equivalents.toml.
+per mutant from a traced run of the area (the tests that ran the mutated line, and those that
+start subprocesses, which the trace cannot see into; all of the area's when no test ran the
+line in-process), so most mutants cost one short pytest. Prints each module's mutation score,
+killed / (mutants - equivalent), and every surviving mutant. Equivalent mutants (no input
+tells them apart, or none a user would be told differently) are listed with their reasons in
+benchmarks/mutation_equivalents.toml.
 
 Why a script of our own: mutmut 3 mutates only inside functions (never a module's constants
 and units, such as the MIB = 1024 of the NVLink rates), also mutates every string, and runs
@@ -101,8 +102,9 @@ def pytest(copy: Path, args: list[str], env: dict[str, str],
     return proc.returncode, out, time.monotonic() - started
 
 
-def trace_area(copy: Path, module: str) -> tuple[dict[int, list[str]], float]:
-    """line -> the tests (function ids) that ran it, from one traced, passing run; seconds."""
+def trace_area(copy: Path, module: str) -> tuple[dict[int, list[str]], list[str], float]:
+    """line -> the tests (function ids) that ran it, from one traced, passing run; the tests
+    that start subprocesses (they may run any line where the trace cannot see); seconds."""
     out_file = copy / f".trace-{module.replace('/', '_')}.json"
     env = environment(copy, MUTATION_TRACE_FILES=str(copy / module),
                       MUTATION_TRACE_OUT=str(out_file))
@@ -110,12 +112,16 @@ def trace_area(copy: Path, module: str) -> tuple[dict[int, list[str]], float]:
     if rc != 0:
         raise SystemExit(f"{module}: its tests fail before any mutation:\n{out[-3000:]}")
     by_line: dict[int, set[str]] = {}
+    spawners: set[str] = set()
     for test, files in json.loads(out_file.read_text()).items():
         if test.startswith("<"):
             continue
+        name = test.split("[", 1)[0]
+        if files.pop("<subprocess>", None):
+            spawners.add(name)
         for line in next(iter(files.values()), []):
-            by_line.setdefault(line, set()).add(test.split("[", 1)[0])
-    return {line: sorted(tests) for line, tests in by_line.items()}, seconds
+            by_line.setdefault(line, set()).add(name)
+    return {line: sorted(tests) for line, tests in by_line.items()}, sorted(spawners), seconds
 
 
 def run_mutant(copy: Path, mutant: Mutant, original: bytes, tests: list[str],
@@ -154,14 +160,15 @@ def run_module(copies: list[Path], module: str, equivalents: dict[str, str],
     original = (ROOT / module).read_bytes()
     every = mutants(module, original)
     found = [m for m in every if m.key not in equivalents]
-    covered, baseline = trace_area(copies[0], module)
+    covered, spawners, baseline = trace_area(copies[0], module)
     everything = tests_of(module)
     timeout = max(60.0, 3 * baseline)
 
     def one(i: int, mutant: Mutant) -> Result:
         copy = copies[i % len(copies)]
-        tests = sorted({t for line in range(mutant.lines[0], mutant.lines[1] + 1)
-                        for t in covered.get(line, ())}) or everything
+        ran = {t for line in range(mutant.lines[0], mutant.lines[1] + 1)
+               for t in covered.get(line, ())}
+        tests = sorted(ran | set(spawners)) if ran else everything
         result = run_mutant(copy, mutant, original, tests, timeout)
         if verbose:
             print(f"  {result.status:8} {mutant.line:4} {mutant.key}  [{result.by}]",

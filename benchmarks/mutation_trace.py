@@ -1,13 +1,16 @@
 """A pytest plugin for benchmarks/mutation.py: which test runs which lines of the modules under
 mutation (MUTATION_TRACE_FILES, os.pathsep-separated), written as JSON to MUTATION_TRACE_OUT:
 {test node id: {file: [line, ...]}}. Lines run outside any test (imports, collection) are
-filed under "<outside>". Only frames of those files are traced line by line.
+filed under "<outside>". Only frames of those files are traced line by line. A test that
+starts a subprocess (which may run the module where no trace sees it) is filed under
+"<subprocess>" as well.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -48,7 +51,16 @@ def _global(frame: Any, event: str, arg: Any) -> Any:
     return local
 
 
+_popen_init = subprocess.Popen.__init__
+
+
+def _noting_popen(self: subprocess.Popen, *args: Any, **kwargs: Any) -> None:
+    _lines.setdefault(_current[0], {}).setdefault("<subprocess>", set()).add(0)
+    _popen_init(self, *args, **kwargs)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _noting_popen  # type: ignore[method-assign]
     sys.settrace(_global)
     threading.settrace(_global)
 
@@ -62,6 +74,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    subprocess.Popen.__init__ = _popen_init  # type: ignore[method-assign]
     sys.settrace(None)
     threading.settrace(None)  # type: ignore[arg-type]
     out = os.environ.get("MUTATION_TRACE_OUT")

@@ -368,3 +368,20 @@ def test_a_clock_event_mask_reads_back_as_its_reasons():
     assert every == float(0x1FF), hex(int(every))
     assert clock_event_reasons(every) == tuple(GPU_CLOCK_EVENT_BITS), clock_event_reasons(every)
     assert clock_event_mask([]) == 0.0 and clock_event_reasons(0.0) == ()
+
+
+def test_a_light_refresh_keeps_the_processes_of_exporters_that_answered_only():
+    """A refresh that did not ask for the process families keeps the last rows of a node
+    whose exporter answered; a node whose exporter is down loses them, even if its training
+    pod answered."""
+    from fsdpmon.job.snapshot import TargetStatus
+    from fsdpmon.scrape.rows import carry_processes
+
+    before = snapshot()
+    rows = {p.node for p in before.processes}
+    assert rows == {"node-0", "node-1"}, rows
+    targets = [TargetStatus("http://t0/metrics", "train", up=True, node="node-0"),
+               TargetStatus("http://e0/metrics", "exporter", up=False, node="node-0"),
+               TargetStatus("http://e1/metrics", "exporter", up=True, node="node-1")]
+    kept = carry_processes((), before, targets)
+    assert {p.node for p in kept} == {"node-1"}, kept

@@ -123,3 +123,14 @@ def test_the_watchdog_thread_does_not_keep_a_finished_process_alive(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=60)
     assert done.returncode == 0 and done.stdout == "started\n", done
+
+
+@pytest.mark.parametrize("threshold, tick", [(0.2, 0.05), (0.3, 0.05), (5.0, 0.5), (30.0, 1.0),
+                                             (120.0, 1.0)])
+def test_the_watchdog_looks_ten_times_a_threshold_between_a_twentieth_and_one_second(
+        changes, tmp_path, threshold, tick):
+    """A stall is seen at most a tenth of its threshold late (0.05 s at least, 1 s at most)."""
+    with open(tmp_path / "log", "w") as stream:
+        wd = _watchdog(changes, stream)
+        wd._threshold = threshold
+        assert wd._tick() == tick
