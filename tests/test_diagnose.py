@@ -145,6 +145,14 @@ def test_throttled_gpu_without_a_straggler_is_still_named():
                           "rank 1 straggler score 1.00 (not below the threshold yet)"), f.evidence
 
 
+def test_a_throttled_gpu_of_a_rank_without_a_score_says_just_that():
+    snaps = history(lambda i: {"gpu": {(0, 1): {"clock_events": ("hw_slowdown",)}}})
+    unscored = [dataclasses.replace(s, ranks=tuple(
+        dataclasses.replace(r, straggler_score=None) for r in s.ranks)) for s in snaps]
+    f = only(diagnose(unscored), "gpu_throttled")
+    assert f.evidence == ("clock events active for 10s: hw_slowdown",), f.evidence
+
+
 def test_power_cap_alone_is_normal():
     assert diagnose(history(lambda i: {"gpu": {(0, 1): {"clock_events": ("sw_power_cap",)}}})) == []
 
@@ -238,11 +246,11 @@ def test_xid_seen_before_the_history_is_not_news():
 
 
 def test_uncorrected_ecc_rise():
-    f = only(diagnose(history(lambda i: {"gpu": {(0, 1): {"ecc_uncorrected": i // 3}}})),
+    f = only(diagnose(history(lambda i: {"gpu": {(0, 1): {"ecc_uncorrected": 1 + i // 3}}})),
              "gpu_ecc")
     assert (f.rank, f.gpu) == (1, "1")
     assert f.summary == "GPU 1 on node-0: uncorrected ECC errors (+2)", f.summary
-    assert f.evidence == ("uncorrected ECC errors 0 → 2",), f.evidence
+    assert f.evidence == ("uncorrected ECC errors 1 → 3",), f.evidence
 
 
 def test_uncorrected_ecc_explains_its_ranks_straggling():

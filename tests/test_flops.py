@@ -68,6 +68,18 @@ def test_shape_from_our_model_args_and_from_hf_config():
     assert model_shape(object()) is None
 
 
+def test_shape_from_whatever_the_config_names():
+    """head_dim when the config gives it (not always dim / heads), else dim // heads; no shape
+    without layers and heads, or without any size."""
+    from types import SimpleNamespace as Config
+
+    assert model_shape(Config(n_layers=2, n_heads=8, dim=256, head_dim=64)) == ModelShape(2, 8, 64)
+    assert model_shape(Config(n_layers=2, n_heads=4, dim=64)) == ModelShape(2, 4, 16)
+    assert model_shape(Config(n_layers=2, n_heads=4)) is None
+    assert model_shape(Config(n_layers=2, dim=64)) is None
+    assert model_shape(Config(n_heads=4, dim=64)) is None
+
+
 def test_embedding_parameters_are_counted_separately():
     model = Transformer(FLAVOURS["tiny"])
     total, embedding = parameter_counts(model)

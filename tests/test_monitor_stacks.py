@@ -184,3 +184,43 @@ def test_stacks_take_the_same_basic_auth_as_metrics(tmp_path):
     finally:
         keeper.close()
         writer.close()
+
+
+def test_a_stalled_rank_captures_again_every_refresh_seconds(tmp_path):
+    from fsdpmon.monitor.stacks import REFRESH_SECONDS
+
+    now = [REFRESH_SECONDS]
+    publisher = StackPublisher(tmp_path, 0, 0, threading.get_ident(),
+                               lambda: (1.0, "data", None), clock=lambda: now[0])
+    assert publisher.due(), "never published: due at once"
+    publisher.publish()
+    now[0] += REFRESH_SECONDS - 0.5
+    assert not publisher.due()
+    now[0] += 0.5
+    assert publisher.due(), "exactly REFRESH_SECONDS later"
+    publisher.clear()
+    now[0] = REFRESH_SECONDS
+    assert publisher.due() and not (tmp_path / "stack0.json").exists()
+
+
+def _served(tmp_path, body: bytes) -> dict | None:
+    """What /stacks serves of rank 0's stack file ``body`` (rank 0 stalled, this process)."""
+    writer = _rank(tmp_path, 0, stalled=True)
+    try:
+        (tmp_path / "stack0.json").write_bytes(body)
+        return job_stacks(tmp_path, "j")["ranks"][0]
+    finally:
+        writer.close()
+
+
+def test_a_stack_file_is_read_up_to_its_bound_and_checked_field_by_field(tmp_path):
+    doc = {"pid": os.getpid(), "step": 3, "phase": "data", "published_at": 1.0,
+           "last_collective": {"op": "all_reduce"},  # no seq: no collective to show
+           "frames": [{"file": "a.py", "line": 3, "function": "f"},
+                      {"file": "b.py", "line": 4}]}  # no function: dropped
+    text = json.dumps(doc).encode()
+    exact = text + b" " * (MAX_FILE_BYTES - len(text))
+    served = _served(tmp_path, exact)
+    assert served["frames"] == [{"file": "a.py", "line": 3, "function": "f"}], served
+    assert served["last_collective"] is None and served["step"] == 3, served
+    assert _served(tmp_path, exact + b" ")["frames"] == [], "one byte over the bound: unread"

@@ -123,3 +123,16 @@ def test_plus_and_minus_infinite_losses_make_a_nan_mean_not_an_error():
     job = job_figures([[0.5, 0.0, 1, math.inf], [0.5, 0.0, 1, -math.inf]])
     assert math.isnan(job.loss_mean) and job.loss_max == math.inf
     assert job_figures([[0.5, 0.0, 1, math.inf], [0.5, 0.0, 1, 2.0]]).loss_mean == math.inf
+
+
+def test_a_step_record_counts_collective_calls_per_step():
+    from fsdpmon.distenv import DistEnv
+    from fsdpmon.monitor.records import step_record
+
+    stats = window_stats(WindowTimes([0.1] * 5), 10, 0.5, 1.0, None)
+    record = step_record(DistEnv(), 5, stats, {}, busy_known=False, peak_memory=1.0, job=None,
+                         score=None, straggling=False, collective_calls=20, tokens_total=10)
+    assert record["collective_calls"] == 4.0, record
+    failed = step_record(DistEnv(), 5, None, {}, busy_known=False, peak_memory=1.0, job=None,
+                         score=None, straggling=False, collective_calls=20, tokens_total=10)
+    assert failed["collective_calls"] == 0 and failed["step_time_s"] is None, failed
