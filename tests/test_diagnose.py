@@ -275,6 +275,8 @@ def test_exporter_down_alone_is_a_target_down():
         pod="fsdpmon-exporter-9", node="node-9"))) for s in snaps]
     f = only(diagnose(bad), "target_down")
     assert (f.pod, f.node) == ("fsdpmon-exporter-9", "node-9")
+    assert (f.summary, f.evidence) == ("target fsdpmon-exporter-9 down", (
+        "http://10.0.9.9:9521/metrics (unknown) not answering for 10s: refused",)), f
 
 
 def test_nonfinite_loss_on_one_rank():
@@ -413,6 +415,11 @@ STORIES = {
              "the others", ("the last save took 4.2s, 60% of the time since the save before it "
                             "(limit 25%)", "rank 1's own save work took 4.1s of it, the other "
                             "ranks' 0.1s: they waited for rank 1"))),
+    "compute straggler with no data wait": (
+        lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7,
+                                    "data_wait_ratio": 0.0}}}, (),
+        ("straggler_compute", 2, "rank 2 straggles: its own compute is slow",
+         ("straggler score 0.60 for 10s", "busy 0.7s vs median 0.454s"))),
     "data straggler among ranks with no data wait": (
         lambda i: {"specs": {**{f"r{r}": {"data_wait_ratio": 0.0} for r in (0, 2, 3)},
                              "r1": {"straggler_score": SLOW, "busy_s": 0.75,
@@ -609,3 +616,46 @@ def test_two_refreshes_a_whole_window_apart_are_enough():
     f = only(diagnose(apart), "straggler_compute")
     assert f.evidence[0] == "straggler score 0.60 for 10s", f.evidence
     assert diagnose(apart[1:]) == []
+
+
+def _swap_ties(snap: JobSnapshot, keep: set[tuple[str, str]] = frozenset()) -> JobSnapshot:
+    """node-0's GPUs 0 and 1 listing each other's rank (CUDA_VISIBLE_DEVICES remapped); the
+    GPUs in ``keep`` list no process (a lost GPU); the other GPUs as they are."""
+    swapped = {("node-0", "0"): (1,), ("node-0", "1"): (0,)}
+    return dataclasses.replace(snap, gpus=tuple(
+        dataclasses.replace(g, ranks=() if (g.node, g.gpu) in keep
+                            else swapped.get((g.node, g.gpu), g.ranks)) for g in snap.gpus))
+
+
+def test_the_exporters_tie_wins_over_the_local_index():
+    """The process NVML lists on GPU 0 is rank 1's: GPU 0's fault is rank 1's."""
+    snaps = history(lambda i: {"gpu": {(0, 0): {"clock_events": ("hw_slowdown",)}}})
+    f = only(diagnose([_swap_ties(s) for s in snaps]), "gpu_throttled")
+    assert (f.gpu, f.rank) == ("0", 1), f
+
+
+def test_a_lost_gpu_keeps_the_rank_its_last_tie_named():
+    """A lost GPU lists no process: the rank is the one an older refresh tied to it."""
+    snaps = history(lambda i: {"specs": _all_stalled(),
+                               "gpu": {(0, 0): {"up": i < 1}}})
+    tied = [_swap_ties(s, keep={("node-0", "0")} if i >= 1 else set())
+            for i, s in enumerate(snaps)]
+    f = only(diagnose(tied), "gpu_lost")
+    assert (f.gpu, f.rank) == ("0", 1), f
+
+
+def test_a_rank_whose_node_is_named_otherwise_is_found_by_its_pod():
+    """A monitor that names its node differently from the exporter: the GPU of the rank's pod
+    and local index."""
+    snaps = history(lambda i: {"gpu": {(0, 1): {"clock_events": ("hw_slowdown",)}}})
+    renamed = [dataclasses.replace(s, ranks=tuple(
+        dataclasses.replace(r, node=f"ip-{r.node}") for r in s.ranks), gpus=tuple(
+        dataclasses.replace(g, ranks=()) for g in s.gpus)) for s in snaps]
+    f = only(diagnose(renamed), "gpu_throttled")
+    assert (f.gpu, f.rank) == ("1", 1), f
+
+
+def test_a_counter_that_rose_between_two_refreshes_is_named():
+    snaps = history(lambda i: {"gpu": {(1, 0): {"xids": ((79, 1),) if i >= 5 else ()}}})
+    apart = [snaps[0], snaps[5]]  # a whole evidence window apart
+    assert only(diagnose(apart), "gpu_xid").gpu == "0"

@@ -9,6 +9,8 @@ named), the report gone stale (cleared), and restarts where nobody was killed (n
 
 from __future__ import annotations
 
+import dataclasses
+
 from top_snapshots import REFRESH_S, T0, diagnosis_history
 
 from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, DIAGNOSIS_EVIDENCE_SECONDS
@@ -172,3 +174,22 @@ def test_a_report_exactly_crash_evidence_seconds_old_still_counts():
     snaps = crash(KILLED_1, on_the_line + 1)
     assert snaps[-1].time - snaps[BACK].time == CRASH_EVIDENCE_SECONDS
     assert crashes(diagnose(snaps)) == [("rank_missing", 1)]
+
+
+def test_a_crash_loop_counts_the_restarts_it_saw():
+    """Restarts 1 → 3 in view: two, as the evidence says."""
+    early = crash(KILLED_1, HEALTHY, restarts_before=1, before=KILLED_1)
+    loop = early + [s for s in crash(KILLED_1, BACK + 1, restarts_before=2, before=KILLED_1)
+                    [HEALTHY:] if s.time > early[-1].time]
+    found = diagnose(loop)
+    assert crashes(found) == [("crash_loop", 1)], found
+    assert found[0].evidence[0] == "job restarted 2 times (1 → 3)", found[0].evidence
+
+
+def test_a_rank_never_seen_after_a_restart_is_evidence_of_it():
+    """Back after the restart, but the world size says five ranks and only four came: the
+    killed rank is named, the fifth is not back yet."""
+    snaps = [dataclasses.replace(s, world_size=5) for s in crash(KILLED_1, BACK + 1)]
+    found = diagnose(snaps)
+    assert crashes(found) == [("rank_missing", 1)], found
+    assert "rank 4 not back yet" in found[0].evidence, found[0].evidence
