@@ -53,7 +53,7 @@ AREAS = {
     "fsdpmon/monitor/exit_record.py": "exit_record",
     "fsdpmon/diagnose/exits.py": "diagnose_crash diagnose",
     "fsdpmon/diagnose/gpu_rules.py": "diagnose diagnose_cli",
-    "fsdpmon/monitor/records.py": "monitor monitor_jsonl",
+    "fsdpmon/monitor/records.py": "monitor monitor_jsonl monitor_stats",
     "fsdpmon/diagnose/stacks.py": "diagnose diagnosis_view",
     "fsdpmon/monitor/stacks.py": "monitor_stacks",
     "fsdpmon/monitor/flops.py": "flops monitor",

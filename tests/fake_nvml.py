@@ -265,10 +265,11 @@ class FakeNvml:
         if not gpu.process_sm:
             raise pynvml.NVMLError_NotFound()  # what NVML says when it has no samples
         out = []
-        for pid, sm in gpu.process_sm.items():
-            s = pynvml.c_nvmlProcessUtilizationSample_t()
-            s.pid, s.smUtil, s.timeStamp = pid, sm, stamp
-            out.append(s)
+        for pid, sm in gpu.process_sm.items():  # every sample since `since`: an older one too
+            for at, util in ((stamp, sm), (stamp - 500_000, max(0, sm - 10))):
+                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s.pid, s.smUtil, s.timeStamp = pid, util, at
+                out.append(s)
         return out
 
     # -- GPM -------------------------------------------------------------------------------

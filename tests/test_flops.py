@@ -50,6 +50,9 @@ def test_unknown_devices_have_no_peak_and_so_no_mfu(name):
 
 def test_mfu_is_achieved_over_peak():
     assert mfu(2000.0, 1e9, 4e12) == 0.5  # 2e12 / 4e12: every figure exact in binary
+    assert mfu(1.0, 0.5, 0.5) == 1.0  # small figures are figures all the same
+    # no peak (0: unknown) or no FLOPs per token (0: no model to count): no MFU, not 0 or inf
+    assert mfu(2000.0, 1e9, 0.0) is None and mfu(2000.0, 0.0, 4e12) is None
 
 
 def test_formula_terms():

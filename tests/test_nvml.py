@@ -99,12 +99,20 @@ def test_nvlink_rates_are_the_kib_counters_over_the_elapsed_time_exactly(monkeyp
     now = [100.0]
     monkeypatch.setattr(fields, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
     fake = FakeNvml(_gpus(1))
+    start = 5 * 1024 * 1024  # 5 GiB already moved since the driver loaded
+    fake.gpus[0].nvlink_kib[:] = [start, start]
     reader = _open(fake)
     reader.read()
     now[0] += 2.0
-    fake.gpus[0].nvlink_kib[:] = [1024 * 1024, 2 * 1024 * 1024]
+    fake.gpus[0].nvlink_kib[:] = [start + 1024 * 1024, start + 2 * 1024 * 1024]
     rates = reader.read().gpus[0].labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
     assert rates == {"tx": 2**30 / 2.0, "rx": 2**31 / 2.0}, rates
+    now[0] += 2.0
+    idle = reader.read().gpus[0].labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
+    assert idle == {"tx": 0.0, "rx": 0.0}, "no traffic is a rate of 0"
+    same_instant = reader.read().gpus[0].labelled  # no time passed: no rate to tell
+    assert "fsdpmon_gpu_nvlink_bytes_per_second" not in same_instant, same_instant
+    assert fake.calls["nvmlGpmQueryDeviceSupport"] == 1, "GPM support is asked once"
 
 
 def test_a_field_value_is_read_as_the_type_nvml_says_it_is() -> None:
