@@ -199,8 +199,13 @@ class FieldReaders:
 
     def processes(self, handle: Any, index: int) -> tuple[GpuProcess, ...]:
         """Compute processes with their GPU memory and, where NVML has samples, SM share."""
+        nv = self.nvml
+        try:
+            listed = nv.nvmlDeviceGetComputeRunningProcesses(handle)
+        except nv.NVMLLibraryMismatchError:  # a driver without pynvml's newest (_v3) call
+            listed = nv.nvmlDeviceGetComputeRunningProcesses_v2(handle)
         memory: dict[int, float | None] = {}
-        for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        for p in listed:
             # One PID can be listed more than once (several contexts, MIG instances): one
             # series per PID, memory summed, or None when NVML cannot tell any of it.
             pid, used = int(p.pid), p.usedGpuMemory

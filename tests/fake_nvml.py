@@ -17,6 +17,8 @@ from typing import Any
 import pynvml
 
 MIB = 1024 * 1024
+NVLINKS = 18  # an H100's
+HANG_S = 30.0  # a hung GPU's calls return (NotFound-free) after this long, never sooner
 
 
 @dataclass
@@ -85,7 +87,7 @@ class FakeNvml:
         if gpu is None:
             return
         if gpu.hang is not None:
-            gpu.hang.wait(30)
+            gpu.hang.wait(HANG_S)
         if gpu.lost:
             raise pynvml.NVMLError_GpuIsLost()
         if function in gpu.unsupported:
@@ -170,7 +172,7 @@ class FakeNvml:
             field_id, scope = requested if isinstance(requested, tuple) else (requested, 0)
             slot.fieldId, slot.scopeId = field_id, scope
             slot.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-            number = self._field(gpu, field_id)
+            number = self._field(gpu, field_id, scope)
             if number is None:
                 slot.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
             else:
@@ -179,18 +181,21 @@ class FakeNvml:
         return values
 
     @staticmethod
-    def _field(gpu: FakeGpu, field_id: int) -> int | None:
+    def _field(gpu: FakeGpu, field_id: int, scope: int = 0) -> int | None:
         if field_id == pynvml.NVML_FI_DEV_MEMORY_TEMP and "memory_temp" not in gpu.unsupported:
             return gpu.memory_temperature
         if field_id in gpu.clock_event_ns:
             return gpu.clock_event_ns[field_id]
         if "nvlink" in gpu.unsupported:
             return None
-        if field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
-            return gpu.nvlink_kib[0]
-        if field_id == pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX:
-            return gpu.nvlink_kib[1]
-        return None
+        direction = {pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: 0,
+                     pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: 1}.get(field_id)
+        if direction is None:
+            return None
+        # the scope is the link: one of NVLINKS, or 0xFFFFFFFF for all of them summed
+        if scope == 0xFFFFFFFF:
+            return gpu.nvlink_kib[direction]
+        return gpu.nvlink_kib[direction] // NVLINKS if 0 <= scope < NVLINKS else None
 
     def nvmlDeviceGetPowerUsage(self, gpu: FakeGpu) -> int:
         self._enter("nvmlDeviceGetPowerUsage", gpu)
@@ -239,7 +244,19 @@ class FakeNvml:
 
     # -- processes -------------------------------------------------------------------------
     def nvmlDeviceGetComputeRunningProcesses(self, gpu: FakeGpu) -> list[Any]:
-        self._enter("nvmlDeviceGetComputeRunningProcesses", gpu)
+        """pynvml's unversioned call asks the library for _v3 and, where a driver lacks it,
+        raises NVMLLibraryMismatchError (no NVMLError)."""
+        try:
+            return self.nvmlDeviceGetComputeRunningProcesses_v3(gpu)
+        except pynvml.NVMLError_FunctionNotFound:
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called") from None
+
+    def nvmlDeviceGetComputeRunningProcesses_v3(self, gpu: FakeGpu) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses_v3", gpu)
+        return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(self, gpu: FakeGpu) -> list[Any]:
+        self._enter("nvmlDeviceGetComputeRunningProcesses_v2", gpu)
         return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in gpu.processes]
 
     def nvmlDeviceGetProcessUtilization(self, gpu: FakeGpu, since: int) -> list[Any]:
@@ -248,10 +265,11 @@ class FakeNvml:
         if not gpu.process_sm:
             raise pynvml.NVMLError_NotFound()  # what NVML says when it has no samples
         out = []
-        for pid, sm in gpu.process_sm.items():
-            s = pynvml.c_nvmlProcessUtilizationSample_t()
-            s.pid, s.smUtil, s.timeStamp = pid, sm, stamp
-            out.append(s)
+        for pid, sm in gpu.process_sm.items():  # every sample since `since`: an older one too
+            for at, util in ((stamp, sm), (stamp - 500_000, max(0, sm - 10))):
+                s = pynvml.c_nvmlProcessUtilizationSample_t()
+                s.pid, s.smUtil, s.timeStamp = pid, util, at
+                out.append(s)
         return out
 
     # -- GPM -------------------------------------------------------------------------------

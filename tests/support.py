@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import random
 import socket
+import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 # Outgoing connections (scrapes, HTTP clients, gloo) take their local ports from the kernel's
 # ephemeral range; a port picked from that range and bound seconds later (a trainer that
@@ -34,3 +38,20 @@ def free_port() -> int:
                 continue  # in use: try another
             return int(sock.getsockname()[1])
     raise RuntimeError(f"no free port found in {_LOWEST}..{top}")
+
+
+EPS = sys.float_info.epsilon
+
+
+def rounded(expected: Any, ops: int = 4) -> Any:
+    """``expected`` (a number, or a sequence or dict of them) up to the rounding of ``ops``
+    floating-point operations: each rounds to nearest, off by at most half an ulp (EPS / 2
+    relative), so ``ops`` of them without cancellation stay within ops x EPS of the exact
+    result. For figures that are arithmetic on exact inputs, where nothing else can differ."""
+    return pytest.approx(expected, rel=ops * EPS, abs=0)
+
+
+def printed(expected: float, decimals: int) -> Any:
+    """A figure printed with ``decimals`` decimals, read back: within half a unit of the last
+    place printed, plus the float rounding of the two sides (a few EPS of the value)."""
+    return pytest.approx(expected, abs=0.5 * 10.0**-decimals + 8 * EPS * abs(expected), rel=0)

@@ -11,10 +11,11 @@ import pytest
 from payload_server import PayloadServer
 from support import free_port
 from synthetic_job import GpuSpec, exporter_exposition, training_exposition
-from top_snapshots import JOB, ranks
+from top_snapshots import JOB, REFRESH_S, diagnosis_history, ranks
 
 from fsdpmon.cli import main
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.diagnose import cli as diagnose_cli
 
 WATCH = f"{DIAGNOSIS_EVIDENCE_SECONDS + 1.5:g}s"  # one window of evidence and a refresh more
 
@@ -90,6 +91,37 @@ def test_verdicts_and_exit_status():
     assert text_rc == 4 and "CRITICAL hang" in text_out and "data.py:7 wait" in text_out, (
         text_out, text_err)
     assert text_err.strip().startswith("fsdpmon diagnose: error: hang:"), text_err
+
+
+class HistorySource:
+    """A source that hands out a built history, one snapshot a refresh (then the last again,
+    which the diagnosis skips as the same refresh)."""
+
+    def __init__(self, snaps: list) -> None:
+        self.snaps, self.fetches = snaps, 0
+
+    def fetch(self):
+        self.fetches += 1
+        return self.snaps[min(self.fetches, len(self.snaps)) - 1]
+
+    def close(self) -> None:
+        pass
+
+
+# The documented exit status (the command's epilog): 0 with warnings only, 4 with a critical
+# finding. XID 13 is the application's own fault, XID 79 a GPU off the bus (DESIGN.md).
+@pytest.mark.parametrize("code, exit_status", [(13, 0), (79, 4)])
+def test_an_xid_exits_critical_only_when_the_node_needs_draining(monkeypatch, capsys, code,
+                                                                 exit_status):
+    n = int(DIAGNOSIS_EVIDENCE_SECONDS // REFRESH_S) + 2  # a whole evidence window and more
+    source = HistorySource(diagnosis_history(
+        lambda i: {"gpu": {(1, 0): {"xids": ((code, 1),) if i >= 2 else ()}}}, n))
+    monkeypatch.setattr(diagnose_cli, "build_source", lambda args: source)
+    status = main(["diagnose", "--targets", "unused:1", "--for", "1", "--interval", "0.01"])
+    out, err = capsys.readouterr()
+    assert source.fetches >= n, f"only {source.fetches} of {n} refreshes in the watch"
+    assert f"XID {code}" in out, out
+    assert status == exit_status, (status, out, err)
 
 
 def test_bad_flags_are_one_line_errors(capsys):

@@ -9,6 +9,8 @@ named), the report gone stale (cleared), and restarts where nobody was killed (n
 
 from __future__ import annotations
 
+import dataclasses
+
 from top_snapshots import REFRESH_S, T0, diagnosis_history
 
 from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, DIAGNOSIS_EVIDENCE_SECONDS
@@ -143,3 +145,51 @@ def test_a_job_that_finished_names_nobody():
     found = diagnose(snaps)
     assert crashes(found) == [], found
     assert not [f for f in found if f.cause == "target_down" and "worker" in (f.pod or "")], found
+
+
+def test_each_way_of_ending_is_one_line_with_its_ranks_and_steps():
+    from fsdpmon.diagnose.exits import exit_evidence
+
+    lines = exit_evidence({0: ("sigterm", 40), 1: ("sigterm", 45), 2: ("sigterm", 50),
+                           3: ("killed", 60), 4: ("error", None)})
+    assert lines == [
+        "rank 3 died without exiting (killed: SIGKILL, the OOM killer or a segfault) after "
+        "step 60 (its last log step)",
+        "ranks 0, 1, 2 stopped by a signal (the agent's SIGTERM) after steps 40–50",
+        "rank 4 exited on an error"], lines
+
+
+def test_one_restart_after_an_earlier_one_is_no_crash_loop():
+    """Restarts 1 → 2 in view: one restart, below CRASH_LOOP_RESTARTS (2), whatever came
+    before the history; the refreshes while every rank was gone know no count (not 0: read as
+    0, they made every restart after the first a crash loop)."""
+    snaps = crash(KILLED_1, BACK + 1, restarts_before=1, before=KILLED_1)
+    found = diagnose(snaps)
+    assert crashes(found) == [("rank_missing", 1)], found
+    assert "the elastic agent restarted every rank (1 → 2 restarts)" in found[0].evidence, found
+
+
+def test_a_report_exactly_crash_evidence_seconds_old_still_counts():
+    on_the_line = BACK + int(CRASH_EVIDENCE_SECONDS // REFRESH_S)
+    snaps = crash(KILLED_1, on_the_line + 1)
+    assert snaps[-1].time - snaps[BACK].time == CRASH_EVIDENCE_SECONDS
+    assert crashes(diagnose(snaps)) == [("rank_missing", 1)]
+
+
+def test_a_crash_loop_counts_the_restarts_it_saw():
+    """Restarts 1 → 3 in view: two, as the evidence says."""
+    early = crash(KILLED_1, HEALTHY, restarts_before=1, before=KILLED_1)
+    loop = early + [s for s in crash(KILLED_1, BACK + 1, restarts_before=2, before=KILLED_1)
+                    [HEALTHY:] if s.time > early[-1].time]
+    found = diagnose(loop)
+    assert crashes(found) == [("crash_loop", 1)], found
+    assert found[0].evidence[0] == "job restarted 2 times (1 → 3)", found[0].evidence
+
+
+def test_a_rank_never_seen_after_a_restart_is_evidence_of_it():
+    """Back after the restart, but the world size says five ranks and only four came: the
+    killed rank is named, the fifth is not back yet."""
+    snaps = [dataclasses.replace(s, world_size=5) for s in crash(KILLED_1, BACK + 1)]
+    found = diagnose(snaps)
+    assert crashes(found) == [("rank_missing", 1)], found
+    assert "rank 4 not back yet" in found[0].evidence, found[0].evidence

@@ -78,8 +78,11 @@ def test_faults_named_with_their_rank_by_diagnose_and_in_top(tmp_path):
     said = [(f["cause"], f["rank"]) for f in findings]
     assert ("straggler_compute", 0) in said and ("checkpoint_slow", 1) in said, (
         f"diagnose --json said {said}: {findings}")
-    critical = [f["cause"] for f in findings if f["severity"] == "critical"]
-    assert code == (4 if critical else 0), f"diagnose exited {code} with {said}"
+    # This watch begins after the XID rose (a rise before its own history is no news), so
+    # what it can name is what lasts: the throttled GPU, the straggler, the slow checkpoint,
+    # all warnings; warnings only exit 0 (the command's documented exit status).
+    assert ("gpu_xid", 0) not in said and code == 0, f"diagnose exited {code} with {said}"
+    assert {f["severity"] for f in findings} == {"warning"}, findings
     checkpoint = next(f for f in findings if f["cause"] == "checkpoint_slow")
     assert any("waited for rank 1" in e for e in checkpoint["evidence"]), checkpoint
 

@@ -189,12 +189,27 @@ def test_gpu_faults_hang_and_nonfinite_losses_are_named(faulty_run):
     assert not {k: v for k, v in rows.items() if k[0] == "0" and v}, rows
     mark("Diagnosis table")
 
-    # -- the first XID 79: no alert before it, an alert on it ---------------------------------
-    if time.monotonic() - run["started"] < XID_AFTER_S - 3:
-        assert not prom.alerts("FsdpmonGPUXidErrors"), "XID alert before any XID"
+    # -- the first XID 79: an alert on it, and none before it --------------------------------
     fired = wait_for("FsdpmonGPUXidErrors on the first XID 79",
                      lambda: prom.alerts("FsdpmonGPUXidErrors"), timeout=XID_AFTER_S + 30)
     mark("XID alert")
+    # Once it fired, Prometheus's own history says when each series was born (evaluated every
+    # second): the exporter's GPUs before the XID, the XID's series, then the alert (ALERTS).
+    since = time.time() - (time.monotonic() - run["started"]) - 60
+
+    def births() -> dict[str, float | None] | None:
+        now = time.time()  # the range's 1 s grid can miss the newest second: ask again
+        born = {what: prom.first_time(expr, since, now) for what, expr in (
+            ("gpus", f'fsdpmon_gpu_up{{node="{NODE}",gpu="0"}}'),
+            ("xid", 'fsdpmon_gpu_xid_errors_total{xid="79"}'),
+            ("alert", 'ALERTS{alertname="FsdpmonGPUXidErrors"}'))}
+        return born if None not in born.values() else None
+
+    born = wait_for("the XID and its alert in Prometheus's history", births, timeout=30)
+    assert born["gpus"] + 2 <= born["xid"], (
+        f"the exporter's GPUs were first evaluated {born['xid'] - born['gpus']:.0f}s before "
+        f"the XID: no healthy evaluation to speak of (raise XID_AFTER_S): {born}")
+    assert born["alert"] >= born["xid"], f"XID alert before any XID: {born}"
     labels = fired[0]["labels"]
     assert (labels["gpu"], labels["xid"], labels["node"]) == ("0", "79", NODE), labels
     count = prom.query('fsdpmon_gpu_xid_errors_total{xid="79"}')

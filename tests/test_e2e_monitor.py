@@ -8,6 +8,7 @@ and checks the stall flag, the heartbeat age, the stack dump and the recovery.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -146,8 +147,10 @@ def main_run(tmp_path_factory) -> Iterator[Job]:
         job.release(1)  # rank 1 exits abruptly, leaving its state files behind
         rank1 = job.pid(1)
         wait_until(lambda: not _alive(rank1), 30, "rank 1 to exit")
-        time.sleep(RENDER_SECONDS)  # the endpoint serves a rendering at most this old
-        job.seen["after"] = scrape(job.port)
+        # the endpoint serves a rendering at most RENDER_SECONDS old: poll, generously, for
+        # one without rank 1 (and with rank 0)
+        job.seen["after"] = wait_until(lambda: _without_rank_1(scrape(job.port)),
+                                       RENDER_SECONDS + 30, "a rendering without rank 1")
         finish(job)
         yield job
     finally:
@@ -197,9 +200,14 @@ def test_tokens_per_second_agrees_with_the_jobs_wall_clock(main_run: Job):
         assert [r["step"] for r in records] == [m[0] for m in marks[1:]]
         for (s0, t0), (s1, t1), record in zip(marks, marks[1:], records, strict=False):
             truth = (s1 - s0) * BATCH * SEQ / (t1 - t0)
+            # The job marks each log step after the step and the monitor's log (a gather, a
+            # JSONL line) are done; the monitor reads its clock inside that log. The two
+            # clocks' ends are a log's work apart (a few ms each); a window is 10 steps of at
+            # least SLOW_SECONDS on the slowed rank: 3% of it (30 ms) is ten times that.
             assert record["tokens_per_second"] == pytest.approx(truth, rel=0.03), record
     published = samples(main_run.seen["both"], "fsdpmon_train_tokens_per_second")
-    assert published["0"] == pytest.approx(main_run.records(0)[-1]["tokens_per_second"])
+    # the same float, copied (repr in JSON and in the exposition): exact
+    assert published["0"] == main_run.records(0)[-1]["tokens_per_second"]
 
 
 def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job):
@@ -212,7 +220,8 @@ def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job
     assert len(rank0) >= 2, f"only {len(rank0)} scored windows in {STEPS} steps"
     for mine, theirs in zip(rank0, rank1, strict=True):
         assert mine["job"]["slowest_rank"] == 1, (mine, theirs)
-        assert mine["job"]["slowest_rank_step_time_s"] == pytest.approx(theirs["step_time_s"])
+        # gathered as float64: rank 1's own figure, exactly
+        assert mine["job"]["slowest_rank_step_time_s"] == theirs["step_time_s"]
         # the slowed rank waits least at the collectives: busy longer, scored lower
         assert theirs["busy_s"] > mine["busy_s"], (theirs["busy_s"], mine["busy_s"])
         assert theirs["straggler_score"] < 1 < mine["straggler_score"], (
@@ -223,11 +232,10 @@ def test_the_slowed_rank_is_named_the_straggler_with_its_step_time(main_run: Job
     assert "job" not in rank1[-1]
     assert samples(main_run.seen["both"], "fsdpmon_job_slowest_rank") == {"": 1.0}
     scores = samples(main_run.seen["both"], "fsdpmon_train_straggler_score")
-    assert scores == {"0": pytest.approx(rank0[-1]["straggler_score"]),
-                      "1": pytest.approx(rank1[-1]["straggler_score"])}
+    assert scores == {"0": rank0[-1]["straggler_score"], "1": rank1[-1]["straggler_score"]}
     assert set(samples(main_run.seen["both"], "fsdpmon_train_busy_seconds")) == {"0", "1"}
     assert samples(main_run.seen["both"], "fsdpmon_job_slowest_rank_step_time_seconds") == {
-        "": pytest.approx(rank1[-1]["step_time_s"])}
+        "": rank1[-1]["step_time_s"]}
 
 
 def promtool_check(text: str, tmp_path: Path) -> None:
@@ -283,13 +291,27 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
             # The bound is max(factor x median step, floor): on a loaded machine the median, and
             # so the wait, grows; wait for the bound the job itself published, plus 20 s.
             bound = max(samples(running, "fsdpmon_train_stall_threshold_seconds").values())
-            text = wait_until(lambda: _stalled_text(job.port, "0", 1.0), bound + 20,
-                              "rank 0 stalled")
+            polls: list[float] = []
+
+            def rank0_stalled() -> str | None:
+                polls.append(time.monotonic())
+                return _stalled_text(job.port, "0", 1.0)
+
+            text = wait_until(rank0_stalled, bound + 20, "rank 0 stalled")
             detected = time.monotonic() - stopped_at
             threshold = samples(text, "fsdpmon_train_stall_threshold_seconds")["0"]
             assert threshold >= STALL_FLOOR
-            # Bound: the threshold plus the watchdog's tick plus scrape polling on a busy box.
-            assert detected <= threshold + 3.0
+            # Named within the threshold plus: one step rank 0 may still finish after the stop
+            # (served before it), the watchdog's tick (a tenth of the threshold, 0.05..1 s),
+            # the endpoint's rendering age, and one poll of this loop, scrape included, as
+            # long as the slowest this machine ran one (measured: load stretches it).
+            step = max(samples(running, "fsdpmon_train_step_time_seconds").values())
+            tick = min(1.0, max(0.05, threshold / 10))
+            gap = max((b - a for a, b in itertools.pairwise(polls)), default=0.1)
+            late = detected - (threshold + step + tick + RENDER_SECONDS + gap)
+            assert late <= 0, (f"stalled {detected:.2f}s after the stop, {late:.2f}s past "
+                               f"threshold {threshold:.2f} + step {step:.2f} + tick {tick:.2f}"
+                               f" + rendering {RENDER_SECONDS} + poll {gap:.2f}")
             # The frozen rank's own watchdog cannot run, yet its age is computed per scrape
             # (it may have finished its last step a moment after rank 0: wait for its own
             # crossing rather than assume the same instant).
@@ -331,6 +353,10 @@ def test_a_frozen_rank_is_reported_stalled_and_recovers(tmp_path):
 def _both_past(text: str, step: int) -> str | None:
     steps = samples(text, "fsdpmon_train_step")
     return text if len(steps) == 2 and min(steps.values()) >= step else None
+
+
+def _without_rank_1(text: str) -> str | None:
+    return text if 'rank="1"' not in text and 'rank="0"' in text else None
 
 
 def _stalled_text(port: int, rank: str, value: float) -> str | None:

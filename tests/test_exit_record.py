@@ -13,6 +13,7 @@ behind either: test_monitor_statedir's SIGTERM case, which goes through the same
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -30,7 +31,13 @@ from support import free_port
 from fsdpmon import catalog
 from fsdpmon.monitor import Monitor, MonitorConfig
 from fsdpmon.monitor.exit_cleanup import MAIN_THREAD_GRACE_SECONDS
-from fsdpmon.monitor.exit_record import ExitRecord, read_previous, record_path
+from fsdpmon.monitor.exit_record import (
+    ExitRecord,
+    PreviousExit,
+    read_previous,
+    record_path,
+    sweep,
+)
 from fsdpmon.monitor.state import job_state_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,6 +90,13 @@ def _exits(port: int, ranks: int,
         time.sleep(0.3)
 
 
+def _recorded_step(directory: Path, rank: int) -> float:
+    try:
+        return float(json.loads(record_path(directory, rank).read_text()).get("step") or 0)
+    except (OSError, ValueError):
+        return 0.0
+
+
 def _series(text: str, name: str) -> list[tuple[dict[str, str], float]]:
     out = []
     for line in text.splitlines():
@@ -98,7 +112,11 @@ def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(t
     directory = job_state_dir(JOB, port, str(tmp_path))
     procs = _group(tmp_path, port, restart=0)
     try:
-        time.sleep(0.5)  # a few log steps: the records hold a step
+        # a few log steps: both records hold a step (polled, generously)
+        deadline = time.monotonic() + 30
+        while min(_recorded_step(directory, r) for r in (0, 1)) < 5:
+            assert time.monotonic() < deadline, "no log step recorded in 30 s"
+            time.sleep(0.05)
         procs[1].send_signal(signal.SIGKILL)
         assert procs[1].wait(timeout=20) == -signal.SIGKILL
         procs[0].send_signal(signal.SIGTERM)
@@ -123,6 +141,59 @@ def test_a_restarted_rank_says_how_its_previous_life_ended_and_nothing_is_left(t
         for p in procs:
             p.kill()
             p.wait()
+
+
+def _doc(directory: Path, rank: int) -> dict:
+    return json.loads(record_path(directory, rank).read_text())
+
+
+def test_a_record_tells_the_next_incarnation_how_this_one_ended(tmp_path):
+    """Fast, in one process: what each record says, and what a restarted rank reads of it."""
+    record = ExitRecord(tmp_path, 1, restart_count=0)
+    assert _doc(tmp_path, 1)["how"] == "running" and _doc(tmp_path, 1)["step"] == 0.0
+    assert read_previous(tmp_path, 1, 1, now=50.0) == PreviousExit("killed", 0.0, 50.0)
+    record.progress(5)
+    assert _doc(tmp_path, 1)["step"] == 5
+    assert read_previous(tmp_path, 1, 0, now=50.0) is None, "a first start reads nothing"
+    assert read_previous(tmp_path, 1, 1, now=50.0) == PreviousExit("killed", 5.0, 50.0)
+    before = time.time()
+    record.end("sigterm", step=9)
+    after = time.time()
+    said = read_previous(tmp_path, 1, 1, now=50.0)
+    assert (said.how, said.step) == ("sigterm", 9.0) and before <= said.unix <= after, said
+    record.end("error", step=10, detail="RuntimeError")  # the first ending wins
+    record.progress(12)  # and nothing moves it after
+    assert (_doc(tmp_path, 1)["how"], _doc(tmp_path, 1)["step"]) == ("sigterm", 9)
+    assert read_previous(tmp_path, 1, 2, now=50.0).how == "sigterm", "any earlier restart's"
+    fresh = ExitRecord(tmp_path, 2, restart_count=0)
+    fresh.end("error", detail="x" * 200)  # no step: its last one, 0
+    said = read_previous(tmp_path, 2, 1, now=50.0)
+    assert (said.how, said.step, said.detail) == ("error", 0.0, "x" * 80), said
+
+
+@pytest.mark.parametrize("restart, reader, read", [
+    (0, 1, True), (1, 1, False), (2, 1, False),  # a later launcher's record: not ours
+    (-1, 1, False), (None, 1, False), ("0", 1, False), (True, 1, False), (float("nan"), 1, False),
+])
+def test_only_an_earlier_restarts_record_is_read(tmp_path, restart, reader, read):
+    doc = {"pid": 1, "how": "sigterm", "step": 3, "time": 20.0, "detail": ""}
+    if restart is not None:
+        doc["restart"] = restart
+    record_path(tmp_path, 0).write_text(json.dumps(doc))
+    said = read_previous(tmp_path, 0, reader, now=50.0)
+    assert (said == PreviousExit("sigterm", 3.0, 20.0)) if read else said is None, said
+
+
+def test_the_last_rank_out_removes_the_records_unless_one_tells_of_a_death(tmp_path):
+    for rank, how in enumerate(("sigterm", "error")):
+        ExitRecord(tmp_path, rank, 0).end(how)
+    (tmp_path / "rank7.exit").write_text("[1, 2]")  # not a record: says nothing
+    sweep(tmp_path)
+    assert not list(tmp_path.glob("rank*.exit")), list(tmp_path.iterdir())
+    ExitRecord(tmp_path, 0, 0).end("sigterm")
+    ExitRecord(tmp_path, 1, 0)  # still "running": a live rank, or a killed one
+    sweep(tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("rank*.exit")) == ["rank0.exit", "rank1.exit"]
 
 
 def _read_syscall_number() -> str:

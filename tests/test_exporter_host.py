@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
+from support import rounded
 
 from exporters.host import HostReader, busy_share, parse_cpu_times, parse_meminfo
 
@@ -16,8 +16,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 
 def test_fixture_values_in_base_units() -> None:
     sample = HostReader(str(FIXTURE)).read()
-    assert sample.cpu_seconds["user"] == pytest.approx(10000 / TICKS)
-    assert sample.cpu_seconds["idle"] == pytest.approx(80000 / TICKS)
+    assert sample.cpu_seconds["user"] == rounded(10000 / TICKS)
+    assert sample.cpu_seconds["idle"] == rounded(80000 / TICKS)
     assert set(sample.cpu_seconds) == {"user", "nice", "system", "idle", "iowait", "irq",
                                        "softirq", "steal"}
     assert sample.cpu_utilization == {}  # a busy share needs two reads
@@ -39,7 +39,7 @@ def test_busy_share_per_core_and_in_total(tmp_path: Path) -> None:
         "cpu1 5000 100 1500 40400 250 0 50 0 0 0\n"
         "btime 1764480000\n")
     utilization = reader.read().cpu_utilization
-    assert utilization == pytest.approx({"all": 300 / 800, "0": 0.75, "1": 0.0})
+    assert utilization == rounded({"all": 300 / 800, "0": 0.75, "1": 0.0})
 
 
 def test_parsers_tolerate_odd_input() -> None:

@@ -102,12 +102,20 @@ def test_an_unknown_uid_asks_for_one_early_refresh_per_period(
     index.start()
     try:
         assert _wait(lambda: index.lists >= 1)
+        asked = time.monotonic()
         for _ in range(20):  # a process whose pod object is gone, seen on every sample
             assert index.lookup("gone-uid", CID) is None
             time.sleep(0.02)
         assert _wait(lambda: index.lists == 2)
-        time.sleep(0.3)
-        assert index.lists == 2
+        answered_in = time.monotonic() - asked  # how long an early refresh takes here
+        # seen on every sample for three times that: no further early refresh
+        until = time.monotonic() + max(3 * answered_in, 6 * index.min_early_refresh_s)
+        while time.monotonic() < until:
+            assert index.lookup("gone-uid", CID) is None
+            time.sleep(0.02)
+        assert index.lists == 2, f"{index.lists} lists: gone-uid asked again"
+        index.lookup("other-uid", CID)  # another unknown one still asks
+        assert _wait(lambda: index.lists == 3)
     finally:
         index.stop()
 

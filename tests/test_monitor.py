@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 import torch
 import torch.nn.functional as F
-from support import free_port
+from support import free_port, rounded
 
 from fsdpmon.monitor import Monitor, MonitorConfig
 from fsdpmon.monitor import gather as gather_mod
@@ -97,7 +97,8 @@ def baseline() -> float:
     return train(None)
 
 
-def test_records_follow_the_contract(tmp_path, baseline):
+def test_records_follow_the_contract(tmp_path, baseline, monkeypatch):
+    monkeypatch.delenv("NODE_NAME", raising=False)  # the host's name, then
     mon = monitor(config(tmp_path))
     seen: list[dict] = []
     mon.add_log_listener(seen.append)
@@ -107,6 +108,7 @@ def test_records_follow_the_contract(tmp_path, baseline):
     run, steps = lines[0], lines[1:]
     assert set(run) >= RUN_KEYS and run["kind"] == "run" and run["model"] == "toy"
     assert run["device"] == "cpu" and run["peak_flops"] is None
+    assert run["node"] == socket.gethostname(), run
     assert steps == seen  # listeners get the very records the file holds
     assert [s["step"] for s in steps] == [5, 10, 12]  # every 5 and the last planned step
     for record in steps:
@@ -115,9 +117,26 @@ def test_records_follow_the_contract(tmp_path, baseline):
         assert record["mfu"] is None  # CPU: unknown peak
         assert record["grad_norm"] == 1.5 and record["lr"] == 0.5
         assert record["peak_memory_bytes"] > 0  # RSS on CPU
-    assert steps[-1]["loss"] == pytest.approx(baseline)
+        # 12 steps: a busy median over fewer than BUSY_MIN_STEPS is not published
+        assert record["busy_s"] is None and record["straggler_score"] is None, record
+    assert steps[-1]["loss"] == rounded(baseline)
     assert steps[-1]["tokens_total"] == 12 * BATCH * SEQ
     assert steps[0]["job"]["slowest_rank"] == 0 and steps[0]["job"]["loss_max"] == steps[0]["loss"]
+
+
+def test_the_run_record_names_the_dtype_and_the_node(monkeypatch):
+    """The dtype the loop says, else the model's parameters'; the node Kubernetes names
+    (NODE_NAME), else the host's."""
+    from fsdpmon.distenv import DistEnv
+    from fsdpmon.monitor.records import run_record
+
+    def record(run_info: dict) -> dict:
+        return run_record(DistEnv(), "j", torch.nn.Linear(2, 2), run_info, 1.0, "cpu", None)
+
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    assert (record({})["dtype"], record({})["node"]) == ("float32", socket.gethostname())
+    monkeypatch.setenv("NODE_NAME", "node-7")
+    assert (record({"dtype": "bfloat16"})["dtype"], record({})["node"]) == ("bfloat16", "node-7")
 
 
 def test_resumed_run_counts_from_its_start_step_and_variable_tokens(tmp_path):
@@ -149,15 +168,18 @@ def test_a_step_that_raises_is_not_counted_and_the_error_propagates(tmp_path):
 
 
 def test_nonfinite_loss_is_flagged_and_published(tmp_path):
+    """A window per step: the finite loss is not flagged, NaN, +Inf and -Inf are."""
     port = free_port()
-    mon = monitor(config(tmp_path, port=port, log_interval=2, jsonl_path=None))
+    mon = monitor(config(tmp_path, port=port, log_interval=1, jsonl_path=None))
     seen: list[dict] = []
     mon.add_log_listener(seen.append)
-    for loss in (1.0, float("nan")):
+    for loss in (1.0, math.inf, -math.inf, math.nan):
         with mon.step():
             mon.record(loss=torch.tensor(loss))
     body = scrape_when_up(port)
     mon.close()
+    assert [r["loss_nonfinite"] for r in seen] == [False, True, True, True], seen
+    assert seen[1]["loss"] == math.inf and seen[2]["loss"] == -math.inf
     assert seen[-1]["loss_nonfinite"] is True and math.isnan(seen[-1]["loss"])
     assert 'fsdpmon_train_loss_nonfinite{job_name="unit",local_rank="0",rank="0"} 1.0' in body
     assert 'fsdpmon_train_loss{job_name="unit",local_rank="0",rank="0"} NaN' in body

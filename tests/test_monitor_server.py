@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -27,7 +28,13 @@ def _wait(predicate, seconds: float = 10.0) -> bool:
     return False
 
 
-def test_second_keeper_takes_the_port_over_when_the_first_closes(tmp_path):
+def _refused(caplog) -> bool:
+    """A keeper has tried the port and found it held (it says so once, then retries)."""
+    return any("not available" in r.getMessage() for r in caplog.records)
+
+
+def test_second_keeper_takes_the_port_over_when_the_first_closes(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fsdpmon.monitor.server")
     writer = RankStateWriter(tmp_path, 0)
     writer.snapshot({"pid": os.getpid(), "rank": 0, "local_rank": 0, "job_name": "j",
                      "values": {"fsdpmon_train_loss": 3.5}})
@@ -39,7 +46,7 @@ def test_second_keeper_takes_the_port_over_when_the_first_closes(tmp_path):
         first.start()
         assert _wait(lambda: first.serving)
         second.start()
-        time.sleep(0.6)
+        assert _wait(lambda: _refused(caplog)), "the second keeper never tried the port"
         assert not second.serving  # the port is held
         assert 'fsdpmon_train_loss{job_name="j",local_rank="0",rank="0"} 3.5' in _get(port)
         first.close()
@@ -51,7 +58,8 @@ def test_second_keeper_takes_the_port_over_when_the_first_closes(tmp_path):
         writer.close()
 
 
-def test_a_port_held_by_another_process_is_retried_not_fatal(tmp_path):
+def test_a_port_held_by_another_process_is_retried_not_fatal(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="fsdpmon.monitor.server")
     blocker = socket.socket()
     blocker.bind(("127.0.0.1", 0))
     blocker.listen()
@@ -59,7 +67,7 @@ def test_a_port_held_by_another_process_is_retried_not_fatal(tmp_path):
     keeper = PortKeeper(tmp_path, "127.0.0.1", port, first_try_delay=0, retry_seconds=0.1)
     try:
         keeper.start()
-        time.sleep(0.3)
+        assert _wait(lambda: _refused(caplog)), "the keeper never tried the port"
         assert not keeper.serving
         blocker.close()
         assert _wait(lambda: keeper.serving)

@@ -23,15 +23,18 @@ from fsdpmon.monitor.stacks import (
 from fsdpmon.monitor.state import RankStateWriter
 
 
-def next_batch_that_never_comes(release: threading.Event) -> None:
+def next_batch_that_never_comes(entered: threading.Event, release: threading.Event) -> None:
+    entered.set()
     release.wait()
 
 
 def _blocked_thread() -> tuple[threading.Thread, threading.Event]:
-    release = threading.Event()
-    thread = threading.Thread(target=next_batch_that_never_comes, args=(release,), daemon=True)
+    """A thread inside next_batch_that_never_comes until released (it says when it is)."""
+    entered, release = threading.Event(), threading.Event()
+    thread = threading.Thread(target=next_batch_that_never_comes, args=(entered, release),
+                              daemon=True)
     thread.start()
-    time.sleep(0.05)
+    assert entered.wait(30), "the thread never started"
     return thread, release
 
 
@@ -75,7 +78,9 @@ def test_only_the_stalled_rank_publishes_and_the_document_has_the_agreed_shape(t
     publisher = StackPublisher(tmp_path, 0, 0, thread.ident,
                                lambda: (7.0, "data", ("all_gather_into_tensor", 41)))
     try:
+        before = time.time()
         publisher.publish()
+        after = time.time()
         doc = json.loads(json.dumps(job_stacks(tmp_path, "j"), allow_nan=False))
         assert doc["job"] == "j" and [r["rank"] for r in doc["ranks"]] == [0, 1]
         hung, fine = doc["ranks"]
@@ -85,7 +90,7 @@ def test_only_the_stalled_rank_publishes_and_the_document_has_the_agreed_shape(t
         assert hung["last_collective"] == {"op": "all_gather_into_tensor", "seq": 41}
         assert hung["frames"][-2]["function"] == "next_batch_that_never_comes" or any(
             f["function"] == "next_batch_that_never_comes" for f in hung["frames"])
-        assert abs(hung["published_at"] - time.time()) < 60
+        assert before <= hung["published_at"] <= after, (before, hung["published_at"], after)
         assert not fine["stalled"] and fine["frames"] == [] and fine["last_collective"] is None
         publisher.clear()  # steps resumed
         assert job_stacks(tmp_path, "j")["ranks"][0]["frames"] == []
@@ -128,6 +133,7 @@ def test_stacks_are_served_beside_metrics_on_the_same_listener(tmp_path):
         deadline = time.monotonic() + 10
         while not keeper.serving and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert keeper.serving, "not serving after 10 s"
         base = f"http://127.0.0.1:{port}"
         with urllib.request.urlopen(base + "/stacks", timeout=5) as resp:
             assert resp.headers["Content-Type"] == "application/json"
@@ -171,9 +177,50 @@ def test_stacks_take_the_same_basic_auth_as_metrics(tmp_path):
         deadline = time.monotonic() + 10
         while not keeper.serving and time.monotonic() < deadline:
             time.sleep(0.05)
+        assert keeper.serving, "not serving after 10 s"
         for path in ("/stacks", "/metrics"):
             assert [status(path, None), status(path, b"wrong"), status(path, b"right")] == [
                 401, 401, 200], path
     finally:
         keeper.close()
         writer.close()
+
+
+def test_a_stalled_rank_captures_again_every_refresh_seconds(tmp_path):
+    from fsdpmon.monitor.stacks import REFRESH_SECONDS
+
+    now = [REFRESH_SECONDS]
+    publisher = StackPublisher(tmp_path, 0, 0, threading.get_ident(),
+                               lambda: (1.0, "data", None), clock=lambda: now[0])
+    assert publisher.due(), "never published: due at once"
+    publisher.publish()
+    now[0] += REFRESH_SECONDS - 0.5
+    assert not publisher.due()
+    now[0] += 0.5
+    assert publisher.due(), "exactly REFRESH_SECONDS later"
+    publisher.clear()
+    now[0] = REFRESH_SECONDS
+    assert publisher.due() and not (tmp_path / "stack0.json").exists()
+
+
+def _served(tmp_path, body: bytes) -> dict | None:
+    """What /stacks serves of rank 0's stack file ``body`` (rank 0 stalled, this process)."""
+    writer = _rank(tmp_path, 0, stalled=True)
+    try:
+        (tmp_path / "stack0.json").write_bytes(body)
+        return job_stacks(tmp_path, "j")["ranks"][0]
+    finally:
+        writer.close()
+
+
+def test_a_stack_file_is_read_up_to_its_bound_and_checked_field_by_field(tmp_path):
+    doc = {"pid": os.getpid(), "step": 3, "phase": "data", "published_at": 1.0,
+           "last_collective": {"op": "all_reduce"},  # no seq: no collective to show
+           "frames": [{"file": "a.py", "line": 3, "function": "f"},
+                      {"file": "b.py", "line": 4}]}  # no function: dropped
+    text = json.dumps(doc).encode()
+    exact = text + b" " * (MAX_FILE_BYTES - len(text))
+    served = _served(tmp_path, exact)
+    assert served["frames"] == [{"file": "a.py", "line": 3, "function": "f"}], served
+    assert served["last_collective"] is None and served["step"] == 3, served
+    assert _served(tmp_path, exact + b" ")["frames"] == [], "one byte over the bound: unread"

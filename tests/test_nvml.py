@@ -6,6 +6,7 @@ import time
 
 import pynvml
 import pytest
+from support import rounded
 
 from exporters.nvml import NvmlReader
 from exporters.sample import GpuSample
@@ -38,15 +39,15 @@ def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
     gpu = reading.gpus[0]
     v = gpu.values
     assert gpu.up
-    assert v["fsdpmon_gpu_utilization_ratio"] == pytest.approx(0.97)
-    assert v["fsdpmon_gpu_memory_utilization_ratio"] == pytest.approx(0.41)
+    assert v["fsdpmon_gpu_utilization_ratio"] == rounded(0.97)
+    assert v["fsdpmon_gpu_memory_utilization_ratio"] == rounded(0.41)
     assert v["fsdpmon_gpu_memory_used_bytes"] == 69 * 1024 * MIB
     assert v["fsdpmon_gpu_memory_reserved_bytes"] == 512 * MIB
     assert v["fsdpmon_gpu_temperature_celsius"] == 64
     assert v["fsdpmon_gpu_memory_temperature_celsius"] == 71
-    assert v["fsdpmon_gpu_power_watts"] == pytest.approx(612.0)
-    assert v["fsdpmon_gpu_power_limit_watts"] == pytest.approx(700.0)
-    assert v["fsdpmon_gpu_energy_joules_total"] == pytest.approx(9_876_543.21)
+    assert v["fsdpmon_gpu_power_watts"] == rounded(612.0)
+    assert v["fsdpmon_gpu_power_limit_watts"] == rounded(700.0)
+    assert v["fsdpmon_gpu_energy_joules_total"] == rounded(9_876_543.21)
     assert v["fsdpmon_gpu_sm_clock_hertz"] == 1755e6
     assert v["fsdpmon_gpu_memory_clock_max_hertz"] == 2619e6
     assert v["fsdpmon_gpu_pcie_replay_errors_total"] == 5
@@ -62,21 +63,76 @@ def test_healthy_gpu_reads_every_signal_in_base_units() -> None:
     assert len(gpu.processes) == 2  # PID 4242 holds two contexts: one entry, memory summed
     by_pid = {p.pid: p for p in gpu.processes}
     assert by_pid[4242].memory_used_bytes == 5 * 1024 * MIB
-    assert by_pid[4242].sm_utilization_ratio == pytest.approx(0.73)
+    assert by_pid[4242].sm_utilization_ratio == rounded(0.73)
     assert by_pid[4243].memory_used_bytes is None and by_pid[4243].sm_utilization_ratio is None
 
 
 def test_rates_and_gpm_appear_on_the_second_read() -> None:
     fake = FakeNvml(_gpus(1))
     reader = _open(fake)
+    first_begun = time.monotonic()
     reader.read()
-    time.sleep(0.05)
+    first_done = time.monotonic()
+    time.sleep(0.05)  # a gap between the reads; its length is measured, not assumed
     fake.gpus[0].nvlink_kib[:] = [1024 * 1024, 2 * 1024 * 1024]  # +1 GiB tx, +2 GiB rx
+    second_begun = time.monotonic()
     gpu = reader.read().gpus[0]
+    second_done = time.monotonic()
+    # The reader stamps each read inside the brackets taken here, so the time it divides by
+    # lies between the shortest and the longest span those brackets allow.
+    shortest, longest = second_begun - first_done, second_done - first_begun
     nvlink = gpu.labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
-    assert 0 < nvlink["tx"] < nvlink["rx"] <= 2 * 1024**3 / 0.05
-    assert gpu.values["fsdpmon_gpu_sm_activity_ratio"] == pytest.approx(0.88)
-    assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == pytest.approx(0.61)
+    for direction, moved in (("tx", 1024**3), ("rx", 2 * 1024**3)):
+        low, high = moved / longest, moved / shortest
+        assert low <= nvlink[direction] <= high, (
+            f"{direction}: {nvlink[direction]:.4g} B/s, {moved} bytes over {shortest:.4f}.."
+            f"{longest:.4f} s allow {low:.4g}..{high:.4g} B/s")
+    assert gpu.values["fsdpmon_gpu_sm_activity_ratio"] == rounded(0.88)
+    assert gpu.values["fsdpmon_gpu_tensor_activity_ratio"] == rounded(0.61)
+
+
+def test_nvlink_rates_are_the_kib_counters_over_the_elapsed_time_exactly(monkeypatch) -> None:
+    """On a clock of the test's own: 2 s between reads, 1 GiB and 2 GiB more in NVML's KiB
+    counters (summed over every link: the scope NVML reads as all links)."""
+    import exporters.nvml_fields as fields
+
+    now = [100.0]
+    monkeypatch.setattr(fields, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
+    fake = FakeNvml(_gpus(1))
+    start = 5 * 1024 * 1024  # 5 GiB already moved since the driver loaded
+    fake.gpus[0].nvlink_kib[:] = [start, start]
+    reader = _open(fake)
+    reader.read()
+    now[0] += 2.0
+    fake.gpus[0].nvlink_kib[:] = [start + 1024 * 1024, start + 2 * 1024 * 1024]
+    rates = reader.read().gpus[0].labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
+    assert rates == {"tx": 2**30 / 2.0, "rx": 2**31 / 2.0}, rates
+    now[0] += 2.0
+    idle = reader.read().gpus[0].labelled["fsdpmon_gpu_nvlink_bytes_per_second"]
+    assert idle == {"tx": 0.0, "rx": 0.0}, "no traffic is a rate of 0"
+    same_instant = reader.read().gpus[0].labelled  # no time passed: no rate to tell
+    assert "fsdpmon_gpu_nvlink_bytes_per_second" not in same_instant, same_instant
+    assert fake.calls["nvmlGpmQueryDeviceSupport"] == 1, "GPM support is asked once"
+
+
+def test_a_field_value_is_read_as_the_type_nvml_says_it_is() -> None:
+    """nvmlFieldValue_t holds a union; the other bytes may hold anything (set here to ones),
+    so only the member of the declared type gives the value."""
+    from exporters.nvml_fields import _field_number
+
+    cases = [(pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 2.5),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 7),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG, "ulVal", 2**40 + 9),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**50 + 3),
+             (pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -5),
+             (pynvml.NVML_VALUE_TYPE_SIGNED_INT, "siVal", -6),
+             (pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT, "usVal", 11)]
+    for kind, member, value in cases:
+        entry = pynvml.c_nvmlFieldValue_t()
+        entry.value.ullVal = 2**64 - 1  # every byte set
+        setattr(entry.value, member, value)
+        entry.valueType = kind
+        assert _field_number(entry) == value, (member, _field_number(entry))
 
 
 def test_not_supported_fields_are_absent_and_not_asked_again() -> None:
@@ -112,6 +168,21 @@ def test_function_not_found_degrades_to_older_calls_or_drops_the_field() -> None
     assert gpu.labelled["fsdpmon_gpu_clock_event_active"]["sw_power_cap"] == 1  # old name
     assert "fsdpmon_gpu_pcie_replay_errors_total" not in gpu.values
     assert fake.calls["nvmlDeviceGetPcieReplayCounter"] == 1  # disabled on every GPU after one
+
+
+def test_a_driver_older_than_pynvml_still_lists_the_processes() -> None:
+    """pynvml asks for nvmlDeviceGetComputeRunningProcesses_v3; a driver without it makes the
+    unversioned call raise NVMLLibraryMismatchError, which is no NVMLError: the reader asks
+    for _v2 instead, and without that too the process field is dropped, never the GPU."""
+    gpus = _gpus(1, processes=[(4242, 1024 * MIB)])
+    older = FakeNvml(gpus, missing_functions={"nvmlDeviceGetComputeRunningProcesses_v3"})
+    reading = _open(older).read()
+    assert reading.gpus[0].up and [p.pid for p in reading.gpus[0].processes] == [4242]
+    oldest = FakeNvml(_gpus(1, processes=[(4242, 1024 * MIB)]), missing_functions={
+        "nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetComputeRunningProcesses_v2"})
+    reading = _open(oldest).read()
+    assert reading.gpus[0].up and reading.gpus[0].processes == () and reading.errors == 0
+    assert reading.gpus[0].values["fsdpmon_gpu_temperature_celsius"] == 64
 
 
 def test_lost_gpu_reads_down_and_the_others_go_on() -> None:

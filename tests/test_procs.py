@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from proc_tree import kill_tree
+from support import rounded
 
 from exporters.procs import ProcessScanner, command_line, environ_int, parse_stat, redact
 from exporters.sample import PodRef
@@ -78,10 +79,10 @@ def test_process_values_in_base_units() -> None:
     by_pid = {p.pid: p for p in scanner.sample(gpu_pids={1003})}
     assert sorted(by_pid) == [1001, 1003, 3000, 3001]  # the GPU user joins the training ones
     p = by_pid[1001]
-    assert p.cpu_seconds == pytest.approx((123456 + 7890) / TICKS)
+    assert p.cpu_seconds == rounded((123456 + 7890) / TICKS)
     assert p.rss_bytes == 512000 * PAGE
     assert p.threads == 48 and p.state == "sleeping" and by_pid[3001].state == "running"
-    assert p.start_time_seconds == pytest.approx(BTIME + 200000 / TICKS)
+    assert p.start_time_seconds == rounded(BTIME + 200000 / TICKS)
     assert p.command == "/usr/bin/python -u -m trainer.train --model tiny"
     assert p.user == "root" and p.pod == PodRef()
     assert p.cpu_utilization is None  # needs two samples
@@ -118,7 +119,7 @@ def test_cpu_utilization_from_two_samples(proc: Path) -> None:
     clock.now += 2.0
     _set_stat(proc, 1001, utime=123456 + TICKS)  # one CPU second in two wall seconds
     by_pid = {p.pid: p for p in scanner.sample(())}
-    assert by_pid[1001].cpu_utilization == pytest.approx(0.5)
+    assert by_pid[1001].cpu_utilization == rounded(0.5)
 
 
 def test_vanished_and_reused_pids_are_skipped(proc: Path) -> None:
@@ -148,6 +149,7 @@ def test_cardinality_is_capped() -> None:
 
 def test_real_proc_finds_a_real_training_process() -> None:
     env = {**os.environ, "FSDPMON_JOB_NAME": "test-procs"}
+    before = time.time()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
                              start_new_session=True)
     try:
@@ -156,7 +158,11 @@ def test_real_proc_finds_a_real_training_process() -> None:
         assert child.pid in scanner.training_pids()
         (sample,) = [p for p in scanner.sample(()) if p.pid == child.pid]
         assert sample.rss_bytes > 1e6 and sample.threads >= 1
-        assert abs(sample.start_time_seconds - time.time()) < 60
+        # ticks since boot (a tick each) added to /proc/stat's btime (whole seconds): within
+        # a second and a tick of our reads around the start
+        slack = 1 + 1 / os.sysconf("SC_CLK_TCK")
+        assert before - slack <= sample.start_time_seconds <= time.time() + slack, (
+            before, sample.start_time_seconds)
         assert sample.command.endswith("time.sleep(60)")
     finally:
         kill_tree(child)

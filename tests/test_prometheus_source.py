@@ -15,6 +15,7 @@ import time
 import pytest
 import yaml
 from payload_server import PayloadServer
+from support import rounded
 from synthetic_job import (
     GpuSpec,
     RankSpec,
@@ -97,14 +98,14 @@ def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
     assert source.queries == 5  # fixed per refresh, whatever the job's size
     assert snap.state is JobState.RUNNING and snap.source == "prometheus"
     assert [r.rank for r in snap.ranks] == [0, 1, 2, 3] and snap.world_size == 4
-    assert snap.tokens_per_second == pytest.approx(4 * 8192.0)
+    assert snap.tokens_per_second == rounded(4 * 8192.0)
     assert len(snap.gpus) == 4 and len(snap.processes) == 4 and len(snap.nodes) == 2
     assert snap.targets_up == 4 and {t.kind for t in snap.targets} == {"train", "exporter"}
     events = {(g.node, g.gpu): g.clock_events for g in snap.gpus}
     assert events == {("node-000", "0"): (), ("node-000", "1"): (),
                       ("node-001", "0"): ("hw_slowdown",), ("node-001", "1"): ()}, events
     assert [g.ecc_uncorrected for g in snap.gpus] == [0.0] * 4  # one ECC series per GPU
-    assert snap.nodes[0].cpu_utilization_ratio == pytest.approx(0.35)  # the node total
+    assert snap.nodes[0].cpu_utilization_ratio == rounded(0.35)  # the node total
     exits = {r.rank: (r.previous_exit, r.previous_exit_step, r.previous_exit_unix)
              for r in snap.ranks}
     assert exits == {0: ("", None, None), 1: ("", None, None), 2: ("", None, None),

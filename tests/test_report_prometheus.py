@@ -19,7 +19,7 @@ import time
 
 import pytest
 from prometheus_stack import run_prometheus
-from support import free_port
+from support import free_port, rounded
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.report.prometheus import PrometheusAPI
@@ -38,6 +38,12 @@ JOBS = {  # job -> (world size, steady step time in seconds)
 }
 WARMUP_STEP_TIME_S = 2.0  # the first log window (steps 1-5) is slow, like a real start-up
 LOG_EVERY = 5
+END_S = 200  # the series run this long: scrapes at SCRAPE_S, 2 * SCRAPE_S, ... before it
+# The report measures from the first logged window's end (the warm-up's last step, at
+# LOG_EVERY x WARMUP_STEP_TIME_S, on a scrape) to the last scrape; the counter there counts
+# whole steps, so it lags that time by less than one step: the rate is low by less than
+# step time / SPAN_S.
+SPAN_S = (END_S - SCRAPE_S) - LOG_EVERY * WARMUP_STEP_TIME_S
 
 
 def rank_series(job: str, rank: int, world: int, step_time: float, t0: int) -> dict[str, list]:
@@ -49,7 +55,7 @@ def rank_series(job: str, rank: int, world: int, step_time: float, t0: int) -> d
         "fsdpmon_train_step", "fsdpmon_train_tokens_total", "fsdpmon_train_tokens_per_second",
         "fsdpmon_train_step_time_seconds", "fsdpmon_train_process_rss_bytes",
         "fsdpmon_train_info", "fsdpmon_job_world_size")}
-    for tau in range(SCRAPE_S, 200, SCRAPE_S):
+    for tau in range(SCRAPE_S, END_S, SCRAPE_S):
         t = t0 + tau
         step = sum(1 for c in done if c <= tau)
         out["fsdpmon_train_step"].append((labels, step, t))
@@ -113,11 +119,15 @@ def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
         assert run["world_size"] == world and run["ranks_seen"] == world
         assert run["model"] == "tiny" and run["memory_source"] == "rss"
         # warm-up left out: the steady rate, not the start-up's
-        assert run["tokens_per_second"] == pytest.approx(world * TOKENS_PER_STEP / step_time,
-                                                         rel=0.03)
-        assert run["step_time_median_s"] == pytest.approx(step_time, rel=1e-6)
-        assert run["peak_memory_bytes_per_gpu"] == pytest.approx(4e8 + (world - 1) * 1e6)
-    assert runs["scale-2"]["scaling_efficiency"] == pytest.approx(0.50 / 0.55, rel=0.04)
+        steady = world * TOKENS_PER_STEP / step_time
+        lag = step_time / SPAN_S
+        assert steady * (1 - lag) <= run["tokens_per_second"] <= steady, (run, steady, lag)
+        # a window's step time is (done[i] - done[i - LOG_EVERY]) / LOG_EVERY: a few roundings
+        assert run["step_time_median_s"] == rounded(step_time, 16)
+        assert run["peak_memory_bytes_per_gpu"] == 4e8 + (world - 1) * 1e6  # exact in the TSDB
+    # each rate low by less than its step / SPAN_S: the ratio within those of either side
+    ratio, low, high = runs["scale-2"]["scaling_efficiency"], 0.55 / SPAN_S, 0.50 / SPAN_S
+    assert 0.50 / 0.55 * (1 - low) <= ratio <= 0.50 / 0.55 / (1 - high), ratio
     assert (tmp_path / "scaling.png").stat().st_size > 10_000
     assert "scale-2" in (tmp_path / "report.md").read_text()
 

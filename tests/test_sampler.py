@@ -15,7 +15,7 @@ from exporters.nvml import NvmlReader
 from exporters.procs import ProcessScanner
 from exporters.sampler import Sampler
 from exporters.simulated import SimulatedReader
-from tests.fake_nvml import FakeGpu, FakeNvml
+from tests.fake_nvml import HANG_S, FakeGpu, FakeNvml
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
 
@@ -80,14 +80,19 @@ def test_scrape_is_served_from_the_last_sample_while_nvml_hangs() -> None:
     sampler.start()
     try:
         hang.clear()
-        time.sleep(0.5)
-        t0 = time.monotonic()
-        stale = registry.get_sample_value("fsdpmon_exporter_sample_stale", {"node": "node-a"})
-        elapsed = time.monotonic() - t0
-        # A scrape that waited on the hung GPU would not return while the hang lasts (until the
-        # test ends), so any finite bound tells the two apart; 2 s leaves a loaded machine room.
-        assert stale == 1.0, f"stale gauge {stale}, want 1.0"
-        assert elapsed < 2.0, f"scrape took {elapsed:.3f}s while the GPU hung"
+        deadline = time.monotonic() + 20  # the sampler's interval is 0.1 s: generous
+        while True:
+            t0 = time.monotonic()
+            stale = registry.get_sample_value("fsdpmon_exporter_sample_stale",
+                                              {"node": "node-a"})
+            elapsed = time.monotonic() - t0
+            # A scrape that waited on the hung GPU would return no sooner than the fake's hang
+            # lasts (HANG_S), so any scrape shorter than that did not wait.
+            assert elapsed < HANG_S, f"scrape took {elapsed:.3f}s while the GPU hung"
+            if stale == 1.0:
+                break
+            assert time.monotonic() < deadline, f"stale gauge {stale} after 20 s, want 1.0"
+            time.sleep(0.05)
         assert registry.get_sample_value("fsdpmon_gpu_power_watts", {
             "gpu": "0", "uuid": "GPU-hang", "model": "NVIDIA H100 80GB HBM3", "node": "node-a",
             "namespace": "", "pod": "", "container": ""}) == 612.0
@@ -105,9 +110,12 @@ def test_background_loop_keeps_sampling_on_its_interval() -> None:
     sampler = _sampler(gpus, interval=0.1)
     sampler.start()
     try:
-        first = sampler.latest()
-        time.sleep(0.45)
-        later = sampler.latest()
+        first = later = sampler.latest()
+        deadline = time.monotonic() + 20  # the interval is 0.1 s: generous
+        while first is not None and later is not None and later.taken_at <= first.taken_at:
+            assert time.monotonic() < deadline, "no new sample in 20 s"
+            time.sleep(0.05)
+            later = sampler.latest()
     finally:
         sampler.stop()
     assert first is not None and later is not None and later.taken_at > first.taken_at

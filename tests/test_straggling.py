@@ -86,3 +86,20 @@ def test_no_score_means_no_flag_and_evidence_starts_over():
 
 def test_a_score_on_the_line_is_no_straggler():
     assert flags([LINE] * 10, 10) == [False] * 10
+
+
+def test_the_flag_turns_when_both_bounds_are_met_and_not_before():
+    """``span`` steps AND ``min_seconds`` since the first disagreeing window, each met exactly."""
+    timed = StragglingFlag(span=1, min_seconds=2.0)
+    assert not timed.update(LOW, 1, 10.0)  # the evidence starts
+    assert not timed.update(LOW, 2, 11.5)  # a step past the span, 1.5 s of 2
+    assert timed.update(LOW, 3, 12.0)  # exactly 2 s
+    counted = StragglingFlag(span=4, min_seconds=0.0)
+    assert not counted.update(LOW, 10, 0.0)
+    assert not counted.update(LOW, 13, 1.0)  # 3 steps of 4
+    assert counted.update(LOW, 14, 2.0)  # exactly 4
+
+
+def test_the_busy_median_spans_an_odd_number_of_steps():
+    """A true middle step: an even count would average two steps (stats.BUSY_MIN_STEPS)."""
+    assert BUSY_MIN_STEPS % 2 == 1 and BUSY_MIN_STEPS > 1, BUSY_MIN_STEPS

@@ -1,4 +1,4 @@
-"""Run under ``torchrun --nproc_per_node 2`` by tests/test_train_parity.py.
+"""Run under ``torchrun --nproc_per_node 2`` by tests/test_train_distributed.py.
 
 Part 1 (parity): build the trainer exactly as ``trainer.train`` does, record the full initial
 weights, run one optimiser step through the trainer's own methods, and save (rank 0) the full

@@ -188,7 +188,8 @@ def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> lis
                     f"{age(places.rank(stalled[0]))}")
     obs.stalled.clear()
     rank = culprits[0] if len(culprits) == 1 else None
-    summary = (f"{ranks_text(culprits)} holds up {len(stalled) - len(culprits)} ranks"
+    holds = "holds" if len(culprits) == 1 else "hold"
+    summary = (f"{ranks_text(culprits)} {holds} up {len(stalled) - len(culprits)} ranks"
                if culprits else f"{ranks_text(stalled)} stalled, none behind the others")
     return [Finding("hang", Severity.CRITICAL, summary, evidence=tuple(evidence),
                     stacks=tuple(classes), **where(places, rank))]

@@ -179,7 +179,8 @@ def observe(window: Window) -> Observations:
     obs.targets_down = window.lasting(_targets_down)
     obs.xids = window.rise(_xids)
     obs.ecc = window.rise(_ecc)
-    obs.restarts = window.rise(_restarts).get("job")
+    # while every rank is gone (the agent restarting them) no restart count is known, not 0
+    obs.restarts = window.rise(_restarts, absent=None).get("job")
     obs.exits = _exits(window.now)
     obs.loss_spike = _loss_spike(window)
     obs.checkpoint_heavy = bool(window.lasting(_checkpoint_heavy))

@@ -56,9 +56,12 @@ class Window:
             gone |= set(since) - present
         return {k: t for k, t in since.items() if k in set(keys(self.now))}
 
-    def rise(self, value: Callable[[JobSnapshot], dict[K, float]]) -> dict[K, tuple[float, float]]:
+    def rise(self, value: Callable[[JobSnapshot], dict[K, float]],
+             absent: float | None = 0.0) -> dict[K, tuple[float, float]]:
         """Counters that rose inside the history: key → (lowest before, now). A key absent from
-        an older snapshot that already had others counts from 0 (a new XID code's series)."""
+        an older snapshot counts as ``absent``: 0 for a series born at its first count (a new
+        XID code's); None for one served whenever it is known (a snapshot without it, such as
+        one while every rank was gone, says nothing)."""
         if len(self.history) < 2:
             return {}
         now = {k: v for k, v in value(self.now).items() if v > 0}  # 0 cannot have risen
@@ -68,6 +71,7 @@ class Window:
         for snap in self.history[:-1]:
             then = value(snap)
             for k in now:
-                v = then.get(k, 0.0)
-                low[k] = min(low.get(k, v), v)
+                v = then.get(k, absent)
+                if v is not None:
+                    low[k] = min(low.get(k, v), v)
         return {k: (low[k], v) for k, v in now.items() if k in low and v > low[k]}
