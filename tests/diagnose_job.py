@@ -92,20 +92,24 @@ def stepping(ranks: int, gpus: bool = False):
 
 @contextlib.contextmanager
 def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
-               extra: tuple[str, ...] = (), max_restarts: int = 0) -> Iterator[Job]:
+               extra: tuple[str, ...] = (), max_restarts: int = 0,
+               entry: tuple[str, ...] = ("-m", "trainer.train"),
+               env: dict[str, str] | None = None) -> Iterator[Job]:
     """A running training (killed, with every child and the exporter, on exit); the exporter
     starts when the caller says, so GPU faults count from a known moment. ``max_restarts``:
-    torchrun's, for a crash the elastic agent restarts the group after."""
+    torchrun's, for a crash the elastic agent restarts the group after. ``entry``: what
+    torchrun runs (the trainer, or tests/outside_faults.py around it, given ``env``)."""
     train_port, exporter_port = free_port(), free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
-           "FSDPMON_STALL_FLOOR_SECONDS": str(STALL_FLOOR_S), "PYTHONUNBUFFERED": "1"}
+           "FSDPMON_STALL_FLOOR_SECONDS": str(STALL_FLOOR_S), "PYTHONUNBUFFERED": "1",
+           **(env or {})}
     env.pop("FSDPMON_FAULT", None)
     exporter_args = [sys.executable, "-m", "fsdpmon.cli", "exporter", "--port",
                      str(exporter_port), "--listen-address", "127.0.0.1", "--interval", "1",
                      "--simulate-gpus", str(ranks)]
     train_args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                   f"--nproc_per_node={ranks}", "--max-restarts", str(max_restarts),
-                  "-m", "trainer.train",
+                  *entry,
                   "--model", "tiny", "--max-steps", "1000000", "--batch-size", "2",
                   "--seq-len", "32", "--log-every", "5", "--metrics-port", str(train_port),
                   "--job-name", "e2e-diagnose", *extra,

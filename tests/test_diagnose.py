@@ -40,7 +40,7 @@ def test_cause_names_are_the_documented_ones():
         "hang", "rank_unresponsive", "rank_missing", "crash_loop", "straggler_compute",
         "straggler_data", "gpu_throttled", "gpu_xid", "gpu_lost", "gpu_ecc", "loss_nonfinite",
         "loss_spike", "memory_pressure", "checkpoint_slow", "host_cpu_contention",
-        "target_down"}
+        "cpu_throttled", "target_down"}
 
 
 SLOW = STRAGGLER_SCORE_THRESHOLD * 0.8

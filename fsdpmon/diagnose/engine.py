@@ -17,6 +17,7 @@ from fsdpmon.conventions import (
     EXIT_KILLED,
     STRAGGLER_CAUSE_SHARE,
 )
+from fsdpmon.diagnose.cpu_rules import starved
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import (
     CRITICAL,
@@ -30,6 +31,7 @@ from fsdpmon.diagnose.findings import (
     where_all,
 )
 from fsdpmon.diagnose.gpu_rules import gpu_ecc, gpu_lost, gpu_xid, memory, throttled
+from fsdpmon.diagnose.loss_rules import loss
 from fsdpmon.diagnose.observe import Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
 from fsdpmon.diagnose.window import Window
@@ -48,7 +50,7 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     out: list[Finding] = []
     for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing, _hang):
         out += rule(obs, places, stacks)
-    for rule in (_stragglers, throttled, _loss, memory, _checkpoint, _targets):
+    for rule in (_stragglers, starved, throttled, loss, memory, _checkpoint, _targets):
         out += rule(obs, places)
     return ranked(out)
 
@@ -184,16 +186,22 @@ def _median(values: list[float]) -> float:
 
 
 def _straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
-    """compute or data: which part of the extra busy time is the rank's own. (Never
-    checkpointing: saves run between steps, outside the busy time; see _checkpoint.)"""
-    busy = [r.busy_s for r in live if r.busy_s is not None]
-    excess = (row.busy_s or 0.0) - _median(busy)
-    data = [(r.data_wait_ratio or 0.0) * (r.step_time_s or 0.0) for r in live]
-    own_data = (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
-    extra_data = own_data - _median(data)
+    """compute or data: which part of the extra busy time is the rank's own, against the
+    other ranks' median, as its score is. (Never checkpointing: saves run between steps,
+    outside the busy time; see _checkpoint.)"""
+    others = [r for r in live if r.rank != row.rank]
+    busy = _median([r.busy_s for r in others if r.busy_s is not None])
+    excess = (row.busy_s or 0.0) - busy
+    extra_data = _data_s(row) - _median([_data_s(r) for r in others])
     if excess > 0 and extra_data >= STRAGGLER_CAUSE_SHARE * excess:
-        return "straggler_data", f"{extra_data:.3g}s of its {excess:.3g}s extra is data wait"
-    return "straggler_compute", f"busy {row.busy_s or 0:.3g}s vs median {_median(busy):.3g}s"
+        return "straggler_data", (f"data wait {_data_s(row):.3f} s vs the others' median "
+                                  f"{_data_s(row) - extra_data:.3f} s: {extra_data:.3f} s of "
+                                  f"its {excess:.3f} s extra busy time")
+    return "straggler_compute", f"busy {row.busy_s or 0:.3f} s vs the others' median {busy:.3f} s"
+
+
+def _data_s(row: RankRow) -> float:
+    return (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
 
 
 _WHY = {"straggler_compute": "its own compute is slow", "straggler_data": "it waits for data",
@@ -228,23 +236,6 @@ def _stragglers(obs: Observations, places: Places) -> list[Finding]:
             cause, detail = "host_cpu_contention", f"node {row.node} CPUs saturated; {detail}"
         out.append(Finding(cause, WARNING, f"rank {rank} straggles: {_WHY[cause]}",
                            evidence=(score, detail), **where(places, rank)))
-    return out
-
-
-def _loss(obs: Observations, places: Places) -> list[Finding]:
-    out = []
-    if obs.nonfinite:
-        bad = sorted(obs.nonfinite)
-        live = [r for r in obs.now.ranks if not r.down]
-        rank = bad[0] if len(bad) < len(live) else None
-        out.append(Finding("loss_nonfinite", CRITICAL, f"loss is NaN/inf on {ranks_text(bad)}",
-                           evidence=(f"non-finite loss on {ranks_text(bad)} for "
-                                     f"{obs.seconds:.0f}s",), **where(places, rank)))
-    elif obs.loss_spike:
-        base, low = obs.loss_spike
-        out.append(Finding("loss_spike", WARNING, f"loss spiked: {low:.3g} vs {base:.3g} before",
-                           evidence=(f"job loss ≥ {low:.3g} for {obs.seconds:.0f}s, median "
-                                     f"before {base:.3g}",)))
     return out
 
 

@@ -214,11 +214,18 @@ class Publication:
             catalog.TRAIN_STRAGGLER_SCORE.name: record.get("straggler_score"),
             catalog.TRAIN_STRAGGLING.name: (None if record.get("straggler_score") is None
                                             else record["straggling"]),
+            catalog.TRAIN_WAITED_FOR_SCORE.name: record.get("waited_for_score"),
+            catalog.TRAIN_DESCHEDULED_RATIO.name: record.get("descheduled_ratio"),
+            catalog.TRAIN_CPU_THROTTLED_RATIO.name: record.get("cpu_throttled_ratio"),
             catalog.TRAIN_MFU_RATIO.name: stats.mfu,
             catalog.TRAIN_LOSS.name: loss,
             catalog.TRAIN_LEARNING_RATE.name: record.get("lr"),
             catalog.TRAIN_GRAD_NORM.name: record.get("grad_norm"),
             catalog.TRAIN_LOSS_NONFINITE.name: None if loss is None else record["loss_nonfinite"],
+            catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP.name: record.get(
+                "loss_first_nonfinite_step"),
+            catalog.TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP.name: record.get(
+                "grad_norm_first_nonfinite_step"),
             catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name: errors,
             **memory,
         })
