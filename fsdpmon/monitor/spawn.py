@@ -14,10 +14,12 @@ Nothing here runs on the training thread, and nothing of it touches a step: the 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import fsdpmon
@@ -53,6 +55,7 @@ class ServerKeeper:
         self.config = config
         self.first_check_delay = first_check_delay
         self.started = 0  # servers this rank started
+        self._last_start = -math.inf  # monotonic
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="fsdpmon-server-keeper",
                                         daemon=True)
@@ -77,6 +80,7 @@ class ServerKeeper:
                                 start_new_session=True, close_fds=True)
         proc.wait()  # the server forks at once; this is its short-lived parent
         self.started += 1
+        self._last_start = time.monotonic()
         if self.started == 1:
             log.info("fsdpmon: started the pod's metrics server for %s", self.directory.name)
 
@@ -86,5 +90,10 @@ class ServerKeeper:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         others = set(statedir.live_pids(self.directory).values()) - {os.getpid()}
-        if not others:
-            podserver.stop(self.directory)
+        if others:
+            return
+        # A server started a moment ago may not hold its lock yet: give it that moment.
+        deadline = self._last_start + podserver.LOCK_WAIT_SECONDS
+        while not podserver.running(self.directory) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        podserver.stop(self.directory)
