@@ -1,7 +1,8 @@
 """The pod's endpoint is a process of its own (fsdpmon.monitor.podserver), started by a rank.
 
 - The lock says who serves: a held lock is seen from any descriptor; a second server leaves.
-- TLS and basic auth come from the web-config file, read by the server itself.
+- TLS and basic auth come from the web-config file, read by the server itself; a server that
+  dies is started again by the rank.
 - Four local ranks (the Monitor in plain processes): rank 0, which started the server, is
   stopped with SIGSTOP and rank 2 hangs in a C call holding the GIL; `fsdpmon diagnose`'s engine,
   fed from the endpoint, names both `rank_unresponsive` within UNRESPONSIVE_BOUND_S while ranks
@@ -111,6 +112,11 @@ def test_the_server_takes_basic_auth_from_the_web_config(tmp_path):
         assert pid is not None and pid != rank.pid
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         assert b"s3cret" not in b" ".join(cmdline) and str(config).encode() in cmdline
+        # A server that dies (kill -9, the OOM killer) is started again by the rank.
+        os.kill(pid, signal.SIGKILL)
+        pid = _until("another server", lambda: (p := podserver.server_pid(directory)) != pid
+                     and p)
+        _until("served again", lambda: _get(url, good)[0] == 200)
     finally:
         t0 = time.monotonic()
         rank.send_signal(signal.SIGTERM)
