@@ -215,7 +215,7 @@ class Publication:
             catalog.TRAIN_STRAGGLING.name: (None if record.get("straggler_score") is None
                                             else record["straggling"]),
             catalog.TRAIN_WAITED_FOR_SCORE.name: record.get("waited_for_score"),
-            catalog.TRAIN_DESCHEDULED_RATIO.name: record.get("descheduled_ratio"),
+            catalog.TRAIN_DESCHEDULED_RATIO.name: record.get("descheduled_span_ratio"),
             catalog.TRAIN_CPU_THROTTLED_RATIO.name: record.get("cpu_throttled_ratio"),
             catalog.TRAIN_MFU_RATIO.name: stats.mfu,
             catalog.TRAIN_LOSS.name: loss,

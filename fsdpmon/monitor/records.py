@@ -62,7 +62,10 @@ def step_record(topo: DistEnv, step: int, stats: WindowStats | None,
         "data_wait_ratio": stats.data_wait_ratio if stats else None,
         "busy_s": stats.busy_s if stats and busy_known else None,
         "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
-        "descheduled_ratio": cpu.descheduled_ratio,
+        # the window's share of step time waiting for a CPU; the median share over the
+        # recent steps (>= 10 s) is what the endpoint serves
+        "descheduled_ratio": stats.descheduled_ratio if stats else None,
+        "descheduled_span_ratio": cpu.descheduled_ratio,
         "cpu_throttled_ratio": cpu.cpu_throttled_ratio,
         "straggler_score": score,
         "waited_for_score": cpu.waited_for_score,
