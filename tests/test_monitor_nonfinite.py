@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fsdpmon.monitor import Monitor, MonitorConfig
-from fsdpmon.monitor.nonfinite import NonfiniteWatch
+from fsdpmon.monitor.nonfinite import MAX_KEPT_STEPS, NonfiniteWatch
 
 
 def test_the_first_of_each_is_kept_with_its_batch_and_nothing_after_both():
@@ -65,3 +65,12 @@ def test_a_step_that_recorded_nothing_is_not_given_the_last_steps_value(tmp_path
     watch.step_done(1, {missing: math.nan})
     watch.step_done(2, {})
     assert [f.step for f in watch.scan()] == [1]
+
+
+def test_steps_kept_between_log_steps_are_bounded():
+    """A loop that logs rarely (or never): the steps are read once MAX_KEPT_STEPS gather."""
+    watch = NonfiniteWatch()
+    for step in range(1, MAX_KEPT_STEPS + 2):
+        watch.step_done(step, {"loss": math.nan if step == 5 else 1.0})
+        assert len(watch._steps) < MAX_KEPT_STEPS
+    assert [(f.step, f.what) for f in watch.scan()] == [(5, "loss")]

@@ -304,7 +304,8 @@ class Monitor:
         memory = self._guarded("memory", self._memory.read) if self._memory else None
         peak_memory = memory.peak_bytes if memory else math.nan
         loss = quality.get("loss")
-        held, descheduled = self._waits.figures()
+        # one rank alone waits for nobody: no waited-for view (and no run-queue reads)
+        held, descheduled = self._waits.figures() if self._collectives else (None, None)
         local = [stats.step_time_s if stats else math.nan,
                  stats.busy_s if stats and self._busy.known else math.nan,
                  peak_memory, math.nan if loss is None else loss,
@@ -349,7 +350,8 @@ class Monitor:
                              waits.descheduled if waits else (),
                              waits.descheduled_inside if waits else ())
         self._busy.add(stats)
-        self._waits.add(stats)
+        if self._collectives is not None:
+            self._waits.add(stats)
         return stats
 
     def _read_values(self) -> dict[str, float | None]:

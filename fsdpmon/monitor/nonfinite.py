@@ -25,6 +25,9 @@ import torch
 from fsdpmon.monitor.records import as_float
 
 WATCHED = ("loss", "grad_norm")  # in the order a step makes them
+# Steps kept between log steps at most: a loop whose log steps are further apart (or that never
+# logs) has them read when this many have gathered (on CUDA, one sync then).
+MAX_KEPT_STEPS = 4096
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,7 @@ class NonfiniteWatch:
     def __init__(self) -> None:
         self.first: dict[str, FirstNonfinite] = {}
         self._steps: list[tuple[int, Any, Any, Any]] = []  # (step, loss, grad norm, batch)
+        self._found: list[FirstNonfinite] = []  # found before the log step that reports them
 
     def step_done(self, step: int, values: dict[str, Any]) -> None:
         """``values``: what the loop recorded during this step (training thread, per step)."""
@@ -52,9 +56,15 @@ class NonfiniteWatch:
         if loss is None and grad is None:
             return
         self._steps.append((step, _kept(loss), _kept(grad), values.get("batch")))
+        if len(self._steps) >= MAX_KEPT_STEPS:
+            self._found += self._read()
 
     def scan(self) -> list[FirstNonfinite]:
         """The firsts found among the steps since the last scan (log step)."""
+        found, self._found = [*self._found, *self._read()], []
+        return found
+
+    def _read(self) -> list[FirstNonfinite]:
         steps, self._steps = self._steps, []
         found = []
         for index, what in enumerate(WATCHED, start=1):
@@ -76,16 +86,21 @@ class NonfiniteWatch:
 
 def _kept(value: Any) -> Any:
     """A tensor detached (a loss handed over with its graph must not keep the graph alive)."""
-    return value.detach() if isinstance(value, torch.Tensor) else value
+    if isinstance(value, torch.Tensor) and value.requires_grad:
+        return value.detach()
+    return value
 
 
 def _floats(values: Sequence[Any]) -> list[float]:
-    """Every value as a float: plain tensors of one device in one transfer, the rest one by
-    one (a DTensor gathers its shards)."""
-    plain = [v for v in values if type(v) is torch.Tensor and v.numel() == 1]
-    if len(plain) == len(values) and values and len({v.device for v in plain}) == 1:
-        return [float(x) for x in torch.stack([v.reshape(()).float() for v in plain]).tolist()]
-    return [as_float(v) for v in values]  # type: ignore[misc]
+    """Every value as a float: device tensors stacked and moved in one transfer (one read per
+    value would be a sync each), CPU tensors and numbers one by one (a DTensor gathers its
+    shards)."""
+    device = [v for v in values if type(v) is torch.Tensor and v.device.type != "cpu"]
+    if device and len(device) == len(values) and all(v.numel() == 1 for v in device) \
+            and len({v.device for v in device}) == 1:
+        return [float(x) for x in torch.stack([v.reshape(()) for v in device]).float().tolist()]
+    return [float(v) if type(v) is torch.Tensor and v.device.type == "cpu" and v.numel() == 1
+            else as_float(v) for v in values]  # type: ignore[misc]
 
 
 def _text(value: float) -> str:
