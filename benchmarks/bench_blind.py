@@ -5,8 +5,11 @@ Each fault runs on a fresh job (tests/diagnose_job.py: torchrun CPU ranks of the
 started through tests/outside_faults.py) watched as `fsdpmon diagnose` watches it (the engine
 on the pod endpoint's snapshots every ~0.5 s). Made from outside the trainer's injector unless
 said:
-  cpu-neighbours   rank 1's threads pinned to core 1 with two busy loops pinned there, the
-                   other ranks to the other cores (taskset) -> host_cpu_contention on rank 1
+  cpu-neighbours   rank 1's threads pinned to core 1 with two busy loops pinned there (taskset)
+                   -> host_cpu_contention on rank 1. (At 4 ranks on a 2-core host the other
+                   ranks share what is left, and one of them may land on the loaded core too:
+                   keeping them off it instead puts three ranks on one core, as starved as
+                   rank 1; neither is one starved rank among healthy ones.)
   cpu-quota        rank 1 moved into a cgroup with a 25% CPU quota (v2 cpu.max, or v1's cpu
                    controller) -> cpu_throttled on rank 1
   stop-port-holder SIGSTOP of local rank 0, which started the pod's server -> rank_unresponsive
@@ -74,8 +77,7 @@ def _stopped(pid: int) -> Iterator[None]:
 
 # name -> (cause, rank, how it is made: None for a fault at step S through the job's env/spec)
 FAULTS: dict[str, tuple[str, int, Fault | None]] = {
-    "cpu-neighbours": ("host_cpu_contention", 1, lambda job, p: neighbours(
-        p[1], core=1, others=tuple(pid for r, pid in p.items() if r != 1))),
+    "cpu-neighbours": ("host_cpu_contention", 1, lambda job, p: neighbours(p[1], core=1)),
     "cpu-quota": ("cpu_throttled", 1, lambda job, p: cpu_quota(p[1], 25)),
     "stop-port-holder": ("rank_unresponsive", 0, lambda job, p: _stopped(p[0])),
     "gil-hang": ("rank_unresponsive", 1, None),

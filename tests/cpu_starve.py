@@ -1,8 +1,7 @@
 """Starving one rank of CPU from outside the job, as a noisy neighbour or a pod's CPU limit does.
 
-- ``neighbours(pid, core, n, others)``: pins every thread of ``pid`` to ``core`` with
-  ``taskset``, the job's other ranks to the other cores, and starts ``n`` busy loops pinned to
-  ``core``: the rank gets a share of one core that nobody else of the job uses.
+- ``neighbours(pid, core, n)``: pins every thread of ``pid`` to ``core`` with ``taskset`` and
+  starts ``n`` busy loops pinned there too: the rank gets a share of one core.
 - ``cpu_quota(pid, percent)``: moves ``pid`` into a new cgroup with a CFS quota of ``percent``
   of one CPU per 100 ms period: cgroup v2's ``cpu.max`` where the unified hierarchy has the cpu
   controller (enabled for children of its root), else cgroup v1's ``cpu.cfs_quota_us`` (a hybrid
@@ -33,22 +32,10 @@ class QuotaUnavailable(Exception):
     """Why no CPU quota can be set here (a reason to skip, in words)."""
 
 
-def _pin(pid: int, cores: str) -> None:
-    with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
-        subprocess.run(["taskset", "-a", "-p", "-c", cores, str(pid)], check=True,
-                       capture_output=True)
-
-
 @contextlib.contextmanager
-def neighbours(pid: int, core: int, count: int = 2,
-               others: tuple[int, ...] = ()) -> Iterator[list[subprocess.Popen]]:
-    """``others`` (the job's other ranks) are kept off ``core``, so only ``pid`` shares it
-    with the busy loops (on a host with fewer cores than ranks they would land there too)."""
+def neighbours(pid: int, core: int, count: int = 2) -> Iterator[list[subprocess.Popen]]:
     subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(pid)], check=True,
                    capture_output=True)
-    rest = ",".join(str(c) for c in range(os.cpu_count() or 1) if c != core)
-    for other in others if rest else ():
-        _pin(other, rest)
     loops = [subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", BUSY_LOOP],
                               start_new_session=True) for _ in range(count)]
     try:
@@ -56,9 +43,9 @@ def neighbours(pid: int, core: int, count: int = 2,
     finally:
         for loop in loops:
             kill_tree(loop)
-        every = f"0-{(os.cpu_count() or 1) - 1}"
-        for member in (pid, *others):
-            _pin(member, every)
+        with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
+            subprocess.run(["taskset", "-a", "-p", "-c", f"0-{os.cpu_count() - 1}", str(pid)],
+                           check=True, capture_output=True)
 
 
 def _hierarchy() -> tuple[str, Path, Path]:

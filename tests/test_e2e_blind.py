@@ -5,8 +5,8 @@ trainer, the engine of `fsdpmon diagnose` fed from the pod's endpoint as it is f
    not FSDPMON_FAULT). The gradient reduce spreads it to rank 0's grad norm that step and its
    loss the next; `loss_nonfinite` is named on rank 1 at step NAN_STEP, never on rank 0, and rank
    1's JSONL holds the batch of that step, which trainer.data.batch_at replays.
-2. At the same time rank 1 shares one core with two busy loops, rank 0 kept off it (taskset):
-   `host_cpu_contention` on rank 1, never on rank 0.
+2. At the same time rank 1 shares one core with two busy loops (taskset): `host_cpu_contention`
+   on rank 1, never on rank 0.
 3. Released; then rank 0 is put in a cgroup with a CPU quota of QUOTA_PERCENT of a core (cgroup
    v2 cpu.max, or v1's cpu controller on a hybrid host; skipped, saying why, where neither can
    be written): `cpu_throttled` on rank 0, never on rank 1 once its own starvation has cleared.
@@ -79,7 +79,7 @@ def test_nan_origin_cpu_starvation_and_cpu_limit_are_named_on_their_rank(tmp_pat
         job.wait("both ranks stepping", stepping(2))
         pids = workers(job)
         assert set(pids) == {0, 1}, pids
-        with neighbours(pids[1], core=1, others=(pids[0],)):
+        with neighbours(pids[1], core=1):
             took, found = watch(
                 job, lambda fs: named(fs, "loss_nonfinite", 1) and named(fs, CPU_CAUSES[0], 1),
                 lambda f: f.rank == 0 and f.cause in (*CPU_CAUSES, "loss_nonfinite"),
