@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from fsdpmon import catalog
 from fsdpmon.monitor import Monitor, MonitorConfig, collectives, podserver
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import stacks_app
@@ -268,7 +269,7 @@ def _wait_served(port: int) -> None:
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError), urllib.request.urlopen(
                 f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            if b"fsdpmon_train_step" in r.read():
+            if catalog.TRAIN_STEP.name.encode() in r.read():
                 return
         time.sleep(0.1)
     raise RuntimeError(f"nothing served on port {port}")
