@@ -13,6 +13,12 @@
 5. One row per integration (plain FSDP1/FSDP2 loops, Lightning, HF, Accelerate, DDP's timed
    hook): the host cost its adapter adds per non-log step, as a share of the tiny step from 1.
    (benchmarks/adapter_costs.py).
+6. Where the endpoint is served, side by side while a scraper process asks it for /metrics
+   --scrape-rate times a second: the tiny step with no monitor, with the monitor served by the
+   pod's server process (fsdpmon.monitor.podserver, now), and with the monitor served by a
+   thread of the training process (server.PortKeeper inside the rank, as before), in rotating
+   blocks of steps (the scraper asks only the endpoint of the block being timed): the median
+   step of each and the two ratios to no monitor.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_monitor.py [--steps N]``
 """
@@ -29,13 +35,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from fsdpmon.monitor import Monitor, MonitorConfig, collectives
+from fsdpmon import catalog
+from fsdpmon.monitor import Monitor, MonitorConfig, collectives, podserver
+from fsdpmon.monitor.server import PortKeeper
+from fsdpmon.monitor.stacks import stacks_app
 from trainer.model import FLAVOURS, Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pre-merge reference
@@ -51,12 +61,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_monitor(workdir: Path, log_interval: int, **kw: object) -> Monitor:
+def make_monitor(workdir: Path, log_interval: int, job: str = "", **kw: object) -> Monitor:
     # The state files go where they go by default (/dev/shm when present); the JSONL goes to
     # the (disk) temp dir, as a user's run log would.
     cfg = MonitorConfig(port=free_port(), listen_address="127.0.0.1",
-                        job_name=f"bench-{os.getpid()}", log_interval=log_interval,
-                        jsonl_path=str(workdir / f"bench-{log_interval}.jsonl"))
+                        job_name=f"bench-{os.getpid()}{job}", log_interval=log_interval,
+                        jsonl_path=str(workdir / f"bench-{log_interval}{job}.jsonl"))
     return Monitor(cfg, **kw)  # type: ignore[arg-type]
 
 
@@ -244,6 +254,129 @@ def attribution_cost(workdir: Path, calls: int, repeats: int) -> None:
           f"= {FIGURES.get('host_us', float('nan')) * 1e-6 / tiny:.4%}")
 
 
+SCRAPER = """
+import sys, time, urllib.request
+target, rate = sys.argv[1], float(sys.argv[2])
+while True:
+    port = open(target).read().strip()
+    if port and port != "0":
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        except OSError:
+            pass
+    time.sleep(1.0 / rate)
+"""
+
+
+def _wait_served(port: int) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            if catalog.TRAIN_STEP.name.encode() in r.read():
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing served on port {port}")
+
+
+def _served_in_process(mon: Monitor) -> PortKeeper:
+    """The endpoint as it was before the pod's server process: a PortKeeper thread in the rank
+    serving the same state directory (the monitor's own server is ended first)."""
+    assert mon.pub is not None and mon.pub.keeper is not None and mon.pub.writer is not None
+    mon.pub.keeper.close()  # the only rank: this ends the server process it started
+    cfg = mon.config
+    directory = mon.pub.writer.directory
+    keeper = PortKeeper(directory, cfg.listen_address, cfg.port, 0.0, cfg.server_retry_seconds,
+                        max_per_second=cfg.max_scrapes_per_second,
+                        routes={"/stacks": stacks_app(directory, cfg.job_name)})
+    keeper.start()
+    return keeper
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serving_comparison(workdir: Path, steps: int, batch: int, seq: int, rate: float,
+                       block: int = 40) -> None:
+    """Blocks of ``block`` steps per variant, rotating ABC CBA; per block its wall time and
+    this process's CPU time (all its threads: an endpoint thread's renders count) per step."""
+    torch.manual_seed(0)
+    model = Transformer(FLAVOURS["tiny"])
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    data = torch.randint(0, FLAVOURS["tiny"].vocab_size, (batch, seq + 1))
+    now = make_monitor(workdir, 10, model=model, seq_len=seq, tokens_per_step=batch * seq,
+                       job="now")
+    before = make_monitor(workdir, 10, model=model, seq_len=seq, tokens_per_step=batch * seq,
+                          job="before")
+    keeper = _served_in_process(before)
+    _wait_served(now.config.port)
+    _wait_served(before.config.port)
+    assert now.pub is not None and now.pub.writer is not None
+    server = podserver.server_pid(now.pub.writer.directory)
+    assert server is not None, "the monitor started no server process"
+    target = workdir / "scrape-port"
+    target.write_text("0")
+    scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, str(target), str(rate)])
+    variants: dict[str, tuple[Monitor | NullSpans, int]] = {
+        "no monitor": (NullSpans(), 0), "server process (now)": (now, now.config.port),
+        "thread in the rank (before)": (before, before.config.port)}
+    rounds: list[dict[str, tuple[float, float]]] = []  # per round: (wall, cpu) per step
+    server_cpu, now_wall = 0.0, 0.0
+
+    def one_step(m: Monitor | NullSpans) -> None:
+        with m.step():
+            with m.phase("data"):
+                x, y = data[:, :-1], data[:, 1:]
+            with m.phase("forward"):
+                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+            with m.phase("backward"):
+                loss.backward()
+            with m.phase("optimizer"):
+                opt.step()
+                opt.zero_grad()
+            m.record(loss=loss.detach(), lr=1e-4)
+
+    try:
+        names = list(variants)
+        for i in range(steps // block):
+            name = names[i % len(names)] if (i // len(names)) % 2 == 0 else \
+                names[-1 - i % len(names)]  # ABC CBA: drift hits every variant alike
+            mon, port = variants[name]
+            target.write_text(str(port))
+            time.sleep(1.5 / rate)  # the scraper turns to this block's endpoint
+            served = _cpu_seconds(server)
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(block):
+                one_step(mon)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if name.endswith("(now)"):
+                server_cpu += _cpu_seconds(server) - served
+                now_wall += wall
+            if i % len(names) == 0:
+                rounds.append({})
+            rounds[-1][name] = (wall / block, cpu / block)
+    finally:
+        scraper.kill()
+        scraper.wait()
+        keeper.close()
+        now.close()
+        before.close()
+    full = [r for r in rounds if len(r) == len(variants)]
+    print(f"the endpoint's place, scraped {rate:g}/s by another process ({len(full)} rounds of "
+          f"one {block}-step block per variant, ABC CBA): per step, medians over the rounds")
+    for name in names:
+        wall = statistics.median(r[name][0] for r in full)
+        cpu = statistics.median(r[name][1] for r in full)
+        wall_ratio = statistics.median(r[name][0] / r["no monitor"][0] for r in full)
+        cpu_ratio = statistics.median(r[name][1] / r["no monitor"][1] for r in full)
+        print(f"  {name:<28} wall {wall * 1e3:7.2f} ms (x{wall_ratio:.4f})   this process's "
+              f"CPU {cpu * 1e3:7.2f} ms (x{cpu_ratio:.4f})")
+    print(f"  the server process itself: {server_cpu * 1e3:.0f} ms CPU over {now_wall:.1f} s of "
+          f"its blocks = {server_cpu / now_wall:.2%} of one core (rendering for the scrapes)")
+
+
 def timed(label: str, fn: Callable[[], None]) -> None:
     start = time.perf_counter()
     fn()
@@ -257,11 +390,20 @@ def main() -> None:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--host-steps", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--serving-steps", type=int, default=1200,
+                   help="steps of the endpoint comparison, all variants together")
+    p.add_argument("--scrape-rate", type=float, default=10.0,
+                   help="scrapes per second in the endpoint comparison (10: the default cap)")
+    p.add_argument("--part", choices=("all", "serving"), default="all")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU only")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        if args.part == "serving":
+            timed("endpoint comparison", lambda: serving_comparison(
+                workdir, args.serving_steps, args.batch, args.seq_len, args.scrape_rate))
+            return
         timed("training comparison", lambda: training_comparison(
             workdir, args.steps, args.batch, args.seq_len))
         timed("host cost", lambda: host_cost(workdir, args.host_steps, args.repeats))
@@ -270,6 +412,8 @@ def main() -> None:
                                                            args.repeats))
         timed("per integration", lambda: adapter_costs.rows(
             workdir, free_port, args.host_steps, args.repeats, FIGURES["step_s"]))
+        timed("endpoint comparison", lambda: serving_comparison(
+            workdir, args.serving_steps, args.batch, args.seq_len, args.scrape_rate))
 
 
 if __name__ == "__main__":

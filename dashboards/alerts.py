@@ -115,9 +115,30 @@ def _checkpoint_slow(b: RuleBounds) -> Rule:
     )
 
 
+def _cpu_throttled(b: RuleBounds) -> Rule:
+    # A CPU limit that throttles a rank matters when the others wait for it: the cgroup's
+    # throttled share of CFS periods (averaged: one log window holds few periods) and the
+    # rank's waited-for score below the straggler line, as `fsdpmon diagnose` holds them.
+    share = m(catalog.TRAIN_CPU_THROTTLED_RATIO)
+    waited = m(catalog.TRAIN_WAITED_FOR_SCORE)
+    return alert(
+        "FsdpmonRankCpuThrottled",
+        f"avg_over_time({share}[{b.cpu_throttled_window}]) >= {b.cpu_throttled_share:g}\n"
+        f"  and on ({JOB_KEYS}, rank) {waited} < {b.straggler_score:g}",
+        b.cpu_throttled_for, Severity.WARNING,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is held back by its CPU limit",
+        "The cgroup of rank {{ $labels.rank }} (its pod's CPU limit) was throttled in "
+        "{{ $value | humanizePercentage }} of its CFS periods, and the other ranks wait for "
+        "it at every collective (its waited-for score is below "
+        f"{b.straggler_score:g}).",
+        "Raise the pod's CPU limit or drop it and keep the request; fewer data loader workers "
+        "and tokeniser threads in the pod. `kubectl top pod --containers` shows the use.",
+    )
+
+
 def training_alerts(b: RuleBounds) -> list[Rule]:
-    return [_stall(b), _rank_missing(b), _ranks_short(b), _straggler(b), _checkpoint_slow(b),
-            *_quality_alerts(b), *_memory_alerts(b)]
+    return [_stall(b), _rank_missing(b), _ranks_short(b), _straggler(b), _cpu_throttled(b),
+            _checkpoint_slow(b), *_quality_alerts(b), *_memory_alerts(b)]
 
 
 def _quality_alerts(b: RuleBounds) -> list[Rule]:

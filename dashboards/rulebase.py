@@ -16,6 +16,7 @@ from fsdpmon import catalog
 from fsdpmon.catalog import Recorded
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
+    CPU_THROTTLED_RATIO,
     DEFAULT_STALL_FACTOR,
     DEFAULT_STALL_FLOOR_SECONDS,
     LOSS_DIVERGENCE_FACTOR,
@@ -49,6 +50,11 @@ class RuleBounds:
     # Straggler: the rank's score (median busy time of the other ranks / its own) below this.
     straggler_score: float = STRAGGLER_SCORE_THRESHOLD
     straggler_for: str = "15m"
+    # CPU limit: the rank's cgroup throttled in this share of its CFS periods (over the window)
+    # while the others wait for it (its waited-for score below straggler_score).
+    cpu_throttled_share: float = CPU_THROTTLED_RATIO
+    cpu_throttled_window: str = "5m"
+    cpu_throttled_for: str = "15m"
     # Checkpointing: the median rank's last save took this share of the time since the one before.
     checkpoint_share: float = CHECKPOINT_SHARE_LIMIT
     checkpoint_for: str = "15m"
@@ -120,6 +126,7 @@ ALERT_CAUSES = {
     "FsdpmonTrainingRankMissing": "rank_missing",
     "FsdpmonTrainingRanksShort": "rank_missing",
     "FsdpmonRankStraggling": "straggler_compute",
+    "FsdpmonRankCpuThrottled": "cpu_throttled",
     "FsdpmonCheckpointSlow": "checkpoint_slow",
     "FsdpmonLossNonFinite": "loss_nonfinite",
     "FsdpmonLossDiverging": "loss_spike",

@@ -146,6 +146,22 @@ TRAIN_STRAGGLING = Metric(
     "window over at least two busy-time medians that share no step and the diagnosis "
     f"evidence time ({DIAGNOSIS_EVIDENCE_SECONDS:g} s); it clears the same way. One low "
     "window is noise, not a straggler.", T)
+TRAIN_WAITED_FOR_SCORE = Metric(
+    "fsdpmon_train_waited_for_score", Gg, "",
+    "Median over the other ranks of their time per step not waiting for peers (own work plus "
+    "waiting for a CPU) / this rank's, over at least 10 s: below the straggler threshold the "
+    "others wait for this rank, whatever slows it. Low here but not in the straggler score "
+    "(busy time only): starved of CPU.", T)
+TRAIN_DESCHEDULED_RATIO = Metric(
+    "fsdpmon_train_descheduled_ratio", Gg, "ratio",
+    "Share of step time this rank's training thread was runnable but waiting for a CPU "
+    "(run-queue delay from /proc/thread-self/schedstat: other processes on its cores, or its "
+    "cgroup's CPU limit), median over the recent steps (at least 10 s). CPU hosts.", T)
+TRAIN_CPU_THROTTLED_RATIO = Metric(
+    "fsdpmon_train_cpu_throttled_ratio", Gg, "ratio",
+    "Share of the CFS periods in the last log window in which this rank's cgroup (its "
+    "container: the pod's CPU limit) was throttled: cpu.stat nr_throttled / nr_periods, as "
+    "cAdvisor's container_cpu_cfs_throttled_periods_total; 0 without a limit.", T)
 TRAIN_CHECKPOINT_SECONDS = Metric(
     "fsdpmon_train_checkpoint_seconds", Gg, "seconds",
     "Wall time of this rank's last checkpoint save.", T)
@@ -199,6 +215,15 @@ TRAIN_GRAD_NORM = Metric(
 TRAIN_LOSS_NONFINITE = Metric(
     "fsdpmon_train_loss_nonfinite", Gg, "",
     "1 when the last logged loss was NaN or infinite, else 0.", T)
+TRAIN_LOSS_FIRST_NONFINITE_STEP = Metric(
+    "fsdpmon_train_loss_first_nonfinite_step", Gg, "",
+    "The first step at which this rank's loss was NaN or infinite (absent until then); the "
+    "rank's JSONL holds that step's batch. The earliest rank is where it was born: the gradient "
+    "reduce spreads it to every rank's grad norm the same step, to their loss the next.", T)
+TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP = Metric(
+    "fsdpmon_train_grad_norm_first_nonfinite_step", Gg, "",
+    "The first step at which this rank's gradient norm was NaN or infinite (absent until "
+    "then).", T)
 # Stalls
 TRAIN_STALLED = Metric(
     "fsdpmon_train_stalled", Gg, "",
@@ -251,12 +276,14 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
     TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE, TRAIN_STRAGGLING,
+    TRAIN_WAITED_FOR_SCORE, TRAIN_DESCHEDULED_RATIO, TRAIN_CPU_THROTTLED_RATIO,
     TRAIN_CHECKPOINT_SECONDS, TRAIN_CHECKPOINT_OWN_SECONDS, TRAIN_CHECKPOINT_TIME_RATIO,
     TRAIN_MFU_RATIO, TRAIN_MODEL_FLOPS_PER_TOKEN, TRAIN_DEVICE_PEAK_FLOPS,
     TRAIN_MEMORY_ALLOCATED_BYTES, TRAIN_MEMORY_RESERVED_BYTES, TRAIN_MEMORY_PEAK_ACTIVE_BYTES,
     TRAIN_MEMORY_PEAK_RESERVED_BYTES, TRAIN_DEVICE_MEMORY_CAPACITY_BYTES,
     TRAIN_ALLOC_RETRIES_TOTAL, TRAIN_OOMS_TOTAL, TRAIN_PROCESS_RSS_BYTES, TRAIN_LOSS,
-    TRAIN_LEARNING_RATE, TRAIN_GRAD_NORM, TRAIN_LOSS_NONFINITE, TRAIN_STALLED,
+    TRAIN_LEARNING_RATE, TRAIN_GRAD_NORM, TRAIN_LOSS_NONFINITE, TRAIN_LOSS_FIRST_NONFINITE_STEP,
+    TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP, TRAIN_STALLED,
     TRAIN_HEARTBEAT_AGE_SECONDS, TRAIN_STALL_THRESHOLD_SECONDS, TRAIN_UNRESPONSIVE,
     MONITOR_INTERNAL_ERRORS_TOTAL, JOB_STEP_TIME_MIN_SECONDS, JOB_STEP_TIME_MEDIAN_SECONDS,
     JOB_STEP_TIME_MAX_SECONDS, JOB_SLOWEST_RANK, JOB_SLOWEST_RANK_STEP_TIME_SECONDS,

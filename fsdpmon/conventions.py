@@ -87,6 +87,10 @@ LOSS_DIVERGENCE_FACTOR = 1.5
 CHECKPOINT_SHARE_LIMIT = 0.25
 # A node's CPUs busy at or above this share, under a straggling rank, is host CPU contention.
 HOST_CPU_BUSY_RATIO = 0.95
+# A rank the others wait for whose cgroup was throttled in at least this share of its CFS
+# periods (its pod's CPU limit) is cpu_throttled; kube-prometheus's CPUThrottlingHigh pages at
+# the same share of cAdvisor's container_cpu_cfs_throttled_periods_total.
+CPU_THROTTLED_RATIO = 0.25
 # Restarts within the history that make a crash loop (one restart is a recovered crash).
 CRASH_LOOP_RESTARTS = 2
 # How a rank's previous incarnation ended (the `how` label of fsdpmon_train_previous_exit), as

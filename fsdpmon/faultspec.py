@@ -13,9 +13,12 @@ Kinds and keys (a key left out takes the default shown; ``rank``/``gpu`` default
                                                 rank R's forward/backward F times slower
   data-slow:rank=R,seconds=X,from_step=S,after=T
                                                 rank R's loader X s slower per batch
-  hang:rank=R,at_step=S,where=data|host,after=T rank R blocks forever in Python, no collective
+  hang:rank=R,at_step=S,where=data|host|gil,after=T
+                                                rank R blocks forever outside any collective
                                                 (at step S, or the first step past it that
-                                                is T seconds after the rank's first step)
+                                                is T seconds after the rank's first step): in
+                                                Python (data, host) or in a C call that holds
+                                                the GIL (gil: no thread of it runs Python)
   nonfinite-loss:rank=R,from_step=S,value=nan|inf|-inf
   checkpoint-slow:rank=R,seconds=X,from_step=S,after=T
                                                 rank R's saves X s longer
@@ -64,7 +67,7 @@ class DataSlow:
 class Hang:
     rank: int = 0
     at_step: int = 5
-    where: str = "data"  # "data": inside next(loader); "host": a host-side call after the step
+    where: str = "data"  # "data": inside next(loader); "host"/"gil": a call after the step
     after: float = 0.0  # and not before this many seconds after the rank's first step
 
 
@@ -140,7 +143,7 @@ GPU_KINDS = (GpuThrottle, Xid, GpuLost, EccUncorrected)
 
 # Allowed words for the string-valued keys; every other key is a number.
 CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
-    (Hang, "where"): ("data", "host"),
+    (Hang, "where"): ("data", "host", "gil"),
     (NonfiniteLoss, "value"): ("nan", "inf", "-inf"),
     (GpuThrottle, "reason"): ("thermal", "power", "hw_slowdown"),
 }

@@ -93,10 +93,12 @@ def stepping(ranks: int, gpus: bool = False):
 @contextlib.contextmanager
 def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
                extra: tuple[str, ...] = (), max_restarts: int = 0,
+               entry: tuple[str, ...] = ("-m", "trainer.train"),
                env_extra: dict[str, str] | None = None) -> Iterator[Job]:
     """A running training (killed, with every child and the exporter, on exit); the exporter
     starts when the caller says, so GPU faults count from a known moment. ``max_restarts``:
-    torchrun's, for a crash the elastic agent restarts the group after. ``env_extra``: more
+    torchrun's, for a crash the elastic agent restarts the group after. ``entry``: what
+    torchrun runs (the trainer, or tests/trainer_outside_faults.py around it). ``env_extra``: more
     environment for the job (faults from outside the injector: LD_PRELOAD, PYTHONPATH)."""
     train_port, exporter_port = free_port(), free_port()
     env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": "",
@@ -108,7 +110,7 @@ def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
                      "--simulate-gpus", str(ranks)]
     train_args = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                   f"--nproc_per_node={ranks}", "--max-restarts", str(max_restarts),
-                  "-m", "trainer.train",
+                  *entry,
                   "--model", "tiny", "--max-steps", "1000000", "--batch-size", "2",
                   "--seq-len", "32", "--log-every", "5", "--metrics-port", str(train_port),
                   "--job-name", "e2e-diagnose", *extra,

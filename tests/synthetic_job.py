@@ -46,8 +46,13 @@ class RankSpec:
     collective_wait_ratio: float = 0.1
     straggler_score: float = 1.0
     straggling: bool | None = None  # None: as the monitor settles, score below the line
+    waited_for_score: float = 1.0
+    descheduled_ratio: float = 0.05  # share of the step waiting for a CPU
+    cpu_throttled_ratio: float = 0.0
     unresponsive: bool = False
     loss_nonfinite: bool = False
+    loss_first_nonfinite_step: int | None = None  # None: not yet (no series)
+    grad_norm_first_nonfinite_step: int | None = None
     checkpoint_s: float = 0.0  # per-step checkpoint phase time
     checkpoint_seconds: float | None = None  # the last save (None: no save yet, no series)
     checkpoint_own_seconds: float | None = None
@@ -121,8 +126,13 @@ _RANK_FIELDS = {
     catalog.TRAIN_STALLED.name: "stalled",
     catalog.TRAIN_COLLECTIVE_WAIT_RATIO.name: "collective_wait_ratio",
     catalog.TRAIN_STRAGGLER_SCORE.name: "straggler_score",
+    catalog.TRAIN_WAITED_FOR_SCORE.name: "waited_for_score",
+    catalog.TRAIN_DESCHEDULED_RATIO.name: "descheduled_ratio",
+    catalog.TRAIN_CPU_THROTTLED_RATIO.name: "cpu_throttled_ratio",
     catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
     catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
+    catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP.name: "loss_first_nonfinite_step",
+    catalog.TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP.name: "grad_norm_first_nonfinite_step",
     catalog.TRAIN_RESTARTS.name: "restarts",
     catalog.TRAIN_PREVIOUS_EXIT_STEP.name: "previous_exit_step",
     catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS.name: "previous_exit_unix",

@@ -41,7 +41,7 @@ def test_cause_names_are_the_documented_ones():
         "hang", "rank_unresponsive", "rank_missing", "crash_loop", "straggler_compute",
         "straggler_data", "gpu_throttled", "gpu_xid", "gpu_lost", "gpu_ecc", "loss_nonfinite",
         "loss_spike", "memory_pressure", "checkpoint_slow", "host_cpu_contention",
-        "target_down"}
+        "cpu_throttled", "target_down"}
 
 
 SLOW = STRAGGLER_SCORE_THRESHOLD * 0.8
@@ -385,12 +385,16 @@ STORIES = {
     "straggler compute": (
         lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7}}}, (),
         ("straggler_compute", 2, "rank 2 straggles: its own compute is slow",
-         ("straggler score 0.60 for 10s", "busy 0.7s vs median 0.454s"))),
+         # the others' busy: step (0.5 + 0.002 r) x (1 - 0.1 collective wait), r = 0, 1, 3
+         ("straggler score 0.60 for 10s", "busy 0.700 s vs the others' median 0.452 s"))),
     "straggler data": (
         lambda i: {"specs": {"r1": {"straggler_score": SLOW, "busy_s": 0.75,
                                     "data_wait_ratio": 0.6}}}, (),
         ("straggler_data", 1, "rank 1 straggles: it waits for data",
-         ("straggler score 0.60 for 10s", "0.291s of its 0.295s extra is data wait"))),
+         # data wait 0.6 x 0.502 s against the others' 0.02 x their steps (median 0.010 s);
+         # extra busy 0.75 s against the others' median 0.4536 s
+         ("straggler score 0.60 for 10s", "data wait 0.301 s vs the others' median 0.010 s: "
+          "0.291 s of its 0.296 s extra busy time"))),
     "throttled straggler": (
         lambda i: {"specs": {"r3": {"straggler_score": SLOW}},
                    "gpu": {(1, 1): {"clock_events": ("hw_thermal_slowdown",)}}}, (),
@@ -419,13 +423,15 @@ STORIES = {
         lambda i: {"specs": {"r2": {"straggler_score": SLOW, "busy_s": 0.7,
                                     "data_wait_ratio": 0.0}}}, (),
         ("straggler_compute", 2, "rank 2 straggles: its own compute is slow",
-         ("straggler score 0.60 for 10s", "busy 0.7s vs median 0.454s"))),
+         # the others' busy: step (0.5 + 0.002 r) x (1 - 0.1 collective wait), r = 0, 1, 3
+         ("straggler score 0.60 for 10s", "busy 0.700 s vs the others' median 0.452 s"))),
     "data straggler among ranks with no data wait": (
         lambda i: {"specs": {**{f"r{r}": {"data_wait_ratio": 0.0} for r in (0, 2, 3)},
                              "r1": {"straggler_score": SLOW, "busy_s": 0.75,
                                     "data_wait_ratio": 0.6}}}, (),
         ("straggler_data", 1, "rank 1 straggles: it waits for data",
-         ("straggler score 0.60 for 10s", "0.301s of its 0.295s extra is data wait"))),
+         ("straggler score 0.60 for 10s", "data wait 0.301 s vs the others' median 0.000 s: "
+          "0.301 s of its 0.296 s extra busy time"))),
     "hang with a pod just gone": (  # its rows are down: their steps are no evidence
         lambda i: {"specs": _all_stalled(r2={"step": 99}), "down": (1,) if i == N - 1 else ()},
         (), ("hang", None, "ranks 0, 1 stalled, none behind the others",
@@ -486,7 +492,8 @@ def test_data_wait_half_the_extra_busy_time_makes_it_a_data_straggler():
     peers = [RankRow(rank=r, busy_s=0.5, step_time_s=1.0, data_wait_ratio=0.0) for r in (0, 1)]
     slow = RankRow(rank=2, busy_s=1.0, step_time_s=1.0, data_wait_ratio=0.25)
     assert straggler_cause(slow, [*peers, slow]) == (
-        "straggler_data", "0.25s of its 0.5s extra is data wait")
+        "straggler_data", "data wait 0.250 s vs the others' median 0.000 s: 0.250 s of its "
+                          "0.500 s extra busy time")
     less = dataclasses.replace(slow, data_wait_ratio=0.25 - 2**-20)
     assert straggler_cause(less, [*peers, less])[0] == "straggler_compute"
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fsdpmon import catalog
 from fsdpmon.monitor.collector import JobStateCollector, build_families
+from fsdpmon.monitor.heartbeat import process_state
 from fsdpmon.monitor.state import Heartbeat, RankState, RankStateWriter
 
 NOW = 1_800_000_000.0
@@ -84,6 +87,35 @@ def test_a_rank_whose_watchdog_went_silent_is_unresponsive():
     text = _exposition([waiting, frozen])
     assert _values(text, "fsdpmon_train_unresponsive") == {"0": 0.0, "1": 1.0}
     assert _values(text, "fsdpmon_train_stalled") == {"0": 1.0, "1": 1.0}
+
+
+def test_a_watchdog_that_never_ticked_counts_from_the_monitors_start():
+    """A rank that hung (GIL held) before its watchdog's first tick: silent since its start."""
+    for started, expected in ((NOW - 100, 1.0), (NOW - 2, 0.0)):
+        state = _state(0, 0.0, started_unix=started)
+        assert state.heartbeat.watchdog_unix == 0.0
+        text = _exposition([state])
+        assert _values(text, "fsdpmon_train_unresponsive") == {"0": expected}, started
+
+
+def test_a_stopped_process_is_unresponsive_at_once():
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 10
+        while process_state(sleeper.pid) != "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ticking = _state(0, NOW - 1)  # its watchdog ticked a moment ago
+        ticking = RankState(0, ticking.snapshot, Heartbeat(sleeper.pid, NOW - 1, 7, 7, 700,
+                                                           0.0, 10.0, watchdog_unix=NOW - 0.5))
+        assert _values(_exposition([ticking]), "fsdpmon_train_unresponsive") == {"0": 1.0}
+        os.kill(sleeper.pid, signal.SIGCONT)
+        while process_state(sleeper.pid) == "T" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert _values(_exposition([ticking]), "fsdpmon_train_unresponsive") == {"0": 0.0}
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_before_the_first_step_age_counts_from_start_and_no_timestamp_is_invented():

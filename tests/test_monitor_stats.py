@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from support import rounded
 
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
-from fsdpmon.monitor.stats import BUSY_MIN_STEPS, job_figures, straggler_scores, window_stats
+from fsdpmon.monitor.stats import (
+    BUSY_MIN_STEPS,
+    WAIT_SPAN_SECONDS,
+    WaitHistory,
+    job_figures,
+    straggler_scores,
+    window_stats,
+)
 from fsdpmon.monitor.timing import WindowTimes
 
 
@@ -136,3 +144,52 @@ def test_a_step_record_counts_collective_calls_per_step():
     failed = step_record(DistEnv(), 5, None, {}, busy_known=False, peak_memory=1.0, job=None,
                          score=None, straggling=False, collective_calls=20, tokens_total=10)
     assert failed["collective_calls"] == 0 and failed["step_time_s"] is None, failed
+
+
+def test_held_time_puts_back_the_cpu_wait_busy_time_leaves_out():
+    """Step 0.3 s: 0.1 s in collectives of which 0.04 s waiting for a CPU inside them, and
+    0.05 s waiting for a CPU outside: busy 0.15, held 0.24 (all but the 0.06 s waiting for
+    peers), 0.09 s of the step waiting for a CPU."""
+    times = WindowTimes(step_seconds=[0.3])
+    stats = window_stats(times, 1, 0.3, 1.0, None, [0.1], descheduled=[0.05],
+                         descheduled_inside=[0.04])
+    assert stats.busy_steps == pytest.approx((0.15,))
+    assert stats.held_steps == pytest.approx((0.24,))
+    assert stats.descheduled_steps == pytest.approx((0.3,))
+    assert stats.descheduled_ratio == pytest.approx(0.3)
+    unmeasured = window_stats(times, 1, 0.3, 1.0, None, [0.1])
+    assert unmeasured.held_steps == pytest.approx((0.2,)) and unmeasured.descheduled_steps == ()
+
+
+def _window(step_s: float, steps: int, held: float, share: float | None) -> object:
+    times = WindowTimes(step_seconds=[step_s] * steps)
+    desched = [share * step_s] * steps if share is not None else ()
+    return window_stats(times, 1, step_s * steps, 1.0, None, [step_s - held] * steps,
+                        descheduled=desched)
+
+
+def test_the_waited_for_view_spans_the_steps_and_the_seconds():
+    history = WaitHistory()
+    step = 0.125  # exact in binary: the span's sum of step times is exact too
+    span = int(WAIT_SPAN_SECONDS / step)
+    # 31 steps: enough steps, not enough seconds
+    history.add(_window(step, BUSY_MIN_STEPS, held=0.05, share=0.0))
+    assert history.figures() == (None, None)
+    history.add(_window(step, span - BUSY_MIN_STEPS - 1, held=0.05, share=0.0))
+    assert history.figures() == (None, None)  # one step short of the span
+    history.add(_window(step, 1, held=0.05, share=0.0))
+    assert history.figures() == pytest.approx((0.05, 0.0))
+    # a rank starved from now on: the median follows once more than half the span is starved
+    history.add(_window(step, span // 2, held=0.09, share=0.4))
+    assert history.figures()[0] == pytest.approx((0.05 + 0.09) / 2)  # an even span: the mean
+    history.add(_window(step, 1, held=0.09, share=0.4))
+    held, share = history.figures()
+    assert held == pytest.approx(0.09) and share == pytest.approx(0.4)
+
+
+def test_long_steps_span_the_step_count_and_unmeasured_cpu_wait_stays_unknown():
+    history = WaitHistory()
+    history.add(_window(2.0, BUSY_MIN_STEPS - 1, held=1.0, share=None))
+    assert history.figures() == (None, None)  # 60 s, but only 30 steps
+    history.add(_window(2.0, 1, held=1.0, share=None))
+    assert history.figures() == (pytest.approx(1.0), None)

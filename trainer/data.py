@@ -177,3 +177,12 @@ class BatchLoader:
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         self.position = int(state["position"])
+
+
+def batch_at(source: SampleSource, batch_size: int, rank: int, world_size: int, position: int,
+             micro_batches: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (inputs, targets) micro-batches ``rank`` trained on in the step that began at loader
+    ``position`` (the ``batch`` of the monitor's ``"kind": "nonfinite"`` JSONL record): to
+    replay the batch that produced a NaN."""
+    loader = BatchLoader(source, batch_size, rank, world_size, position)
+    return [next(loader) for _ in range(micro_batches)]

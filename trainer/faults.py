@@ -19,9 +19,11 @@ What each kind does, and why it is made that way:
   those too would slow a time-sliced rank by far more than the factor asked. On CUDA it is
   the host wall time of the phase.
 - data-slow: each batch this rank loads takes ``seconds`` longer (inside ``next(loader)``).
-- hang: after step S, the rank blocks forever in plain Python outside any collective: in its
-  data loader (``where=data``) or in a host-side call (``where=host``); the others then wait in
-  their next collective, as with a stuck filesystem read or a dead-locked host call.
+- hang: after step S, the rank blocks forever outside any collective: in plain Python in its
+  data loader (``where=data``) or in a host-side call (``where=host``), or in a C call that
+  holds the GIL (``where=gil``: no thread of it runs Python, its watchdog included); the others
+  then wait in their next collective, as with a stuck filesystem read, a dead-locked host call
+  or a C extension stuck without releasing the GIL.
 - nonfinite-loss: the loss this rank reports becomes NaN/+Inf/-Inf. Backward still uses the
   real loss, so the fault stays on one rank (a real NaN would reach every rank's weights within
   one step and hide who started it) and the run goes on for the monitor to show.
@@ -35,6 +37,7 @@ What each kind does, and why it is made that way:
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -61,6 +64,13 @@ def _die() -> None:
 def block_forever_in_host_call() -> None:
     """A host-side call that never returns (a stuck NFS read, a dead-locked library call)."""
     threading.Event().wait()
+
+
+def block_forever_holding_the_gil() -> None:
+    """A C call that never returns and never releases the GIL (a C extension stuck in a loop
+    or a lock): ``ctypes.PyDLL`` keeps the GIL for the call, so no thread of this process runs
+    Python again; its monitor's watchdog falls silent."""
+    ctypes.PyDLL(None).pause()
 
 
 class FirstStep:
@@ -112,7 +122,7 @@ class FaultPlan:
         """A hang acts at step ``at_step``, or (with ``after``) at the first step past it that
         is ``after`` seconds past this rank's first step."""
         if not fault.after:
-            return step == fault.at_step if fault.where == "host" else step >= fault.at_step
+            return step == fault.at_step if fault.where != "data" else step >= fault.at_step
         return step >= fault.at_step and self._waited(fault.after)
 
     def slow_compute(self, step: int, seconds: float) -> None:
@@ -143,6 +153,8 @@ class FaultPlan:
         for f in self._of(fs.Hang):
             if f.where == "host" and self.hang_due(f, step):
                 block_forever_in_host_call()
+            elif f.where == "gil" and self.hang_due(f, step):
+                block_forever_holding_the_gil()
         for f in self._of(fs.Pause):
             if f.at_step == step and first:
                 pause(Path(f.dir), self.rank)

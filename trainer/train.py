@@ -160,10 +160,13 @@ class Trainer:
 
     def train_step(self, mon: Monitor) -> None:
         with mon.step():
+            # The global sample index of this step's first micro-batch: with the rank, batch
+            # size and world size it names the rank's batch (trainer.data.batch_at replays it).
+            position = self.loader.position
             loss = self.accumulate_gradients(mon)
             with mon.phase("optimizer"):
                 grad_norm, lr = self.optimizer_step()
-            mon.record(loss=loss, lr=lr, grad_norm=grad_norm)
+            mon.record(loss=loss, lr=lr, grad_norm=grad_norm, batch={"position": position})
         self.step += 1
 
     def save(self, mon: Monitor) -> None:

@@ -19,6 +19,7 @@ from fsdpmon.conventions import (
     EXIT_KILLED,
     Severity,
 )
+from fsdpmon.diagnose.cpu_rules import starved
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import (
     Finding,
@@ -33,6 +34,7 @@ from fsdpmon.diagnose.findings import (
 )
 from fsdpmon.diagnose.glance import glance
 from fsdpmon.diagnose.gpu_rules import gpu_ecc, gpu_lost, gpu_xid, memory, throttled
+from fsdpmon.diagnose.loss_rules import loss
 from fsdpmon.diagnose.observe import Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
 from fsdpmon.diagnose.straggler_rules import stragglers
@@ -63,7 +65,7 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     out: list[Finding] = []
     for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing, _hang):
         out += rule(obs, places, stacks)
-    for rule in (stragglers, throttled, _loss, memory, _checkpoint, _targets):
+    for rule in (stragglers, starved, throttled, loss, memory, _checkpoint, _targets):
         out += rule(obs, places)
     return ranked(out)
 
@@ -193,25 +195,6 @@ def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> lis
                if culprits else f"{ranks_text(stalled)} stalled, none behind the others")
     return [Finding("hang", Severity.CRITICAL, summary, evidence=tuple(evidence),
                     stacks=tuple(classes), **where(places, rank))]
-
-
-def _loss(obs: Observations, places: Places) -> list[Finding]:
-    out = []
-    if obs.nonfinite:
-        bad = sorted(obs.nonfinite)
-        live = [r for r in obs.now.ranks if not r.down]
-        rank = bad[0] if len(bad) < len(live) else None
-        out.append(Finding("loss_nonfinite", Severity.CRITICAL,
-                           f"loss is NaN/inf on {ranks_text(bad)}",
-                           evidence=(f"non-finite loss on {ranks_text(bad)} for "
-                                     f"{obs.seconds:.0f}s",), **where(places, rank)))
-    elif obs.loss_spike:
-        base, low = obs.loss_spike
-        out.append(Finding("loss_spike", Severity.WARNING,
-                           f"loss spiked: {low:.3g} vs {base:.3g} before",
-                           evidence=(f"job loss ≥ {low:.3g} for {obs.seconds:.0f}s, median "
-                                     f"before {base:.3g}",)))
-    return out
 
 
 def _checkpoint(obs: Observations, places: Places) -> list[Finding]:

@@ -21,7 +21,8 @@ from fsdpmon.job.snapshot import RankRow
 CAUSES = (
     "hang", "rank_unresponsive", "rank_missing", "crash_loop", "gpu_lost", "gpu_xid", "gpu_ecc",
     "loss_nonfinite", "gpu_throttled", "straggler_compute", "straggler_data",
-    "host_cpu_contention", "checkpoint_slow", "memory_pressure", "loss_spike", "target_down",
+    "host_cpu_contention", "cpu_throttled", "checkpoint_slow", "memory_pressure", "loss_spike",
+    "target_down",
 )
 
 NEXT_STEPS = {
@@ -48,8 +49,13 @@ NEXT_STEPS = {
                          "it and restart the job elsewhere if it stays slow",
     "straggler_data": "the rank waits for its data: check the data loader workers, dataset "
                       "storage (FSx/S3) throughput and CPU limits of {pod}",
-    "host_cpu_contention": "the node's CPUs are saturated: raise the pod's CPU request/limit, "
-                           "fewer data loader workers, or move other pods off {node}",
+    "host_cpu_contention": "the rank waits for a CPU: other work shares its cores on {node}; "
+                           "give {pod} a CPU request equal to its limit (Guaranteed QoS, "
+                           "static CPU manager), fewer data loader workers, or move other pods "
+                           "off {node}",
+    "cpu_throttled": "{pod}'s CPU limit throttles it: raise the limit (or remove it and keep "
+                     "the request), or use fewer data loader workers and sidecar threads; "
+                     "`kubectl top pod {pod} --containers`",
     "checkpoint_slow": "checkpoint writes are slow: check the storage (FSx/EBS throughput), "
                        "use async checkpointing, or checkpoint less often",
     "memory_pressure": "close to out-of-memory: lower the micro-batch, enable activation "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
+    CPU_THROTTLED_RATIO,
     CRASH_EVIDENCE_SECONDS,
     GPU_POWER_CAP_REASON,
     GPU_THROTTLE_REASONS,
@@ -62,6 +63,37 @@ def _power_capped(snap: JobSnapshot) -> list[GpuKey]:
 def _stragglers(snap: JobSnapshot) -> list[int]:
     return [r.rank for r in _live(snap) if r.straggler_score is not None
             and math.isfinite(r.straggler_score) and r.straggler_score < STRAGGLER_SCORE_THRESHOLD]
+
+
+def _starved(snap: JobSnapshot) -> list[int]:
+    """Ranks the others wait for (waited-for score below the line) that are not busier than
+    them (straggler score not below it) and wait for a CPU more than the others' median: the
+    time the others wait for is this rank waiting for a CPU."""
+    live = _live(snap)
+    out = []
+    for r in live:
+        waited, own = r.waited_for_score, r.descheduled_ratio
+        if waited is None or own is None or not waited < STRAGGLER_SCORE_THRESHOLD:
+            continue
+        if r.straggler_score is not None and r.straggler_score < STRAGGLER_SCORE_THRESHOLD:
+            continue  # busy: a compute or data straggler
+        others = [o.descheduled_ratio for o in live if o is not r and o.descheduled_ratio
+                  is not None]
+        if others and own > statistics.median(others):
+            out.append(r.rank)
+    return out
+
+
+def cpu_throttled(window: Window, ranks: set[int]) -> set[int]:
+    """Of ``ranks``, those whose cgroup was throttled in CPU_THROTTLED_RATIO of its CFS periods
+    or more, as the median over the window's snapshots (one log window holds few periods)."""
+    out = set()
+    for rank in ranks:
+        shares = [r.cpu_throttled_ratio for s in window.recent for r in s.ranks
+                  if r.rank == rank and r.cpu_throttled_ratio is not None]
+        if shares and statistics.median(shares) >= CPU_THROTTLED_RATIO:
+            out.add(rank)
+    return out
 
 
 def _nonfinite(snap: JobSnapshot) -> tuple[int, ...]:
@@ -143,6 +175,8 @@ class Observations:
     throttled: dict[GpuKey, list[str]] = field(default_factory=dict)
     power_capped: set[GpuKey] = field(default_factory=set)
     stragglers: set[int] = field(default_factory=set)
+    starved: set[int] = field(default_factory=set)  # waited for, not busy: waiting for a CPU
+    cpu_throttled: set[int] = field(default_factory=set)  # of them, held back by a CPU limit
     nonfinite: set[int] = field(default_factory=set)
     rank_memory: set[int] = field(default_factory=set)
     gpu_memory: set[GpuKey] = field(default_factory=set)
@@ -172,6 +206,8 @@ def observe(window: Window) -> Observations:
         obs.throttled.setdefault(key, []).append(reason)
     obs.power_capped = window.lasting(_power_capped)
     obs.stragglers = window.lasting(_stragglers)
+    obs.starved = window.lasting(_starved)
+    obs.cpu_throttled = cpu_throttled(window, obs.starved)
     obs.nonfinite = window.lasting(_nonfinite)
     obs.rank_memory = window.lasting(_rank_memory)
     obs.gpu_memory = window.lasting(_gpu_memory)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fsdpmon.diagnose.findings import Finding
+from fsdpmon.diagnose.stacks import Frame, StackClass, culprit_index
 
 MAX_STACK_FRAMES = 4  # innermost frames shown per stack class
 
@@ -29,9 +30,16 @@ def finding_lines(f: Finding, frames: int = MAX_STACK_FRAMES) -> list[tuple[str,
         lines.append(("evidence", "  merged stacks (odd class first):"))
         for c in f.stacks:
             lines.append(("stack", f"    {c.describe()}"))
-            lines += [("stack", f"      {fr.where()}") for fr in reversed(c.frames[-frames:])]
+            lines += [("stack", f"      {fr.where()}") for fr in reversed(shown(c, frames))]
     lines.append(("next", f"  next: {f.next_step}"))
     return lines
+
+
+def shown(c: StackClass, frames: int) -> tuple[Frame, ...]:
+    """The frames under a class: from the user's innermost frame (and its caller) inwards, the
+    library frames below it included, or the innermost ``frames`` if that is more."""
+    start = max(0, min(len(c.frames) - frames, culprit_index(c.frames) - 1))
+    return c.frames[start:]
 
 
 def report_lines(findings: Sequence[Finding]) -> list[str]:

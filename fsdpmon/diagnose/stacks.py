@@ -7,12 +7,20 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 MAX_FRAMES = 64  # per rank: deeper stacks are cut at the innermost end kept
 MAX_TEXT = 200  # file / function names longer than this are cut
+
+
+# Frames not of the user's code: the standard library, installed packages, the interpreter's
+# own (<frozen ...>, <string>) and the monitor's. A hang's culprit frame is the innermost other
+# one: where the user's code called what never returned (threading.py's wait says nothing).
+_LIBRARY = re.compile(r"/site-packages/|/dist-packages/|/lib/python\d+(?:\.\d+)?/|^<|"
+                      r"/fsdpmon/monitor/")
 
 
 class Frame(NamedTuple):  # a tuple: 2048 stacks of ~20 frames hash in C when merged
@@ -22,6 +30,18 @@ class Frame(NamedTuple):  # a tuple: 2048 stacks of ~20 frames hash in C when me
 
     def where(self) -> str:
         return f"{os.path.basename(self.file)}:{self.line} {self.function}"
+
+    @property
+    def in_user_code(self) -> bool:
+        return not _LIBRARY.search(self.file)
+
+
+def culprit_index(frames: tuple[Frame, ...]) -> int:
+    """The innermost frame of the user's code (the innermost frame when none is)."""
+    for i in range(len(frames) - 1, -1, -1):
+        if frames[i].in_user_code:
+            return i
+    return len(frames) - 1
 
 
 @dataclass(frozen=True)
@@ -80,17 +100,29 @@ class StackClass:
     seq: int | None
     step: int | None
 
+    @property
+    def culprit(self) -> Frame | None:
+        """The innermost frame of the user's code; the frames below it stay in ``frames``."""
+        return self.frames[culprit_index(self.frames)] if self.frames else None
+
     def describe(self) -> str:
-        """'2047 ranks in all_gather_into_tensor at fsdp.py:12 f (step 812, collective #219)'."""
+        """'2047 ranks at train.py:88 step in fsdp.py:12 wait (step 812, last collective #219
+        all_gather_into_tensor)': the user's innermost frame, then the innermost of all."""
         who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else f"{len(self.ranks)} ranks"
-        where = self.frames[-1].where() if self.frames else "no stack published"
+        culprit = self.culprit
+        where = culprit.where() if culprit else "no stack published"
+        if culprit is not None and culprit is not self.frames[-1]:
+            where += f" in {self.frames[-1].where()}"
         coll = f"collective #{self.seq} {self.op}" if self.seq is not None else "no collective yet"
         step = f"step {self.step}, " if self.step is not None else ""
         return f"{who} at {where} ({step}last {coll})"
 
     def to_dict(self) -> dict[str, Any]:
+        culprit = self.culprit
         return {"ranks": list(self.ranks), "count": len(self.ranks), "op": self.op,
                 "seq": self.seq, "step": self.step,
+                "culprit_frame": None if culprit is None else {
+                    "file": culprit.file, "line": culprit.line, "function": culprit.function},
                 "frames": [{"file": f.file, "line": f.line, "function": f.function}
                            for f in self.frames]}
 

@@ -18,17 +18,23 @@ WHY = {"straggler_compute": "its own compute is slow", "straggler_data": "it wai
 
 
 def straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
-    """compute or data, and the figures that say so: data when at least STRAGGLER_CAUSE_SHARE
-    of its extra busy time (over the median rank's) is extra data wait. (Never checkpointing:
-    saves run between steps, outside the busy time; see the engine's checkpoint rule.)"""
-    busy = [r.busy_s for r in live if r.busy_s is not None]
-    excess = (row.busy_s or 0.0) - median(busy)
-    data = [(r.data_wait_ratio or 0.0) * (r.step_time_s or 0.0) for r in live]
-    own_data = (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
-    extra_data = own_data - median(data)
+    """compute or data, and the figures that say so, against the other ranks' median as its
+    score is: data when at least STRAGGLER_CAUSE_SHARE of its extra busy time is extra data
+    wait. (Never checkpointing: saves run between steps, outside the busy time; see the
+    engine's checkpoint rule.)"""
+    others = [r for r in live if r.rank != row.rank]
+    busy = median([r.busy_s for r in others if r.busy_s is not None])
+    excess = (row.busy_s or 0.0) - busy
+    extra_data = _data_s(row) - median([_data_s(r) for r in others])
     if excess > 0 and extra_data >= STRAGGLER_CAUSE_SHARE * excess:
-        return "straggler_data", f"{extra_data:.3g}s of its {excess:.3g}s extra is data wait"
-    return "straggler_compute", f"busy {row.busy_s or 0:.3g}s vs median {median(busy):.3g}s"
+        return "straggler_data", (f"data wait {_data_s(row):.3f} s vs the others' median "
+                                  f"{_data_s(row) - extra_data:.3f} s: {extra_data:.3f} s of "
+                                  f"its {excess:.3f} s extra busy time")
+    return "straggler_compute", f"busy {row.busy_s or 0:.3f} s vs the others' median {busy:.3f} s"
+
+
+def _data_s(row: RankRow) -> float:
+    return (row.data_wait_ratio or 0.0) * (row.step_time_s or 0.0)
 
 
 def _contended(row: RankRow, live: list[RankRow], obs: Observations) -> bool:

@@ -65,8 +65,14 @@ class RankRow:
     collective_wait_ratio: float | None = None
     straggler_score: float | None = None  # median busy / own busy; low = straggler
     straggling: bool | None = None  # the monitor's persistent verdict (None: not published)
+    waited_for_score: float | None = None  # the others' median held time / own; low: waited for
+    descheduled_ratio: float | None = None  # share of its step waiting for a CPU
+    cpu_throttled_ratio: float | None = None  # share of its cgroup's CFS periods throttled
     unresponsive: bool = False  # its monitor thread stopped: the rank that hangs
     loss_nonfinite: bool = False
+    # the first step its loss / grad norm was NaN or infinite (None: not yet)
+    loss_first_nonfinite_step: int | None = None
+    grad_norm_first_nonfinite_step: int | None = None
     checkpoint_seconds: float | None = None  # the last save's wall time
     checkpoint_own_seconds: float | None = None  # of which not waiting for other ranks
     checkpoint_time_ratio: float | None = None  # the last save's share of wall time

@@ -8,9 +8,29 @@ Two lines in any training loop::
             ...
             mon.record(loss=loss.detach(), lr=lr, grad_norm=gn)
     mon.close()
+
+``Monitor`` is imported on first use: the pod's server process (``fsdpmon.monitor.podserver``)
+lives in this package too and must start without torch.
 """
 
-from fsdpmon.monitor.config import MonitorConfig
-from fsdpmon.monitor.monitor import Monitor
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from fsdpmon.monitor.config import MonitorConfig
+    from fsdpmon.monitor.monitor import Monitor
 
 __all__ = ["Monitor", "MonitorConfig"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Monitor":
+        from fsdpmon.monitor.monitor import Monitor
+
+        return Monitor
+    if name == "MonitorConfig":
+        from fsdpmon.monitor.config import MonitorConfig
+
+        return MonitorConfig
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -54,7 +54,7 @@ import functools
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpmon.monitor import ddp
@@ -82,6 +82,7 @@ class StepWaits:
 
     collective: list[float]
     descheduled: list[float]
+    descheduled_inside: list[float] = field(default_factory=list)  # run-queue delay in the calls
 
 
 class CollectiveTimer:
@@ -106,6 +107,7 @@ class CollectiveTimer:
         self._pairs: list[tuple[Any, Any]] = []  # cuda: this step's event pairs
         self._steps: list[Any] = []  # per completed step: seconds (host) or its pairs (cuda)
         self._desched: list[float] = []
+        self._desched_in: list[float] = []
         self._free: list[Any] = []
         self._backward_ends: list[float] = []  # this step's DDP backwards (see .ddp)
         self._completed: list[tuple[int, float]] = []
@@ -160,6 +162,7 @@ class CollectiveTimer:
             if self._rq is not None and self._rq_step is not None:
                 desched = max(0.0, self._rq.seconds() - self._rq_step - self._rq_in)
             self._desched.append(desched)
+            self._desched_in.append(self._rq_in if self._rq is not None else 0.0)
         else:
             self._free += (e for pair in self._pairs for e in pair)
         self._seconds, self._pairs, self._rq_step, self._rq_in = 0.0, [], None, 0.0
@@ -174,15 +177,16 @@ class CollectiveTimer:
         step timer's one synchronisation)."""
         steps, self._steps = self._steps, []
         desched, self._desched = self._desched, []
+        inside, self._desched_in = self._desched_in, []
         if not self.cuda:
-            return StepWaits(steps, desched)
+            return StepWaits(steps, desched, inside)
         if steps and steps[-1]:
             steps[-1][-1][1].synchronize()  # done already: the step's stream waited for it
         out = []
         for pairs in steps:
             out.append(sum(float(a.elapsed_time(b)) for a, b in pairs) / 1000.0)
             self._free += (e for pair in pairs for e in pair)
-        return StepWaits(out, desched)
+        return StepWaits(out, desched, inside)
 
     def close(self) -> None:
         if self._rq is not None:

@@ -3,7 +3,8 @@
 It yields fresh metric families on each scrape, built from the catalog, so a rank that died
 (its PID gone) simply is not there, and the heartbeat age is computed at scrape time — a rank
 frozen by SIGSTOP still shows its age growing and is reported stalled even though its own
-watchdog thread cannot run.
+watchdog thread cannot run. It runs in the pod's server process (``podserver``), never in a
+rank, so a stopped rank is judged by the others' server: unresponsive, the rest served.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME, Kind
 from fsdpmon.conventions import EXIT_HOWS, UNRESPONSIVE_AFTER_SECONDS
 from fsdpmon.families import Families
+from fsdpmon.monitor.heartbeat import Heartbeat, stopped
 from fsdpmon.monitor.state import RankState, read_job_states
 
 log = logging.getLogger(__name__)
@@ -83,8 +85,7 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
         catalog.TRAIN_HEARTBEAT_AGE_SECONDS.name: age,
         catalog.TRAIN_STALLED.name: stalled,
         catalog.TRAIN_STALL_THRESHOLD_SECONDS.name: threshold if threshold > 0 else None,
-        catalog.TRAIN_UNRESPONSIVE.name: None if hb.watchdog_unix <= 0 else float(
-            now - hb.watchdog_unix > UNRESPONSIVE_AFTER_SECONDS),
+        catalog.TRAIN_UNRESPONSIVE.name: _unresponsive(hb, started, now),
     }
     for name, value in {**_mapping(snap.get("values")), **live}.items():
         _add(builder, name, labels, value)
@@ -98,6 +99,16 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
     hist = snap.get("histogram")
     if isinstance(hist, dict):
         _histogram(builder, labels, hist)
+
+
+def _unresponsive(hb: Heartbeat, started: float, now: float) -> float:
+    """1 when the rank's process is stopped (the kernel says so at once) or its watchdog thread
+    has not ticked for UNRESPONSIVE_AFTER_SECONDS (stopped, or holding the GIL), counted from
+    the monitor's start until its first tick (it ticks once a second from then on)."""
+    if stopped(hb.pid):
+        return 1.0
+    last = hb.watchdog_unix if hb.watchdog_unix > 0 else started
+    return float(now - last > UNRESPONSIVE_AFTER_SECONDS)
 
 
 def _add(out: Families, name: str, labels: tuple[str, ...], value: Any) -> None:

@@ -56,9 +56,21 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    state = process_state(pid)
+    return state not in ("Z", "X")  # None: no procfs, trust kill()
+
+
+def process_state(pid: int) -> str | None:
+    """The kernel's one-letter state of ``pid`` (R, S, D, T stopped, t traced, Z, ...), None
+    when unknown (gone, or no procfs)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return True  # no procfs: trust kill()
+        return None
     state = stat.rsplit(")", 1)[-1].split()[:1]
-    return state != ["Z"] and state != ["X"]
+    return state[0] if state else None
+
+
+def stopped(pid: int) -> bool:
+    """True while ``pid`` is stopped (SIGSTOP, a debugger): it runs no code at all."""
+    return process_state(pid) in ("T", "t")

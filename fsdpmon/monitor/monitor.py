@@ -31,16 +31,19 @@ from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import checkpoint_time, collectives
 from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.cpustat import CgroupThrottling
 from fsdpmon.monitor.device import intended_syncs, uses_cuda
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
 from fsdpmon.monitor.gather import gather_rows, is_distributed, topology
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
+from fsdpmon.monitor.nonfinite import WATCHED, NonfiniteWatch
 from fsdpmon.monitor.publish import Publication
-from fsdpmon.monitor.records import as_float, run_record, step_record
+from fsdpmon.monitor.records import CpuFigures, as_float, run_record, step_record
 from fsdpmon.monitor.stats import (
     BUSY_MIN_STEPS,
     BusyHistory,
+    WaitHistory,
     WindowStats,
     job_figures,
     window_stats,
@@ -90,6 +93,8 @@ class Monitor:
         self.step_number = int(start_step)
         self.steps_done = self.tokens_done = 0
         self._pending: dict[str, Any] = {}
+        self._this_step: dict[str, Any] = {}  # what record() was given during this step
+        self._nonfinite = NonfiniteWatch()
         self._window_tokens = self._window_calls = 0
         self._window_start: float | None = None
         self._spans: dict[str, _Span] = {}
@@ -102,6 +107,8 @@ class Monitor:
         self._collectives: CollectiveTimer | None = None
         self._saves = checkpoint_time.CheckpointClock(distributed=False)
         self._busy = BusyHistory()
+        self._waits = WaitHistory()
+        self._throttling: CgroupThrottling | None = None
         self._straggling = StragglingFlag(span=BUSY_MIN_STEPS)
         self.device, self.peak_flops = "cpu", None
         self.flops_per_token = float(flops_per_token or 0.0)
@@ -136,6 +143,7 @@ class Monitor:
         self.run_record = run_record(self.topo, self.config.job_name, model, run_info,
                                      self.flops_per_token, self.device, self.peak_flops)
         self._memory = MemoryReader(cuda)
+        self._throttling = CgroupThrottling()
         if is_distributed(self.topo):  # one rank alone waits for nobody
             self._collectives = CollectiveTimer(cuda)
             collectives.activate(self._collectives)
@@ -179,17 +187,23 @@ class Monitor:
         return span
 
     def record(self, *, loss: Any = None, lr: Any = None, grad_norm: Any = None,
-               tokens: int | None = None) -> None:
-        """Hand over this step's values; tensors stay on the device until a log step."""
-        pending = self._pending
+               tokens: int | None = None, batch: Any = None) -> None:
+        """Hand over this step's values; tensors stay on the device until a log step.
+
+        ``batch``: what identifies this step's batch on this rank, e.g. the loader's position
+        (a number or a small JSON object): kept with the first non-finite loss or grad norm, so
+        the batch that produced it can be found and replayed."""
+        pending, step = self._pending, self._this_step
         if loss is not None:
-            pending["loss"] = loss
+            pending["loss"] = step["loss"] = loss
         if lr is not None:
             pending["lr"] = lr
         if grad_norm is not None:
-            pending["grad_norm"] = grad_norm
+            pending["grad_norm"] = step["grad_norm"] = grad_norm
         if tokens is not None:
             pending["tokens"] = tokens
+        if batch is not None:
+            step["batch"] = batch
 
     def begin_step(self) -> None:
         try:
@@ -210,6 +224,7 @@ class Monitor:
             self._collectives.step_done(completed=False)
         self._guarded("abort_step", self._timer.abort_step)
         self._pending.pop("tokens", None)
+        self._this_step.clear()
 
     def end_step(self) -> None:
         try:
@@ -224,6 +239,9 @@ class Monitor:
             self.step_number += 1
             self.tokens_done += tokens
             self._window_tokens += tokens
+            if self._this_step:
+                self._nonfinite.step_done(self.step_number, self._this_step)
+                self._this_step.clear()
         except Exception as exc:
             self._fail("end_step", exc)
             return
@@ -281,12 +299,17 @@ class Monitor:
     def _log_step_unguarded(self) -> None:
         stats = self._guarded("measure", self._measure_window)
         quality = self._guarded("values", self._read_values) or {}
+        for first in self._guarded("non-finite values", self._nonfinite.scan) or ():
+            self._write_jsonl(first.as_record(self.topo.rank, self.topo.local_rank, time.time()))
         memory = self._guarded("memory", self._memory.read) if self._memory else None
         peak_memory = memory.peak_bytes if memory else math.nan
         loss = quality.get("loss")
+        # one rank alone waits for nobody: no waited-for view (and no run-queue reads)
+        held, descheduled = self._waits.figures() if self._collectives else (None, None)
         local = [stats.step_time_s if stats else math.nan,
                  stats.busy_s if stats and self._busy.known else math.nan,
-                 peak_memory, math.nan if loss is None else loss]
+                 peak_memory, math.nan if loss is None else loss,
+                 math.nan if held is None else held]
         rows = self._gather(local)  # every rank, every log step, whatever failed above
         job = self._guarded("job figures", lambda: job_figures(rows)
                             if rows is not None and self.topo.rank == 0 else None)
@@ -294,11 +317,16 @@ class Monitor:
         own = self.topo.rank if rows is not None and len(rows) > 1 else 0
         score = self._guarded("straggler score", lambda: straggler_scores(
             [r[1] for r in rows])[own] if rows is not None else None)
+        waited = self._guarded("waited-for score", lambda: straggler_scores(
+            [r[4] for r in rows])[own] if rows is not None else None)
         straggling = self._straggling.update(score, self.step_number, time.monotonic())
+        cpu = CpuFigures(waited, descheduled, self._guarded(
+            "cpu throttling", self._throttling.ratio) if self._throttling else None)
         record = self._guarded("record", lambda: step_record(
             self.topo, self.step_number, stats, quality, busy_known=self._busy.known,
             peak_memory=peak_memory, job=job, score=score, straggling=straggling,
-            collective_calls=self._window_calls, tokens_total=self.tokens_done))
+            collective_calls=self._window_calls, tokens_total=self.tokens_done, cpu=cpu,
+            first_nonfinite={w: self._nonfinite.first_step(w) for w in WATCHED}))
         if record is None:
             return
         pub, times = self.pub, self._timer_window
@@ -319,8 +347,11 @@ class Monitor:
         self._timer_window = times
         stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops,
                              waits.collective if waits else (), self._busy.steps,
-                             waits.descheduled if waits else ())
+                             waits.descheduled if waits else (),
+                             waits.descheduled_inside if waits else ())
         self._busy.add(stats)
+        if self._collectives is not None:
+            self._waits.add(stats)
         return stats
 
     def _read_values(self) -> dict[str, float | None]:
@@ -337,12 +368,15 @@ class Monitor:
             self._fail("gather", exc)
             return None
 
-    def _emit(self, record: dict[str, Any]) -> None:
+    def _write_jsonl(self, record: dict[str, Any]) -> None:
         if self.jsonl is not None:
             try:
                 self.jsonl.write(record)
             except Exception as exc:
                 self._fail("jsonl", exc)
+
+    def _emit(self, record: dict[str, Any]) -> None:
+        self._write_jsonl(record)
         for fn in self._listeners:
             try:
                 fn(record)

@@ -1,7 +1,8 @@
-"""What one rank publishes for the pod's endpoint: its state files, the port, the watchdog.
+"""What one rank publishes for the pod's endpoint: its state files and the watchdog.
 
 The rank's snapshot (gauges, counters, histogram, job figures) is rewritten on log steps; the
-heartbeat on every step. Which rank serves HTTP is decided by the port (see ``server``).
+heartbeat on every step. No rank serves HTTP: the pod's server process does, from these files
+(``podserver``); each rank only makes sure one runs (``spawn``).
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import collectives, exit_cleanup, exit_record, statedir
 from fsdpmon.monitor.checkpoint_time import SaveTimes
 from fsdpmon.monitor.config import MonitorConfig
-from fsdpmon.monitor.server import PortKeeper
-from fsdpmon.monitor.stacks import StackPublisher, stacks_app
+from fsdpmon.monitor.spawn import ServerKeeper
+from fsdpmon.monitor.stacks import StackPublisher
 from fsdpmon.monitor.state import RankStateWriter, job_state_dir
 from fsdpmon.monitor.stats import JobFigures, WindowStats
 from fsdpmon.monitor.timing import WindowTimes
@@ -48,7 +49,7 @@ class Publication:
         self._watchdog_seen = 0.0
         self.writer: RankStateWriter | None = None
         self.exit_record: exit_record.ExitRecord | None = None
-        self.keeper: PortKeeper | None = None
+        self.keeper: ServerKeeper | None = None
         self.stacks: StackPublisher | None = None
         self.phase = ""  # the phase the training thread is in ("" between phases)
         self._training_thread = threading.get_ident()  # the monitor is made on it
@@ -95,13 +96,12 @@ class Publication:
             self._beat()
         except Exception as exc:
             self._fail("heartbeat", exc)  # serve anyway: the snapshot may still be good
-        # Local rank 0 binds at once; the others wait a retry period, then take over if needed.
+        # Local rank 0 starts the pod's server at once; the others check a retry period later
+        # (and every period after), and start one when none runs.
         delay = 0.0 if topo.local_rank == 0 else config.server_retry_seconds
-        self.keeper = PortKeeper(directory, config.listen_address, config.port, delay,
-                                 config.server_retry_seconds, web=self.web,
-                                 max_per_second=config.max_scrapes_per_second,
-                                 routes={"/stacks": stacks_app(directory, config.job_name)})
+        self.keeper = ServerKeeper(directory, config, delay)
         self.keeper.start()
+        exit_cleanup.register(self.keeper.close)  # after the files go: the last rank ends it
 
     def _keep_exit_record(self, directory: Path, topo: DistEnv) -> None:
         """Publish how this rank's previous incarnation ended (after a restart), then keep this
@@ -214,11 +214,18 @@ class Publication:
             catalog.TRAIN_STRAGGLER_SCORE.name: record.get("straggler_score"),
             catalog.TRAIN_STRAGGLING.name: (None if record.get("straggler_score") is None
                                             else record["straggling"]),
+            catalog.TRAIN_WAITED_FOR_SCORE.name: record.get("waited_for_score"),
+            catalog.TRAIN_DESCHEDULED_RATIO.name: record.get("descheduled_span_ratio"),
+            catalog.TRAIN_CPU_THROTTLED_RATIO.name: record.get("cpu_throttled_ratio"),
             catalog.TRAIN_MFU_RATIO.name: stats.mfu,
             catalog.TRAIN_LOSS.name: loss,
             catalog.TRAIN_LEARNING_RATE.name: record.get("lr"),
             catalog.TRAIN_GRAD_NORM.name: record.get("grad_norm"),
             catalog.TRAIN_LOSS_NONFINITE.name: None if loss is None else record["loss_nonfinite"],
+            catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP.name: record.get(
+                "loss_first_nonfinite_step"),
+            catalog.TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP.name: record.get(
+                "grad_norm_first_nonfinite_step"),
             catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name: errors,
             **memory,
         })
@@ -267,6 +274,7 @@ class Publication:
         if self.stacks is not None:
             self.stacks.clear()
         if self.keeper is not None:
+            exit_cleanup.unregister(self.keeper.close)
             self.keeper.close()
         with self._lock:
             writer, self.writer = self.writer, None

@@ -8,6 +8,7 @@ import math
 import os
 import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,10 +34,21 @@ def run_record(topo: DistEnv, job_name: str, model: nn.Module | None, run_info: 
     }
 
 
+@dataclass(frozen=True)
+class CpuFigures:
+    """Who the others wait for and whether the CPU is why (None: not known yet, or not here)."""
+
+    waited_for_score: float | None = None  # the others' median held time / this rank's
+    descheduled_ratio: float | None = None  # share of the step waiting for a CPU (span median)
+    cpu_throttled_ratio: float | None = None  # of the cgroup's CFS periods in the window
+
+
 def step_record(topo: DistEnv, step: int, stats: WindowStats | None,
                 quality: dict[str, float | None], *, busy_known: bool, peak_memory: float,
                 job: JobFigures | None, score: float | None, straggling: bool,
-                collective_calls: int, tokens_total: int) -> dict[str, Any]:
+                collective_calls: int, tokens_total: int,
+                cpu: CpuFigures = CpuFigures(),
+                first_nonfinite: dict[str, int | None] | None = None) -> dict[str, Any]:
     """``stats``: the window's figures (None when measuring it failed); ``busy_known``: the
     busy median spans enough steps to publish; ``collective_calls``: in the window."""
     loss = quality.get("loss")
@@ -50,14 +62,22 @@ def step_record(topo: DistEnv, step: int, stats: WindowStats | None,
         "data_wait_ratio": stats.data_wait_ratio if stats else None,
         "busy_s": stats.busy_s if stats and busy_known else None,
         "collective_wait_ratio": stats.collective_wait_ratio if stats else None,
+        # the window's share of step time waiting for a CPU; the median share over the
+        # recent steps (>= 10 s) is what the endpoint serves
         "descheduled_ratio": stats.descheduled_ratio if stats else None,
+        "descheduled_span_ratio": cpu.descheduled_ratio,
+        "cpu_throttled_ratio": cpu.cpu_throttled_ratio,
         "straggler_score": score,
+        "waited_for_score": cpu.waited_for_score,
         "straggling": straggling,
         "collective_calls": collective_calls / stats.steps if stats and stats.steps else 0,
         "mfu": stats.mfu if stats else None,
         "peak_memory_bytes": peak_memory,
         "tokens_total": tokens_total,
         "loss_nonfinite": loss is not None and not math.isfinite(loss),
+        # the first step this rank's loss / grad norm was NaN or infinite (null: not yet)
+        **{f"{what}_first_nonfinite_step": step
+           for what, step in (first_nonfinite or {}).items()},
         "phase_seconds": dict(stats.phase_means) if stats else {},
     }
     if job is not None:

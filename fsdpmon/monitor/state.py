@@ -114,11 +114,19 @@ class RankStateWriter:
                 with contextlib.suppress(OSError):
                     if _owner_pid(path) in (self.pid, None):
                         path.unlink()
-            read_job_states(self.directory)  # clears out ranks that died without closing
-            exit_record.sweep(self.directory)  # unless a record tells of a rank killed
-            _remove_dead_writes(self.directory)
+            tidy(self.directory)
             with contextlib.suppress(OSError):
                 self.directory.rmdir()  # the last rank out removes the (then empty) directory
+
+
+def tidy(directory: Path) -> None:
+    """Remove what ranks that are gone left: their state and stack files (they died without
+    closing), half-written files, and every exit record unless one tells of a rank killed.
+    What the last rank out does, and the pod's server when it outlives them all."""
+    read_job_states(directory)
+    exit_record.sweep(directory)
+    _remove_dead_writes(directory)
+    _remove_dead_stacks(directory)
 
 
 def read_job_states(directory: Path) -> list[RankState]:
@@ -178,6 +186,20 @@ def _remove_dead_writes(directory: Path) -> None:
             match = _UNFINISHED.fullmatch(path.name)
             if match and (int(match.group(1)) == os.getpid() or
                           not pid_alive(int(match.group(1)))):
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+
+def _remove_dead_stacks(directory: Path) -> None:
+    """A rank killed while stalled leaves its ``stack<R>.json`` (pid inside): removed once that
+    process is gone."""
+    with contextlib.suppress(OSError):
+        for path in directory.glob("stack*.json"):
+            try:
+                pid = int(json.loads(path.read_bytes()[:1 << 20]).get("pid"))
+            except (OSError, ValueError, TypeError, AttributeError):
+                continue
+            if not pid_alive(pid):
                 with contextlib.suppress(OSError):
                     path.unlink()
 

@@ -13,6 +13,14 @@ from fsdpmon.monitor.flops import mfu
 from fsdpmon.monitor.straggling import straggler_scores
 from fsdpmon.monitor.timing import WindowTimes
 
+# The "waited for" view (see WaitHistory) also spans at least this much wall time: the time a
+# loaded host makes a rank wait for a CPU comes in stretches of seconds, which a median over
+# BUSY_MIN_STEPS tiny steps follows, so healthy ranks would score below the line now and then;
+# over 10 s they do not, while a rank given a fraction of a core still does
+# (benchmarks/bench_blind.py prints both). Capped in steps, so a job of millisecond steps spans
+# less.
+WAIT_SPAN_SECONDS = 10.0
+WAIT_SPAN_MAX_STEPS = 4096
 # Fewest steps the busy-time median spans (odd: a true middle), so that a few odd steps cannot
 # move it: on a loaded host a healthy rank's busy time still wanders from step to step, and a
 # shorter median scores healthy ranks below the line too often to flag on (the straggler flag
@@ -34,19 +42,26 @@ class WindowStats:
     busy_s: float  # median over recent steps: step time less the time waiting in collectives
     busy_steps: tuple[float, ...]  # this window's per-step busy times (for the next windows)
     collective_wait_ratio: float | None
-    descheduled_ratio: float | None  # share of step time waiting for a CPU outside collectives
+    descheduled_ratio: float | None  # share of step time waiting for a CPU (run-queue delay)
     phase_means: dict[str, float]
     mfu: float | None
+    step_seconds: tuple[float, ...] = ()
+    # per step: its time not waiting for the other ranks: busy plus waiting for a CPU
+    held_steps: tuple[float, ...] = ()
+    # per step: the share of it spent waiting for a CPU (empty: not measured)
+    descheduled_steps: tuple[float, ...] = ()
 
 
 def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
                  flops_per_token: float, peak_flops: float | None,
                  collective_waits: Sequence[float] = (),
                  busy_history: Sequence[float] = (),
-                 descheduled: Sequence[float] = ()) -> WindowStats:
+                 descheduled: Sequence[float] = (),
+                 descheduled_inside: Sequence[float] = ()) -> WindowStats:
     """``collective_waits``: each step's time inside collectives (empty: none measured);
     ``busy_history``: earlier steps' busy times, oldest first; ``descheduled``: each step's
-    time waiting for a CPU outside the collectives (CPU hosts; empty: none measured).
+    time waiting for a CPU outside the collectives (CPU hosts; empty: none measured);
+    ``descheduled_inside``: the same inside them (part of the collective wait).
 
     Busy time is step time less collective wait less that run-queue delay: what the rank spent
     on its own work (computing, loading data, sleeping in its own calls), so that a rank the OS
@@ -65,9 +80,15 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
     data = times.phase_seconds.get("data")
     per_step = {k: v / steps for k, v in times.phase_seconds.items()} if steps else {}
     waits = list(collective_waits) if len(collective_waits) == steps else [0.0] * steps
-    off_cpu = list(descheduled) if len(descheduled) == steps else [0.0] * steps
+    measured = len(descheduled) == steps
+    off_cpu = list(descheduled) if measured else [0.0] * steps
+    off_in = list(descheduled_inside) if len(descheduled_inside) == steps else [0.0] * steps
     busy = [max(0.0, t - w - d)
             for t, w, d in zip(times.step_seconds, waits, off_cpu, strict=True)]
+    # A rank starved of CPU is starved inside the collectives too (gloo's copies and reductions
+    # wait for a CPU): that part of the "wait" is not waiting for the other ranks.
+    held = [max(0.0, t - w + d) for t, w, d in zip(times.step_seconds, waits, off_in, strict=True)]
+    off_total = [a + b for a, b in zip(off_cpu, off_in, strict=True)]
     wait = min(step_total, math.fsum(waits))
     recent = [*busy_history, *busy][-max(steps, BUSY_MIN_STEPS):]
     return WindowStats(
@@ -80,10 +101,15 @@ def window_stats(times: WindowTimes, tokens: int, wall_seconds: float,
         busy_s=statistics.median(recent) if recent else 0.0,
         busy_steps=tuple(busy),
         collective_wait_ratio=wait / step_total if step_total > 0 else None,
-        descheduled_ratio=(min(step_total, math.fsum(off_cpu)) / step_total
-                           if step_total > 0 and len(descheduled) == steps else None),
+        descheduled_ratio=(min(step_total, math.fsum(off_total)) / step_total
+                           if step_total > 0 and measured else None),
         phase_means=per_step,
         mfu=mfu(tps, flops_per_token, peak_flops),
+        step_seconds=tuple(times.step_seconds),
+        held_steps=tuple(held),
+        descheduled_steps=tuple(min(1.0, d / t) if t > 0 else 0.0
+                                for t, d in zip(times.step_seconds, off_total, strict=True))
+        if measured else (),
     )
 
 
@@ -100,6 +126,47 @@ class BusyHistory:
         # Until the median spans BUSY_MIN_STEPS steps it is too noisy to score a rank by: no
         # score (and no straggler flag) rather than a noisy one.
         self.known = len(self.steps) >= BUSY_MIN_STEPS or window.steps >= BUSY_MIN_STEPS
+
+
+class WaitHistory:
+    """Who the others wait for, whatever slows it: each step's time not waiting for the other
+    ranks (held: busy, or waiting for a CPU) and its share waiting for a CPU, as medians over
+    the recent steps spanning BUSY_MIN_STEPS steps and WAIT_SPAN_SECONDS of step time.
+
+    Busy time leaves the run-queue delay out (so a rank the OS time-sliced more in a window is
+    not a compute straggler), which makes a rank starved of CPU look idle; held time puts it
+    back. A starved rank is waited for (held high) but not busy: that pair is its signature."""
+
+    def __init__(self) -> None:
+        self._steps: deque[tuple[float, float, float]] = deque(maxlen=WAIT_SPAN_MAX_STEPS)
+
+    def add(self, window: WindowStats) -> None:
+        shares = window.descheduled_steps or [math.nan] * len(window.held_steps)
+        self._steps.extend(zip(window.step_seconds, window.held_steps, shares, strict=True))
+
+    def _spanned(self) -> list[tuple[float, float, float]] | None:
+        out, seconds = [], 0.0
+        for entry in reversed(self._steps):
+            out.append(entry)
+            seconds += entry[0]
+            if len(out) >= BUSY_MIN_STEPS and seconds >= WAIT_SPAN_SECONDS:
+                return out
+        full = len(self._steps) == self._steps.maxlen
+        return out if full else None  # too few steps yet: no figure rather than a noisy one
+
+    def figures(self) -> tuple[float | None, float | None]:
+        """(median held seconds, median share waiting for a CPU); None until the span is
+        covered (the share also where it is not measured)."""
+        spanned = self._spanned()
+        if not spanned:
+            return None, None
+        shares = [d for _, _, d in spanned]
+        return (statistics.median(h for _, h, _ in spanned),
+                None if any(math.isnan(d) for d in shares) else statistics.median(shares))
+
+
+# The per-rank vector each rank contributes to the one gather per log interval.
+GATHER_FIELDS = ("step_time_s", "busy_s", "peak_memory_bytes", "loss", "held_s")
 
 
 @dataclass(frozen=True)

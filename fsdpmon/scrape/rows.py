@@ -63,6 +63,8 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
         unresponsive=get("unresponsive") == 1.0, loss_nonfinite=get("loss_nonfinite") == 1.0,
         restarts=opt_int(get("restarts")), seen_at=now, gpus=gpus,
         previous_exit_step=opt_int(get("previous_exit_step")),
+        loss_first_nonfinite_step=opt_int(get("loss_first_nonfinite_step")),
+        grad_norm_first_nonfinite_step=opt_int(get("grad_norm_first_nonfinite_step")),
     )
 
 

@@ -1,0 +1,184 @@
+"""The pod's endpoint as a process of its own, serving every local rank from the state directory.
+
+Why not a thread inside a rank: a rank stopped by SIGSTOP, or hung in a C call that holds the
+GIL, runs no Python at all, so a thread of it cannot answer a scrape; the pod went dark and every
+other local rank vanished with it. This process runs no training: it reads the files the ranks
+publish (``state``), judges from them and from the kernel which ranks are alive, stopped or
+silent (``collector``), and serves ``/metrics`` and ``/stacks`` through the same bounded server
+as before (``server.PortKeeper``: TLS and basic auth from the web-config file, a render at most
+once a second, a small worker pool, a request-rate cap).
+
+Its life:
+- A rank starts it (``spawn.ServerKeeper``) when none holds the directory's lock:
+  ``python -m fsdpmon.monitor.podserver --dir D --job-name J --address A --port P ...``. It forks
+  once at start, so it is no rank's child (no zombie when it ends before them, none of their
+  signals) and lives in a session of its own.
+- It holds an exclusive ``flock`` on ``D/server.lock`` (its pid written inside) as long as it
+  runs: the kernel drops the lock however the process ends, SIGKILL included, so the ranks know
+  at their next check (every ``server_retry_seconds``) that they must start another one. A
+  second server started by a race finds the lock taken and leaves at once.
+- It ends when no live rank is left in the directory (checked every ``WATCH_SECONDS``), or on
+  SIGTERM (the last rank to close sends it, so a normal end is not kept waiting): it tidies what
+  the gone ranks left (as the last rank would), removes its lock, and the directory when that
+  leaves it empty. Exit records of killed ranks stay for a restart to read (``exit_record``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from fsdpmon.errors import FsdpmonError
+from fsdpmon.monitor import state, statedir
+from fsdpmon.monitor.server import PortKeeper
+from fsdpmon.monitor.stacks import stacks_app
+from fsdpmon.webconfig import load_web_config
+
+log = logging.getLogger("fsdpmon.podserver")
+
+LOCK_NAME = "server.lock"
+MODULE = "fsdpmon.monitor.podserver"
+# How often the server looks for live ranks: how long it outlives the last one at most.
+WATCH_SECONDS = 0.5
+# How long a new server waits for the lock (ranks hold it shared for an instant to check it).
+LOCK_WAIT_SECONDS = 2.0
+
+
+# ---- the lock: who serves this directory ---------------------------------------------------
+
+def running(directory: Path) -> bool:
+    """Whether a server holds the directory's lock (a shared lock cannot be had)."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False  # no lock file: nobody ever served, or the last server removed it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # and with it the shared lock, if we got it
+    return False
+
+
+def server_pid(directory: Path) -> int | None:
+    """The pid of the server holding the lock, if one does and it is ours to signal."""
+    if not running(directory):
+        return None
+    try:
+        pid = int((directory / LOCK_NAME).read_text().strip() or "0")
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 0 and MODULE.encode() in cmdline else None
+
+
+def stop(directory: Path, timeout_s: float = 5.0) -> bool:
+    """Ask the directory's server to end now (SIGTERM) and wait until its lock is free."""
+    pid = server_pid(directory)
+    if pid is None:
+        return not running(directory)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while running(directory) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return not running(directory)
+
+
+def take_lock(directory: Path, wait_s: float = LOCK_WAIT_SECONDS) -> int | None:
+    """The lock's descriptor, held exclusively with our pid inside; None when another server
+    holds it past ``wait_s``."""
+    fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                return None
+            time.sleep(0.05)
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, str(os.getpid()).encode(), 0)
+    return fd
+
+
+# ---- the process ---------------------------------------------------------------------------
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__.split("\n")[0])
+    p.add_argument("--dir", required=True, type=Path, help="the job's state directory")
+    p.add_argument("--job-name", required=True)
+    p.add_argument("--address", required=True)
+    p.add_argument("--port", required=True, type=int)
+    p.add_argument("--web-config", default=None, help="exporter-toolkit web config (TLS, auth)")
+    p.add_argument("--max-per-second", type=float, default=None)
+    p.add_argument("--retry-seconds", type=float, default=2.0, help="port bind retry period")
+    p.add_argument("--foreground", action="store_true", help="do not fork (tests, debugging)")
+    return p.parse_args(argv)
+
+
+def serve(args: argparse.Namespace, stopping: threading.Event) -> int:
+    """Serve the directory until no rank is left in it (or ``stopping`` is set)."""
+    directory = args.dir
+    try:
+        statedir.check_private(directory)
+        web = load_web_config(args.web_config, "FSDPMON_WEB_CONFIG_FILE")
+    except (FsdpmonError, OSError) as exc:
+        log.error("fsdpmon pod server: %s", exc)
+        return 2
+    fd = take_lock(directory)
+    if fd is None:
+        return 0  # another server holds the directory
+    keeper = PortKeeper(directory, args.address, args.port, 0.0, args.retry_seconds, web=web,
+                        max_per_second=args.max_per_second,
+                        routes={"/stacks": stacks_app(directory, args.job_name)})
+    keeper.start()
+    try:
+        while not stopping.wait(WATCH_SECONDS):
+            if not statedir.live_pids(directory):
+                break  # the last rank is gone
+    finally:
+        keeper.close()
+        _leave(directory, fd)
+    return 0
+
+
+def _leave(directory: Path, fd: int) -> None:
+    """What the last rank out would do, then the lock (unlinked before it is released, so a
+    rank that finds the file finds it held or finds none) and the directory if empty."""
+    with contextlib.suppress(OSError):
+        state.tidy(directory)
+    with contextlib.suppress(OSError):
+        (directory / LOCK_NAME).unlink()
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        directory.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    if not args.foreground and os.fork() > 0:
+        os._exit(0)  # the rank that started us reaps this parent at once; we are nobody's child
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    stopping = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stopping.set())
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal the job started from may go
+    return serve(args, stopping)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
