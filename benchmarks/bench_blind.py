@@ -3,8 +3,8 @@ on which rank, at 2 and 4 ranks. Prints; asserts nothing.
 
 Each fault runs on a fresh job (tests/diagnose_job.py: torchrun CPU ranks of the tiny trainer,
 started through tests/trainer_outside_faults.py) watched as `fsdpmon diagnose` watches it (the
-engine on the pod endpoint's snapshots every ~0.5 s). Made from outside the trainer's injector unless
-said:
+engine on the pod endpoint's snapshots every ~0.5 s). Made from outside the trainer's injector
+unless said:
   cpu-neighbours   rank 1's threads pinned to core 1 with two busy loops pinned there (taskset)
                    -> host_cpu_contention on rank 1. (At 4 ranks on a 2-core host the other
                    ranks share what is left, and one of them may land on the loaded core too:
