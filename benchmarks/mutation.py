@@ -61,6 +61,12 @@ AREAS = {
     "fsdpmon/diagnose/observe.py": "diagnose diagnose_crash diagnose_cli",
     "fsdpmon/diagnose/window.py": "diagnose diagnose_crash",
     "exporters/nvml_fields.py": "nvml exporter_collector",
+    "fsdpmon/diagnose/glance.py": "glance health aggregate views",
+    "fsdpmon/diagnose/straggler_rules.py": "diagnose glance",
+    "fsdpmon/diagnose/cpu_rules.py": "diagnose_cpu diagnose",
+    "fsdpmon/diagnose/loss_rules.py": "diagnose_nonfinite diagnose nonfinite",
+    "fsdpmon/monitor/cpustat.py": "cpustat monitor_stats",
+    "fsdpmon/monitor/nonfinite.py": "monitor_nonfinite monitor_jsonl",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 _COPY_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*_cache",
