@@ -74,8 +74,8 @@ def test_nan_origin_cpu_starvation_and_cpu_limit_are_named_on_their_rank(tmp_pat
     jsonl = tmp_path / "log.jsonl"
     with faulty_job(tmp_path, 2, extra=("--log-jsonl", str(jsonl)),
                     entry=(str(REPO / "tests" / "trainer_outside_faults.py"),),
-                    env={NAN_LOGITS: f"rank=1,step={NAN_STEP}",
-                         NAN_INPUTS: str(tmp_path / "poisoned.pt")}) as job:
+                    env_extra={NAN_LOGITS: f"rank=1,step={NAN_STEP}",
+                              NAN_INPUTS: str(tmp_path / "poisoned.pt")}) as job:
         job.wait("both ranks stepping", stepping(2))
         pids = workers(job)
         assert set(pids) == {0, 1}, pids
