@@ -5,20 +5,15 @@
     trainer = monitored(Trainer)(config=config)   # instead of torchtitan's ``config.build()``
     trainer.train()
 
-torchtitan has no callbacks. Its loop is ``Trainer.train()``: per step it increments
-``self.step`` and calls ``self.train_step(data_iterator)``, which fetches every micro-batch,
-runs forward and backward, clips the gradients and steps the optimisers; on its log steps
-(step 1 and every ``metrics.log_freq``) ``train_step`` ends with, on every rank,
-``self.metrics_processor.log(step, global_avg_loss, global_max_loss, grad_norm,
-extra_metrics=...)``. The checkpoint save and validation follow ``train_step`` in ``train()``.
-So the subclass:
-- runs each ``train_step`` as one monitor step, handing it an iterator that times each batch
-  fetch as the "data" phase and counts the labels' elements as tokens (torchtitan's own count);
-- wraps ``metrics_processor.log`` to record torchtitan's loss, grad norm and first learning
-  rate, and runs the monitor's log step (a collective) after that step closes, so every rank
-  logs at torchtitan's log steps;
-- makes the Monitor at the first step, after ``train()`` has loaded a checkpoint, so its step
-  count continues from ``self.step``, and closes it when ``train()`` returns or raises.
+torchtitan has no callbacks. Per step ``Trainer.train()`` increments ``self.step`` and calls
+``self.train_step(data_iterator)`` (every micro-batch's fetch, forward and backward, clipping,
+the optimiser step), then saves a checkpoint; on log steps (1 and every ``metrics.log_freq``)
+``train_step`` ends with ``metrics_processor.log(step, global_avg_loss, global_max_loss,
+grad_norm, extra_metrics=...)`` on every rank. So one ``train_step`` is one monitor step, its
+batch fetches are the "data" phase (tokens: the labels' elements, torchtitan's own count), the
+wrapped ``log`` hands over loss, grad norm and learning rate, and the monitor's log step (a
+collective) runs after that step on every rank. The Monitor is made at the first step, after
+``train()`` has loaded a checkpoint, so its steps continue from ``self.step``.
 ``tests/test_torchtitan_adapter.py`` pins these names against torchtitan 0.3.0's source.
 """
 
