@@ -14,6 +14,11 @@ cd "$(dirname "$0")/.."
 want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 TORCH_VERSION=2.13.0
+# torchtitan's source, for tests/test_torchtitan_adapter.py: --no-deps, because its dependencies
+# (datasets, wandb, tensorboard, ...) are too heavy for the test extras and the test only reads
+# and compiles its source (torchtitan needs CUDA and triton to run: docs/integrations/torchtitan.md).
+# A failed install stops the setup, except with FSDPMON_NO_APT=1 (offline GPU machines).
+TORCHTITAN_VERSION=0.3.0
 CPU_INDEX=https://download.pytorch.org/whl/cpu
 
 apt_install() {
@@ -39,7 +44,8 @@ venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-
 [ -x .venv/bin/python ] || { echo "==> creating .venv ${venv_flags[*]}" >&2
   python3 -m venv "${venv_flags[@]}" .venv; }
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
-stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/scrape/_*.[ch] | sha1sum | cut -c1-12)-$extras"
+installed="$extras"; [ "$want_test" = 1 ] && installed="test-torchtitan$TORCHTITAN_VERSION"
+stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/scrape/_*.[ch] | sha1sum | cut -c1-12)-$installed"
 # The C halves of the scrape layer (fsdpmon/scrape/_*.c) are built by the install below (pyproject.toml): one
 # missing (a tree cleaned since) re-runs it, unless this machine lacks a C compiler or headers.
 c_half_missing() {
@@ -89,4 +95,12 @@ echo "==> installing Python packages into .venv (torch first: about a minute)" >
 pip --upgrade pip
 .venv/bin/python -c 'import torch' 2>/dev/null || install_torch
 pip -e ".[$extras]"
+if [ "$want_test" = 1 ]; then
+  if [ "${FSDPMON_NO_APT:-0}" = 1 ]; then  # an offline GPU machine: its tests skip, saying why
+    .venv/bin/pip install --disable-pip-version-check --no-deps "torchtitan==$TORCHTITAN_VERSION" \
+      >>"$log" 2>&1 || echo "==> torchtitan $TORCHTITAN_VERSION not installed (see $log)" >&2
+  else
+    pip --no-deps "torchtitan==$TORCHTITAN_VERSION"
+  fi
+fi
 touch "$stamp"
