@@ -90,7 +90,7 @@ ENVS = {"nan-logits": {NAN_LOGITS: f"rank=1,step={S}"}}
 def run_fault(name: str, ranks: int) -> str:
     cause, rank, make = FAULTS[name]
     with tempfile.TemporaryDirectory() as tmp, faulty_job(
-            Path(tmp), ranks, SPECS.get(name, ""), entry=ENTRY, env=ENVS.get(name)) as job:
+            Path(tmp), ranks, SPECS.get(name, ""), entry=ENTRY, env_extra=ENVS.get(name)) as job:
         job.wait("stepping", stepping(ranks), 300)
         pids = workers(job)
         with contextlib.ExitStack() as stack:
