@@ -188,3 +188,12 @@ def test_a_flagged_straggler_scored_zero_is_shown_at_zero():
     """Score 0: the others' median busy time is nil (a rank alone doing the work)."""
     f = one(job(4, row(1, slowest=True, straggler_score=0.0, busy_s=0.6)), "straggler_compute")
     assert f.summary == "rank 1 straggles: score 0.00 < 0.75 (the others wait for it)", f.summary
+
+
+def test_no_extra_busy_time_is_never_put_down_to_data():
+    """Data wait above the others' but no busier than them: nothing extra to explain."""
+    level = row(3, busy_s=0.5, data_wait_ratio=0.6)
+    got = straggler_cause(level, [*PEERS, level])
+    assert got == ("straggler_compute", "busy 0.500 s vs the others' median 0.500 s"), got
+    above = replace(level, busy_s=0.51)
+    assert straggler_cause(above, [*PEERS, above])[0] == "straggler_data"
