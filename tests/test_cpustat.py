@@ -9,6 +9,7 @@ import pytest
 
 from fsdpmon.monitor.cpustat import (
     CgroupThrottling,
+    _join,
     cgroup_paths,
     parse_cpu_stat,
     parse_mountinfo,
@@ -115,3 +116,94 @@ def test_no_cgroup_files_is_unknown_not_zero(tmp_path):
     reader = CgroupThrottling(str(host.proc))
     assert reader.ratio() is None and reader.ratio() is None
     assert CgroupThrottling(str(tmp_path / "nowhere")).ratio() is None
+
+
+# This machine's /proc/self/mountinfo (a v1 host: cpu and cpuacct apart, no optional fields)
+# and the kernel's own example line (proc(5): "master:1" is an optional field).
+V1_HOST = """\
+22 27 0:21 / /proc rw,relatime - proc proc rw
+31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
+40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
+"""
+KERNEL_EXAMPLE = "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 - ext3 /dev/root rw,errors=continue\n"
+
+
+def test_mounts_of_a_v1_host_without_optional_fields():
+    mounts = parse_mountinfo(KERNEL_EXAMPLE + V1_HOST)
+    assert (mounts.v2, mounts.v1_cpu) == (None, ("/sys/fs/cgroup/cpu", "/")), mounts
+
+
+def test_the_first_cgroup2_mount_is_kept_and_its_type_is_the_one_after_the_separator():
+    """A cgroup2 mounted with source "none" (mount -t cgroup2 none DIR), then a second one;
+    and a tmpfs whose source is named cgroup2 is no cgroup2."""
+    text = ("50 31 0:40 / /sys/fs/cgroup/fake rw shared:1 - tmpfs cgroup2 rw\n"
+            "51 31 0:41 / /sys/fs/cgroup/unified rw,relatime shared:2 - cgroup2 none rw\n"
+            "52 31 0:41 / /mnt/again rw,relatime - cgroup2 cgroup2 rw\n")
+    assert parse_mountinfo(text).v2 == "/sys/fs/cgroup/unified", parse_mountinfo(text)
+
+
+@pytest.mark.parametrize("line", [
+    "27 25 0:25 / /sys/fs/cgroup/unified - cgroup2 cgroup2 rw",  # 5 fields: no mount options
+    "27 25 0:25 / /sys/fs/cgroup/unified rw cgroup2 cgroup2 rw",  # no separator
+    "27 25 0:25 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2",  # no super options
+])
+def test_a_line_short_of_the_kernels_fields_is_skipped_not_misread(line):
+    good = "41 31 0:38 / /sys/fs/cgroup/v2 rw,relatime - cgroup2 cgroup2 rw\n"
+    assert parse_mountinfo(line + "\n" + good).v2 == "/sys/fs/cgroup/v2", line
+
+
+def test_a_cgroup_path_may_hold_colons():
+    """Only the first two colons separate (hierarchy id, controllers, path)."""
+    assert cgroup_paths("0::/kubepods/pod-a:b/ctr\n") == ("/kubepods/pod-a:b/ctr", None)
+    assert cgroup_paths("1:cpu:/job:1\n") == (None, "/job:1")
+
+
+def test_a_path_below_the_mounts_root_is_taken_from_that_root():
+    assert _join("/cg/cpu", "/kubepods/p1", "/kubepods/p1/ctr") == "/cg/cpu/ctr"
+    assert _join("/cg/cpu", "/kubepods/p1", "/kubepods/p1") == "/cg/cpu/"
+    # Outside the root (a sibling that shares its prefix, or elsewhere): left whole.
+    assert _join("/cg/cpu", "/kubepods/p1", "/kubepods/p10") == "/cg/cpu/kubepods/p10"
+    assert _join("/cg/cpu", "/kubepods/p1", "/system.slice/x") == "/cg/cpu/system.slice/x"
+    assert _join("/cg", "/", "/pod/ctr") == "/cg/pod/ctr"
+
+
+def test_a_v1_cpu_line_without_its_mount_reads_the_v2_cgroup(host):
+    """/proc/self/cgroup lists every hierarchy, mounted here or not: a container that mounts
+    only cgroup2 still sees the host's v1 cpu line."""
+    host.place("3:cpu,cpuacct:/kubepods/p1\n0::/pod/ctr\n")
+    host.stat("cg/pod/ctr", 10, 0)
+    reader = CgroupThrottling(str(host.proc))
+    assert reader.ratio() is None
+    host.stat("cg/pod/ctr", 20, 5)
+    assert reader.ratio() == pytest.approx(0.5)
+
+
+def test_a_v1_mount_without_our_cpu_line_is_not_read(tmp_path):
+    host = FakeHost(tmp_path, f"29 25 0:27 / {tmp_path}/cpu rw - cgroup cgroup rw,cpu\n")
+    host.place("0::/\n")
+    host.stat("cpu", 10, 5)
+    reader = CgroupThrottling(str(host.proc))
+    assert reader.ratio() is None and reader.ratio() is None
+
+
+@pytest.mark.parametrize("throttled, share", [(0, 0.0), (1, 1.0)])
+def test_one_period_between_readings_counts(host, throttled, share):
+    host.place("0::/a\n")
+    host.stat("cg/a", 10, 2)
+    reader = CgroupThrottling(str(host.proc))
+    reader.ratio()
+    host.stat("cg/a", 11, 2 + throttled)
+    assert reader.ratio() == share
+
+
+def test_the_share_never_passes_every_period(host):
+    """A cgroup removed and made again at the same path between readings: counts that do
+    not follow on. The share is still at most 1."""
+    host.place("0::/a\n")
+    host.stat("cg/a", 100, 5)
+    reader = CgroupThrottling(str(host.proc))
+    reader.ratio()
+    host.stat("cg/a", 110, 40)
+    assert reader.ratio() == 1.0

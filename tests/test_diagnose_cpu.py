@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from top_snapshots import diagnosis_history
 
@@ -97,3 +99,43 @@ def test_data_straggler_evidence_compares_with_the_others():
     f = only(diagnose(diagnosis_history(lambda i: {"specs": specs}, N)), "straggler_data")
     assert any("vs the others' median" in e and "extra busy time" in e for e in f.evidence), (
         f.evidence)
+
+
+def test_the_throttled_share_shown_is_the_one_judged_over_the_window():
+    """The verdict takes the median share over the window; the evidence shows that median,
+    not the newest sample (which may be missing or a lull)."""
+    for last in (0.3, None):
+        snaps = diagnosis_history(lambda i, last=last: {"specs": {"r2": {
+            **STARVED, "cpu_throttled_ratio": last if i == N - 1 else 0.9}}}, N)
+        f = only(diagnose(snaps), "cpu_throttled")
+        assert any("throttled in 90% of its CFS periods" in e for e in f.evidence), (
+            last, f.evidence)
+
+
+def test_a_waited_for_score_of_zero_is_shown_as_zero():
+    f = only(judged({**STARVED, "waited_for_score": 0.0}), "host_cpu_contention")
+    assert any("waited-for score 0.00 " in e for e in f.evidence), f.evidence
+
+
+def neighbours(r2: dict, node_busy: dict[str, float | None]) -> str:
+    """The contention finding's last evidence line, rank 2 on node-1, with the nodes' CPU
+    busy shares as given."""
+    snaps = [dataclasses.replace(s, nodes=tuple(
+        dataclasses.replace(n, cpu_utilization_ratio=node_busy[n.node]) for n in s.nodes))
+        for s in diagnosis_history(lambda i: {"specs": {"r2": r2}}, N)]
+    f = only(diagnose(snaps), "host_cpu_contention")
+    assert f.node == "node-1", f
+    return f.evidence[-1]
+
+
+@pytest.mark.parametrize("r2, busy, said", [
+    ({}, {"node-0": 0.35, "node-1": 0.62},
+     "other processes share its CPUs (its cgroup is not throttled); node node-1 CPUs 62% busy"),
+    ({"cpu_throttled_ratio": None}, {"node-0": 0.35, "node-1": 0.62},
+     "other processes share its CPUs (no cgroup CPU limit read); node node-1 CPUs 62% busy"),
+    ({}, {"node-0": 0.35, "node-1": None},
+     "other processes share its CPUs (its cgroup is not throttled)"),
+])
+def test_contention_evidence_names_its_own_node_and_whether_a_limit_was_read(r2, busy, said):
+    got = neighbours({**STARVED, **r2}, busy)
+    assert got == said, f"{got!r} != {said!r}"

@@ -3,10 +3,11 @@ grad norm (the loss first within a step), "every rank" only on a true tie."""
 
 from __future__ import annotations
 
-from top_snapshots import diagnosis_history
+from top_snapshots import REFRESH_S, T0, diagnosis_history, ranks, results
 
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
 from fsdpmon.diagnose import Finding, diagnose
+from fsdpmon.scrape.aggregate import aggregate
 
 N = int(DIAGNOSIS_EVIDENCE_SECONDS // 2) + 2
 
@@ -62,3 +63,40 @@ def test_without_first_steps_the_ranks_showing_it_are_named():
     found = diagnose(diagnosis_history(
         lambda i: {"specs": {"r1": {"loss_nonfinite": True}}}, N))
     assert [(f.cause, f.rank) for f in found] == [("loss_nonfinite", 1)]
+
+
+def small_job(world: int, specs: dict) -> Finding:
+    """A one-node job of ``world`` ranks, every loss NaN now, with the given first steps."""
+    every = {f"r{r}": {"loss_nonfinite": True, **specs.get(f"r{r}", {})} for r in range(world)}
+    snaps = []
+    for i in range(N):
+        scraped = results(ranks(n_nodes=1, per_node=world, **every), per_node=world)
+        snaps.append(aggregate(scraped, now=T0 + REFRESH_S * i, source="targets",
+                               previous=snaps[-1] if snaps else None))
+    found = diagnose(snaps)
+    assert [f.cause for f in found] == ["loss_nonfinite"], found
+    return found[0]
+
+
+def test_a_one_rank_job_names_its_rank_not_every_rank():
+    f = small_job(1, {"r0": {"loss_first_nonfinite_step": 5}})
+    assert f.summary == "loss became NaN/inf on rank 0 first, at step 5", f.summary
+    assert f.rank == 0, f
+
+
+def test_both_ranks_of_a_two_rank_job_at_once_is_every_rank():
+    f = small_job(2, {f"r{r}": {"loss_first_nonfinite_step": 5} for r in range(2)})
+    assert f.summary == "loss became NaN/inf on every rank first, at step 5", f.summary
+    assert f.rank is None, f
+
+
+def test_evidence_reads_first_the_origin_then_the_later_ranks_then_how_long():
+    f = nonfinite({"r2": {"loss_first_nonfinite_step": 600},
+                   "r0": {"grad_norm_first_nonfinite_step": 601},
+                   "r1": {"loss_first_nonfinite_step": 603}})
+    want = ('first non-finite loss: rank 2 at step 600; the batch is in the rank\'s JSONL '
+            '("kind": "nonfinite")',
+            "then rank 0 at step 601 (grad norm)",
+            "then rank 1 at step 603 (loss)",
+            f"non-finite loss on ranks 0, 1, 2, 3 for {DIAGNOSIS_EVIDENCE_SECONDS:.0f}s")
+    assert f.evidence == want, f"{f.evidence!r} != {want!r}"

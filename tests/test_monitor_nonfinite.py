@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from fsdpmon.monitor import Monitor, MonitorConfig
-from fsdpmon.monitor.nonfinite import MAX_KEPT_STEPS, NonfiniteWatch
+from fsdpmon.monitor.nonfinite import MAX_KEPT_STEPS, NonfiniteWatch, _floats, _one_transfer
 
 
 def test_the_first_of_each_is_kept_with_its_batch_and_nothing_after_both():
@@ -74,3 +74,40 @@ def test_steps_kept_between_log_steps_are_bounded():
         watch.step_done(step, {"loss": math.nan if step == 5 else 1.0})
         assert len(watch._steps) < MAX_KEPT_STEPS
     assert [(f.step, f.what) for f in watch.scan()] == [(5, "loss")]
+
+
+def test_once_both_are_known_a_step_keeps_nothing():
+    watch = NonfiniteWatch()
+    watch.step_done(1, {"loss": math.nan, "grad_norm": math.inf})
+    assert len(watch.scan()) == 2
+    watch.step_done(2, {"loss": torch.tensor(1.0), "grad_norm": 1.0})
+    assert watch._steps == [], f"{len(watch._steps)} steps kept after both firsts were found"
+
+
+def meta(*shape: int) -> torch.Tensor:
+    """A tensor on a device that is not the CPU (meta: shapes and devices, no data); the only
+    such device a CPU-only machine has."""
+    return torch.empty(shape, device="meta")
+
+
+@pytest.mark.parametrize("values, one", [
+    ([meta(), meta(), meta()], True),  # a loss per step, on the accelerator
+    ([meta(1), meta()], True),  # a one-element vector reads as one value too
+    ([meta(), torch.tensor(1.0)], False),  # one on the CPU: read one by one
+    ([meta(), 1.0], False),  # a Python number beside them
+    ([meta(2), meta()], False),  # not one value
+    ([meta(0), meta()], False),  # no value at all
+    ([torch.nn.Parameter(meta())], False),  # a subclass (DTensor is one): its own read
+    ([torch.tensor(1.0), torch.tensor(2.0)], False),  # the CPU costs no sync
+    ([], False),
+])
+def test_device_values_are_read_in_one_transfer_only_when_they_all_can_be(values, one):
+    """On CUDA each read of a value is a sync; stacking them makes it one. Which values
+    qualify is decided here; the transfer itself needs a device this machine lacks."""
+    assert _one_transfer(values) is one, [(type(v).__name__, getattr(v, "shape", None))
+                                           for v in values]
+
+
+def test_values_read_one_by_one_keep_their_value_and_sign():
+    got = _floats([torch.tensor(-math.inf), torch.tensor([math.nan]), 2, torch.tensor(0.5)])
+    assert [repr(x) for x in got] == ["-inf", "nan", "2.0", "0.5"], got

@@ -34,7 +34,7 @@ def starved(obs: Observations, places: Places) -> list[Finding]:
             cause = "cpu_throttled"
             summary = f"rank {rank} is held back by its CPU limit: the others wait for it"
             evidence.append(f"its cgroup (the pod's CPU limit) was throttled in "
-                            f"{row.cpu_throttled_ratio or 0:.0%} of its CFS periods "
+                            f"{obs.cpu_throttled[rank]:.0%} of its CFS periods "
                             f"(≥ {CPU_THROTTLED_RATIO:.0%} over the window)")
         else:
             cause = "host_cpu_contention"

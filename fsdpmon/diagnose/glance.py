@@ -37,9 +37,10 @@ from fsdpmon.job.snapshot import JobSnapshot
 
 MAX_NAMED = 8  # ranks, targets or GPUs a summary names before it counts the rest
 MAX_EVIDENCE = 8  # evidence lines of one kind (the header shows one line; --json all of these)
+MAX_PLACES = 6  # GPUs ("node-1/0") or "rank N" a summary names: longer names, fewer of them
 
 
-def rank_list(ranks: Sequence[int], limit: int = MAX_NAMED) -> str:
+def rank_list(ranks: Sequence[int | str], limit: int = MAX_NAMED) -> str:
     """'0, 1, 2 (+5 more)'."""
     shown = ", ".join(str(r) for r in ranks[:limit])
     return shown + (f" (+{len(ranks) - limit} more)" if len(ranks) > limit else "")
@@ -51,8 +52,9 @@ def _stalled(now: JobSnapshot, ranks: list[Any], places: Places) -> Finding:
         row = places.ranks[rank]
         age = "no step yet" if row.heartbeat_age_s is None else (
             f"no step for {row.heartbeat_age_s:.0f}s")
-        evidence.append(f"rank {rank}: {age}, past its stall threshold "
-                        f"({row.stall_threshold_s or 0:.0f}s)")
+        line = ("unknown" if row.stall_threshold_s is None  # the stalled flag, served alone
+                else f"{row.stall_threshold_s:.0f}s")
+        evidence.append(f"rank {rank}: {age}, past its stall threshold ({line})")
     return Finding("hang", Severity.CRITICAL,
                    f"rank {rank_list(ranks)} stalled: no step within the threshold",
                    evidence=tuple(evidence),
@@ -116,7 +118,7 @@ def _straggler(now: JobSnapshot, ranks: list[Any], places: Places) -> Finding:
 def _memory(now: JobSnapshot, tight: list[Any], places: Places) -> Finding:
     rank = next((r for r in now.tight_ranks if f"rank {r}" in tight), None)
     return Finding("memory_pressure", Severity.WARNING,
-                   f"memory ≥{MEMORY_PRESSURE_RATIO:.0%} used: {', '.join(tight[:6])}",
+                   f"memory ≥{MEMORY_PRESSURE_RATIO:.0%} used: {rank_list(tight, MAX_PLACES)}",
                    evidence=tuple(f"{t} at or above {MEMORY_PRESSURE_RATIO:.0%} of its memory"
                                   for t in tight[:MAX_EVIDENCE]),
                    **where(places, rank))
@@ -132,7 +134,7 @@ def _lost(now: JobSnapshot, gpus: list[Any], places: Places) -> Finding:
         "rank": None, "pod": None, "node": nodes.pop() if len(nodes) == 1 else None,
         "gpu": None}
     return Finding("gpu_lost", Severity.CRITICAL,
-                   f"GPU lost: {', '.join(f'{n}/{g}' for n, g in gpus[:6])}",
+                   f"GPU lost: {rank_list([f'{n}/{g}' for n, g in gpus], MAX_PLACES)}",
                    evidence=evidence, **place)
 
 

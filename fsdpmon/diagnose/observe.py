@@ -84,15 +84,16 @@ def _starved(snap: JobSnapshot) -> list[int]:
     return out
 
 
-def cpu_throttled(window: Window, ranks: set[int]) -> set[int]:
+def cpu_throttled(window: Window, ranks: set[int]) -> dict[int, float]:
     """Of ``ranks``, those whose cgroup was throttled in CPU_THROTTLED_RATIO of its CFS periods
-    or more, as the median over the window's snapshots (one log window holds few periods)."""
-    out = set()
+    or more, as the median over the window's snapshots (one log window holds few periods),
+    with that median: the evidence shows the share judged, not the newest sample's."""
+    out = {}
     for rank in ranks:
         shares = [r.cpu_throttled_ratio for s in window.recent for r in s.ranks
                   if r.rank == rank and r.cpu_throttled_ratio is not None]
-        if shares and statistics.median(shares) >= CPU_THROTTLED_RATIO:
-            out.add(rank)
+        if shares and (share := statistics.median(shares)) >= CPU_THROTTLED_RATIO:
+            out[rank] = share
     return out
 
 
@@ -176,7 +177,8 @@ class Observations:
     power_capped: set[GpuKey] = field(default_factory=set)
     stragglers: set[int] = field(default_factory=set)
     starved: set[int] = field(default_factory=set)  # waited for, not busy: waiting for a CPU
-    cpu_throttled: set[int] = field(default_factory=set)  # of them, held back by a CPU limit
+    # Of them, those held back by a CPU limit, with their median throttled share.
+    cpu_throttled: dict[int, float] = field(default_factory=dict)
     nonfinite: set[int] = field(default_factory=set)
     rank_memory: set[int] = field(default_factory=set)
     gpu_memory: set[GpuKey] = field(default_factory=set)

@@ -24,13 +24,15 @@ def straggler_cause(row: RankRow, live: list[RankRow]) -> tuple[str, str]:
     engine's checkpoint rule.)"""
     others = [r for r in live if r.rank != row.rank]
     busy = median([r.busy_s for r in others if r.busy_s is not None])
-    excess = (row.busy_s or 0.0) - busy
+    if row.busy_s is None:  # a score served without its busy time: nothing to split
+        return "straggler_compute", f"busy time not served; the others' median {busy:.3f} s"
+    excess = row.busy_s - busy
     extra_data = _data_s(row) - median([_data_s(r) for r in others])
     if excess > 0 and extra_data >= STRAGGLER_CAUSE_SHARE * excess:
         return "straggler_data", (f"data wait {_data_s(row):.3f} s vs the others' median "
                                   f"{_data_s(row) - extra_data:.3f} s: {extra_data:.3f} s of "
                                   f"its {excess:.3f} s extra busy time")
-    return "straggler_compute", f"busy {row.busy_s or 0:.3f} s vs the others' median {busy:.3f} s"
+    return "straggler_compute", f"busy {row.busy_s:.3f} s vs the others' median {busy:.3f} s"
 
 
 def _data_s(row: RankRow) -> float:

@@ -28,12 +28,14 @@ class Mounts:
 
 
 def parse_mountinfo(text: str) -> Mounts:
-    """The cgroup mounts of ``/proc/self/mountinfo``."""
+    """The cgroup mounts of ``/proc/self/mountinfo``. Its lines (proc(5)): mount id, parent
+    id, major:minor, root, mount point, mount options, zero or more optional fields, then the
+    separator " - ", fs type, source, super options (spaces in names are escaped as \\040)."""
     v2, v1 = None, None
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         fields, tail = left.split(), right.split()
-        if not sep or len(fields) < 5 or len(tail) < 3:
+        if not sep or len(fields) < 6 or len(tail) < 3:
             continue
         root, point, fstype = fields[3], fields[4], tail[0]
         if fstype == "cgroup2" and v2 is None:

@@ -93,14 +93,17 @@ def _kept(value: Any) -> Any:
 
 def _floats(values: Sequence[Any]) -> list[float]:
     """Every value as a float: device tensors stacked and moved in one transfer (one read per
-    value would be a sync each), CPU tensors and numbers one by one (a DTensor gathers its
-    shards)."""
-    device = [v for v in values if type(v) is torch.Tensor and v.device.type != "cpu"]
-    if device and len(device) == len(values) and all(v.numel() == 1 for v in device) \
-            and len({v.device for v in device}) == 1:
-        return [float(x) for x in torch.stack([v.reshape(()) for v in device]).float().tolist()]
-    return [float(v) if type(v) is torch.Tensor and v.device.type == "cpu" and v.numel() == 1
-            else as_float(v) for v in values]  # type: ignore[misc]
+    value would be a sync each), anything else one by one (a DTensor gathers its shards)."""
+    if _one_transfer(values):
+        return [float(x) for x in torch.stack([v.reshape(()) for v in values]).float().tolist()]
+    return [as_float(v) for v in values]  # type: ignore[misc]  # no None among them
+
+
+def _one_transfer(values: Sequence[Any]) -> bool:
+    """Whether the values can be read in one transfer: every one a plain one-element tensor,
+    all on the same device, not the CPU (CPU values cost no sync to read one by one)."""
+    return all(type(v) is torch.Tensor and v.device.type != "cpu" and v.numel() == 1
+               for v in values) and len({v.device for v in values}) == 1
 
 
 def _text(value: float) -> str:
