@@ -1,0 +1,96 @@
+"""Where a job's time goes: one log window split into productive time and badput by cause.
+
+The same arithmetic runs live in the monitor (rank 0, over the rows every rank gathers at a log
+step) and after the fact in ``fsdpmon goodput`` (over the ranks' JSONL step records), so the
+live counters and the report agree by construction.
+
+In synchronous training every rank's step lasts as long as the slowest rank's: the others wait
+for it in their collectives. So the job's window is the critical rank's (the one that waited
+least), and what that rank did with it is what the job did:
+
+- ``data_wait``: the critical rank's time in the data phase;
+- ``straggler_wait``: its own work beyond the other ranks' median own work (the time they
+  waited for it, beyond what a median rank takes);
+- ``stall``: a stall's time beyond one ordinary step (from the stall records), taken out of the
+  rank's own figures first, so that a rank stopped in its data phase is not also data-slow;
+- ``productive``: the rest of the step time.
+
+Checkpoint saves, restores, restarts and recomputed steps are not in a step window: they come
+from their own records (``fsdpmon.job.run_goodput``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+CATEGORIES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
+              "recompute", "stall", "straggler_wait", "unaccounted")
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """One rank's log window: ``steps`` steps lasting ``step_seconds`` in all, of which
+    ``data_seconds`` in the data phase and ``wait_seconds`` inside collectives."""
+
+    rank: int
+    steps: int
+    step_seconds: float
+    data_seconds: float
+    wait_seconds: float
+
+    @property
+    def own_seconds(self) -> float:
+        """Its own work (not data, not waiting for the others)."""
+        return max(0.0, self.step_seconds - self.data_seconds - self.wait_seconds)
+
+    @property
+    def as_row(self) -> list[float]:
+        return [self.step_seconds, self.data_seconds, self.wait_seconds, float(self.steps)]
+
+
+def rank_window(rank: int, row: list[float]) -> RankWindow:
+    step, data, wait, steps = row[:4]
+    return RankWindow(rank, int(steps), step, data, wait)
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    step_seconds: float  # the job's step time in the window (the critical rank's)
+    productive: float
+    data_wait: float
+    straggler_wait: float
+    stall: float
+    critical_rank: int
+
+
+def _without_stall(window: RankWindow, stall: float) -> RankWindow:
+    """The rank's figures less the stall: the waiting ranks waited it out in a collective; the
+    rank that held everyone up spent it in its data phase or its own work, whichever held it."""
+    held = max(0.0, stall - window.wait_seconds)
+    if held <= 0:
+        return RankWindow(window.rank, window.steps, window.step_seconds - stall,
+                          window.data_seconds, max(0.0, window.wait_seconds - stall))
+    data = window.data_seconds
+    if data >= held:
+        data -= held
+    return RankWindow(window.rank, window.steps, window.step_seconds - stall, data,
+                      max(0.0, window.wait_seconds - (stall - held)))
+
+
+def split_window(windows: list[RankWindow], stall: float = 0.0) -> WindowSplit | None:
+    """The job's window from every rank's (None: no rank measured a step)."""
+    live = [w for w in windows if w.steps > 0]
+    if not live:
+        return None
+    critical = min(live, key=lambda w: (w.wait_seconds, w.rank))
+    step_seconds = critical.step_seconds
+    stall = min(max(0.0, stall), step_seconds)
+    trimmed = [_without_stall(w, stall) for w in live]
+    core = next(w for w in trimmed if w.rank == critical.rank)
+    others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
+    straggler = max(0.0, core.own_seconds - statistics.median(others)) if others else 0.0
+    data = min(core.data_seconds, step_seconds - stall)
+    straggler = min(straggler, step_seconds - stall - data)
+    return WindowSplit(step_seconds, step_seconds - stall - data - straggler, data, straggler,
+                       stall, critical.rank)
