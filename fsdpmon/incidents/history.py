@@ -16,8 +16,8 @@ From the per-rank series the monitor serves:
 
 from __future__ import annotations
 
+import itertools
 import math
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,8 +25,13 @@ from typing import Any
 from fsdpmon import catalog
 from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, CRASH_LOOP_RESTARTS, EXIT_HOWS
 from fsdpmon.diagnose.exits import died, exit_evidence
-from fsdpmon.diagnose.straggler_rules import straggler_cause
-from fsdpmon.incidents.incidents import Incident
+from fsdpmon.incidents.incidents import (
+    Incident,
+    costly,
+    slow_save_groups,
+    straggler_spans,
+    straggling,
+)
 from fsdpmon.job.snapshot import RankRow
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
@@ -156,47 +161,54 @@ class HistoryJudge:
         return [self._incident(start, back, cause, rank, exit_evidence(exits), back - start)]
 
     def stragglers(self) -> list[Incident]:
-        flagged = self.h.series(catalog.TRAIN_STRAGGLING)
-        figures = {m: self.h.series(m) for m in (catalog.TRAIN_BUSY_SECONDS,
-                                                 catalog.TRAIN_STEP_TIME_SECONDS,
-                                                 catalog.TRAIN_DATA_WAIT_RATIO)}
-        out = []
-        for rank, samples in sorted(flagged.items()):
-            for start, end in spans(samples, lambda v: v >= 1, self.gap):
-                rows = [self._row(r, figures, (start + end) / 2) for r in sorted(flagged)]
-                row = next(r for r in rows if r.rank == rank)
-                cause, why = straggler_cause(row, rows)
-                others = statistics.median([r.busy_s or 0.0 for r in rows if r.rank != rank]
-                                           or [0.0])
-                lost = max(0.0, (row.busy_s or 0.0) - others) / max(row.step_time_s or 1.0,
-                                                                    1e-9) * (end - start)
-                out.append(self._incident(start, end, cause, rank, [why], lost))
-        return out
-
-    def _row(self, rank: int, figures: dict[catalog.Metric, Series], t: float) -> RankRow:
-        def at(metric: catalog.Metric) -> float | None:
-            return _at(figures[metric].get(rank, []), t)
-        return RankRow(rank=rank, busy_s=at(catalog.TRAIN_BUSY_SECONDS),
-                       step_time_s=at(catalog.TRAIN_STEP_TIME_SECONDS),
-                       data_wait_ratio=at(catalog.TRAIN_DATA_WAIT_RATIO))
+        """The JSONL's rule over each sample time's window figures (the monitor's last log
+        window per rank); lost: the goodput counters' data and straggler badput meanwhile."""
+        step_time = self.h.series(catalog.TRAIN_STEP_TIME_SECONDS)
+        waits = self.h.series(catalog.TRAIN_COLLECTIVE_WAIT_RATIO)
+        data = self.h.series(catalog.TRAIN_DATA_WAIT_RATIO)
+        rows: dict[float, list[tuple[RankRow, float]]] = {}
+        for rank, samples in step_time.items():
+            for t, step in samples:
+                wait = _at(waits.get(rank, []), t)
+                if wait is None or step <= 0:
+                    continue
+                rows.setdefault(t, []).append((RankRow(
+                    rank=rank, step_time_s=step, busy_s=step * (1 - wait),
+                    data_wait_ratio=_at(data.get(rank, []), t)), t))
+        badput = {cause: sorted(x for s in self.h.labelled(
+            catalog.TRAIN_BADPUT_SECONDS_TOTAL, f',cause="{cause}"').values() for x in s)
+            for cause in ("data_wait", "straggler_wait")}
+        spans = [(a, b, start, end, cause, rank, why,
+                  sum(_increase(badput[c], start - self.gap, end) for c in badput))
+                 for a, b, start, end, cause, rank, why, _ in straggler_spans(
+                     straggling(rows), {}, self.gap)]
+        return [self._incident(start, end, cause, rank, [why], lost)
+                for _a, _b, start, end, cause, rank, why, lost in costly(spans)]
 
     def checkpoints(self) -> list[Incident]:
+        """Each save as rank 0's checkpoint series change; slow ones grouped as the JSONL's."""
         ratio = self.h.series(catalog.TRAIN_CHECKPOINT_TIME_RATIO)
         seconds = self.h.series(catalog.TRAIN_CHECKPOINT_SECONDS)
         own = self.h.series(catalog.TRAIN_CHECKPOINT_OWN_SECONDS)
-        saves: dict[float, tuple[float, float]] = {}  # save's seconds -> (first seen, ratio)
-        for rank, samples in ratio.items():
-            for t, v in samples:
-                took = _at(seconds.get(rank, []), t)
-                if v > CHECKPOINT_SHARE_LIMIT and took is not None:
-                    key = round(took, 3)
-                    saves.setdefault(key, (t, v))
+        found: list[tuple[dict[str, Any], float]] = []
+        lead = min(seconds) if seconds else None
+        previous = None
+        for t, took in seconds.get(lead, []) if lead is not None else []:
+            share = _at(ratio.get(lead, []), t)
+            if took == previous or share is None:
+                continue  # the same save, seen again by the next scrape
+            previous = took
+            culprit = max(own, key=lambda r: _at(own[r], t) or 0.0)
+            found.append(({"time": t, "seconds": took, "rank": culprit}, share))
         out = []
-        for took, (t, share) in sorted(saves.items(), key=lambda kv: kv[1][0]):
-            culprit = max(own, key=lambda r: _at(own[r], t) or 0.0) if own else None
-            evidence = [f"a save took {took:.1f} s, {share:.0%} of the time since the previous "
-                        f"(limit {CHECKPOINT_SHARE_LIMIT:.0%})"]
-            out.append(self._incident(t - took, t, "checkpoint_slow", culprit, evidence, took))
+        for group in slow_save_groups(found):
+            first, last = group[0][0], group[-1][0]
+            evidence = [f"a save took {s['seconds']:.1f} s, {share:.0%} of the time since the "
+                        f"previous (limit {CHECKPOINT_SHARE_LIMIT:.0%})" for s, share in group]
+            usual = min(s["seconds"] for s, _ in found)
+            out.append(self._incident(first["time"] - first["seconds"], last["time"],
+                                      "checkpoint_slow", first["rank"], evidence,
+                                      sum(s["seconds"] - usual for s, _ in group)))
         return out
 
     def nonfinite(self) -> list[Incident]:
@@ -210,9 +222,21 @@ class HistoryJudge:
                                [f"rank {rank}: first non-finite loss at step {step:.0f}"], 0.0)]
 
     def incidents(self) -> list[Incident]:
-        found = [*self.stalls(), *self.restarts_found(), *self.stragglers(),
-                 *self.checkpoints(), *self.nonfinite()]
+        restarts = self.restarts_found()
+        # While the agent restarts the group, no rank steps: the restart explains that stall.
+        stalls = [s for s in self.stalls() if not any(
+            s.start <= r.end + self.gap and r.start - self.gap <= s.end for r in restarts)]
+        found = [*stalls, *restarts, *self.stragglers(), *self.checkpoints(), *self.nonfinite()]
         return sorted(found, key=lambda i: (i.start, i.cause))
+
+
+def _increase(samples: Samples, start: float, end: float) -> float:
+    """A counter's rise between two times (resets, a restarted process, counted from 0)."""
+    inside = [v for t, v in samples if start <= t <= end]
+    rise = 0.0
+    for a, b in itertools.pairwise(inside):
+        rise += b - a if b >= a else b
+    return rise
 
 
 def _merged(found: list[tuple[float, float]], gap: float) -> list[tuple[float, float]]:

@@ -21,13 +21,19 @@ from fsdpmon.conventions import (
 )
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.straggler_rules import straggler_cause
-from fsdpmon.job.run_goodput import Goodput, killed_ranks, saves, window_of
+from fsdpmon.job.run_goodput import Goodput, endings, saves, window_of
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 from fsdpmon.job.snapshot import RankRow
 
 MERGE_GAP_STEPS = 2  # windows of one cause and rank this many steps apart are one incident
 MIN_WINDOWS = 3  # fewer straggling windows in a row are noise (a warm-up step, a GC pause)
+MIN_LOST_SECONDS = 1.0  # a straggling stretch that cost the job less is noise, not an incident
 MAX_EVIDENCE_FRAMES = 3
+# A rank that saw a stall this much later than its threshold past the last progress was not
+# running Python meanwhile (the watchdog ticks at least once a second; one more for a loaded
+# host): stopped, or holding the GIL.
+LATE_AFTER_S = 2.0
+SLOW_SAVE_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
@@ -81,17 +87,15 @@ def _row(record: dict[str, Any], rank: int) -> RankRow | None:
                    data_wait_ratio=window.data_seconds / window.step_seconds)
 
 
-def _straggling(inc: Incarnation) -> list[tuple[int, float, str, int, str]]:
-    """(step, time, cause, rank, why) of each window with a straggler."""
-    rows: dict[int, list[tuple[RankRow, float]]] = {}
-    for rank, records in inc.steps.items():
-        for rec in records:
-            row = _row(rec, rank)
-            if row is not None:
-                rows.setdefault(int(rec["step"]), []).append((row, rec["time"]))
+def straggling(rows: dict[float, list[tuple[RankRow, float]]]) -> list[tuple[float, float, str,
+                                                                            int, str]]:
+    """(key, time, cause, rank, why) of each window with a straggler: the rank the others wait
+    for, whose busy time the others' median is below STRAGGLER_SCORE_THRESHOLD of (the
+    monitor's score), named data or compute by the diagnosis' ``straggler_cause``. ``rows``:
+    per window key (a step, a sample time), each rank's row and when it was seen."""
     out = []
-    for step, entries in sorted(rows.items()):
-        live = [r for r, _ in entries]
+    for key, entries in sorted(rows.items()):
+        live = [r for r, _ in entries if r.busy_s]
         if len(live) < 2:
             continue
         slow = max(live, key=lambda r: (r.busy_s or 0.0, -r.rank))
@@ -99,24 +103,42 @@ def _straggling(inc: Incarnation) -> list[tuple[int, float, str, int, str]]:
         if not slow.busy_s or others / slow.busy_s >= STRAGGLER_SCORE_THRESHOLD:
             continue
         cause, why = straggler_cause(slow, live)
-        out.append((step, max(t for _, t in entries), cause, slow.rank, why))
+        out.append((key, max(t for _, t in entries), cause, slow.rank, why))
     return out
 
 
-def _straggler_incidents(run: RunLog, inc: Incarnation, gp: Goodput) -> list[Incident]:
-    lost = {step: s.data_wait + s.straggler_wait for i, step, s in gp.windows if i == inc.index}
-    spans: list[list[Any]] = []  # first step, last step, start, end, cause, rank, why, lost, n
-    for step, at, cause, rank, why in _straggling(inc):
+def straggler_spans(found: list[tuple[float, float, str, int, str]], lost: dict[float, float],
+                    gap: float) -> list[tuple[float, float, float, float, str, int, str, float]]:
+    """Windows of one cause and rank no more than ``gap`` keys apart merged, at least
+    MIN_WINDOWS of them: (first key, last key, start, end, cause, rank, why, lost seconds)."""
+    spans: list[list[Any]] = []
+    for key, at, cause, rank, why in found:
         last = spans[-1] if spans else None
-        if last and last[4] == cause and last[5] == rank and step - last[1] <= MERGE_GAP_STEPS:
-            last[1], last[3], last[7] = step, at, last[7] + lost.get(step, 0.0)
+        if last and last[4] == cause and last[5] == rank and key - last[1] <= gap:
+            last[1], last[3], last[7] = key, at, last[7] + lost.get(key, 0.0)
             last[8] += 1
         else:
-            spans.append([step, step, at, at, cause, rank, why, lost.get(step, 0.0), 1])
-    return [_incident(run, start, end, cause, rank,
-                      [f"steps {first}–{last}: {why}"], seconds)
-            for first, last, start, end, cause, rank, why, seconds, windows in spans
-            if windows >= MIN_WINDOWS]
+            spans.append([key, key, at, at, cause, rank, why, lost.get(key, 0.0), 1])
+    return [tuple(s[:8]) for s in spans if s[8] >= MIN_WINDOWS]  # type: ignore[misc]
+
+
+def costly(spans: list[tuple[float, float, float, float, str, int, str, float]]) -> list[
+        tuple[float, float, float, float, str, int, str, float]]:
+    return [s for s in spans if s[7] >= MIN_LOST_SECONDS]
+
+
+def _straggler_incidents(run: RunLog, inc: Incarnation, gp: Goodput) -> list[Incident]:
+    rows: dict[float, list[tuple[RankRow, float]]] = {}
+    for rank, records in inc.steps.items():
+        for rec in records:
+            row = _row(rec, rank)
+            if row is not None:
+                rows.setdefault(int(rec["step"]), []).append((row, rec["time"]))
+    lost = {step: s.data_wait + s.straggler_wait for i, step, s in gp.windows if i == inc.index}
+    return [_incident(run, start, end, cause, rank, [f"steps {first:.0f}–{last:.0f}: {why}"],
+                      seconds)
+            for first, last, start, end, cause, rank, why, seconds in costly(straggler_spans(
+                straggling(rows), lost, MERGE_GAP_STEPS))]
 
 
 # ---- stalls ---------------------------------------------------------------------------------
@@ -148,12 +170,12 @@ def _innermost(rec: dict[str, Any]) -> str:
                       for f in reversed(frames[-MAX_EVIDENCE_FRAMES:]))
 
 
-def _stall_culprit(starts: list[dict[str, Any]], ranks: list[int],
-                   threshold: float) -> tuple[int | None, str]:
-    first = min(r["time"] for r in starts)
-    on_time = {int(r["rank"]) for r in starts if r["time"] <= first + threshold}
+def _stall_culprit(starts: list[dict[str, Any]], ranks: list[int]) -> tuple[int | None, str]:
+    on_time = {int(r["rank"]) for r in starts
+               if r["time"] - (number(r.get("since")) or r["time"])
+               <= (number(r.get("threshold")) or 0.0) + LATE_AFTER_S}
     late = [r for r in ranks if r not in on_time]
-    if len(late) == 1:
+    if len(late) == 1 and on_time:
         return late[0], "rank_unresponsive"
     phases = [r.get("phase") for r in starts]
     common = statistics.mode(phases) if phases else None
@@ -170,7 +192,7 @@ def _stall_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
             continue  # a save or an evaluation held the steps: the checkpoint's incident
         since = min(number(r.get("since")) or r["time"] for r in group)
         threshold = _threshold(group)
-        culprit, cause = _stall_culprit(starts, sorted(inc.runs), threshold)
+        culprit, cause = _stall_culprit(starts, sorted(inc.runs))
         end = max(r["time"] for r in ends) if ends else max(r["time"] for r in group)
         lost = max((number(r.get("seconds")) or 0.0 for r in ends), default=end - since)
         evidence = [f"no step completed for {end - since:.1f} s (threshold {threshold:.1f} s)"
@@ -189,30 +211,40 @@ def _stall_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
 
 # ---- checkpoints and restarts ---------------------------------------------------------------
 
-def _checkpoint_incidents(run: RunLog, inc: Incarnation, until: float) -> list[Incident]:
-    """Saves that took more than CHECKPOINT_SHARE_LIMIT of the time since the previous one;
-    slow saves in a row with one culprit are one incident. Lost: beyond the fastest save."""
-    found = saves(inc, until)
+def slow_save_groups(found: list[tuple[dict[str, Any], float]]) -> list[list[tuple[dict[
+        str, Any], float]]]:
+    """Saves (with their share of the time) in order -> runs of slow ones with one culprit:
+    a save is slow when its share is over CHECKPOINT_SHARE_LIMIT (the diagnosis' rule), or,
+    right after a slow one, when it still takes SLOW_SAVE_FACTOR x the run's fastest save (its
+    share can drop when a stall or a restart lengthened the time since the previous)."""
+    fastest = min((s["seconds"] for s, _ in found), default=0.0)
+    groups: list[list[tuple[dict[str, Any], float]]] = []
+    after_slow = False
+    for save, share in found:
+        continuing = (after_slow and groups and groups[-1][-1][0]["rank"] == save["rank"]
+                      and save["seconds"] >= SLOW_SAVE_FACTOR * fastest)
+        if continuing:
+            groups[-1].append((save, share))
+        elif share > CHECKPOINT_SHARE_LIMIT:
+            groups.append([(save, share)])
+        after_slow = continuing or share > CHECKPOINT_SHARE_LIMIT
+    return groups
+
+
+def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
+    """Slow saves of the whole run (a fault outlives a restart). Lost: beyond the fastest."""
+    found: list[tuple[dict[str, Any], float]] = []
+    for inc in run.incarnations:
+        previous_end = inc.first_begin()
+        for save in saves(inc, until):
+            span = save["time"] - (previous_end or save["time"])
+            found.append((save, save["seconds"] / span if span > 0 else 0.0))
+            previous_end = save["time"]
     if not found:
         return []
-    usual = min(s["seconds"] for s in found)
-    slow: list[tuple[dict[str, Any], float]] = []
-    previous_end = inc.first_begin() or found[0]["time"]
-    for save in found:
-        span = save["time"] - previous_end
-        share = save["seconds"] / span if span > 0 else 0.0
-        previous_end = save["time"]
-        if share > CHECKPOINT_SHARE_LIMIT:
-            slow.append((save, share))
-    groups: list[list[tuple[dict[str, Any], float]]] = []
-    for save, share in slow:
-        if groups and groups[-1][-1][0]["rank"] == save["rank"] and _next_save(found, groups[-1][
-                -1][0]) is save:
-            groups[-1].append((save, share))
-        else:
-            groups.append([(save, share)])
+    usual = min(s["seconds"] for s, _ in found)
     out = []
-    for group in groups:
+    for group in slow_save_groups(found):
         first, last = group[0][0], group[-1][0]
         evidence = [f"the save of step {s['step']} took {s['seconds']:.1f} s, {share:.0%} of "
                     f"the time since the previous save (limit {CHECKPOINT_SHARE_LIMIT:.0%}); "
@@ -225,15 +257,9 @@ def _checkpoint_incidents(run: RunLog, inc: Incarnation, until: float) -> list[I
     return out
 
 
-def _next_save(found: list[dict[str, Any]], save: dict[str, Any]) -> dict[str, Any] | None:
-    index = found.index(save)
-    return found[index + 1] if index + 1 < len(found) else None
-
-
 def _restart_incident(run: RunLog, prev: Incarnation, inc: Incarnation,
                       gp: Goodput) -> Incident | None:
-    exits = {int(r["rank"]): (str(r.get("how")), int(number(r.get("step")) or 0))
-             for r in inc.of_kind("exit")}
+    exits = endings(prev, inc)
     culprits, _how = died(exits)
     last = prev.last_step
     begin = inc.first_begin()
@@ -241,14 +267,13 @@ def _restart_incident(run: RunLog, prev: Incarnation, inc: Incarnation,
         return None
     restarts = max((int(number(r.get("restarts")) or 0) for r in inc.runs.values()), default=0)
     cause = "crash_loop" if restarts >= CRASH_LOOP_RESTARTS else "rank_missing"
-    evidence = exit_evidence(exits) or ["the ranks' exit records were not found"]
+    evidence = exit_evidence(exits) or ["how the ranks ended is not known"]
     evidence.append(f"restarted (restart {restarts}) after step {last[1]}; resumed at step "
                     f"{_restored(inc)}")
-    lost = sum(gp.by_rank.get(c, {}).get(r, 0.0) for c in ("restart", "recompute")
-               for r in killed_ranks(inc)) if killed_ranks(inc) else 0.0
-    lost = lost or begin - last[0]
     rank = culprits[0] if len(culprits) == 1 else None
-    return _incident(run, last[0], begin, cause, rank, evidence, lost)
+    lost = sum(gp.by_rank.get(c, {}).get(rank, 0.0) for c in ("restart", "recompute")
+               ) if rank is not None else 0.0
+    return _incident(run, last[0], begin, cause, rank, evidence, lost or begin - last[0])
 
 
 def _restored(inc: Incarnation) -> int:
@@ -281,10 +306,10 @@ def incidents(run: RunLog, gp: Goodput) -> list[Incident]:
             out += [restart] if restart else []
         out += _straggler_incidents(run, inc, gp)
         out += _stall_incidents(run, inc)
-        out += _checkpoint_incidents(run, inc, end)
         out += _nonfinite_incidents(run, inc)
         if inc.last_step is not None:
             previous = inc
+    out += _checkpoint_incidents(run, end)
     return sorted(out, key=lambda i: (i.start, i.cause))
 
 

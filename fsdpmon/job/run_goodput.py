@@ -10,8 +10,8 @@ Wall: the first process start (incarnation 0) to the last step record. Then:
 - ``checkpoint_restore``: each restore's time (the slowest rank's);
 - ``restart``: from the last step of an incarnation to the first step's begin of the next,
   less its restore and the saves in between (counted as saves);
-- ``recompute``: (last step before the failure - the restored checkpoint's step) x the median
-  step time, moved out of productive (those steps were made twice);
+- ``recompute``: the productive time of the steps after the restored checkpoint, made again
+  after the restart: moved out of productive;
 - ``unaccounted``: the rest (the time between steps outside any phase: log steps, hooks).
 
 So the parts sum to the wall exactly; each category is also attributed to the rank (and its
@@ -20,7 +20,6 @@ node) the time was lost to, where a cause has one.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,8 +71,8 @@ def _stall_seconds(inc: Incarnation) -> dict[int, float]:
     return out
 
 
-def _windows(inc: Incarnation, gp: Goodput) -> list[float]:
-    """Add the incarnation's step windows; returns its per-step times (for the recompute)."""
+def _windows(inc: Incarnation, gp: Goodput) -> None:
+    """Add the incarnation's step windows."""
     by_step: dict[int, list[RankWindow]] = {}
     for rank, records in inc.steps.items():
         for rec in records:
@@ -81,7 +80,6 @@ def _windows(inc: Incarnation, gp: Goodput) -> list[float]:
             if window is not None:
                 by_step.setdefault(int(rec["step"]), []).append(window)
     stalls = _stall_seconds(inc)
-    per_step = []
     for step in sorted(by_step):
         split = split_window(by_step[step], stalls.get(step, 0.0))
         if split is None:
@@ -91,9 +89,6 @@ def _windows(inc: Incarnation, gp: Goodput) -> list[float]:
         gp.add("data_wait", split.data_wait, split.critical_rank)
         gp.add("straggler_wait", split.straggler_wait, split.critical_rank)
         gp.add("stall", split.stall)
-        steps = max(w.steps for w in by_step[step])
-        per_step.append(split.step_seconds / max(steps, 1))
-    return per_step
 
 
 def saves(inc: Incarnation, until: float) -> list[dict[str, Any]]:
@@ -121,8 +116,22 @@ def restore_of(inc: Incarnation) -> tuple[int, float]:
     return int(number(recs[0].get("step")) or 0), max(r["seconds"] for r in recs)
 
 
-def killed_ranks(inc: Incarnation) -> list[int]:
-    return sorted({int(r["rank"]) for r in inc.of_kind("exit") if r.get("how") == "killed"})
+def endings(prev: Incarnation, nxt: Incarnation) -> dict[int, tuple[str, int | None]]:
+    """rank -> (how, step) of how each rank's process in ``prev`` ended: as the restarted
+    process read its exit record ("exit" records), else from ``prev``'s own "end" records, a
+    rank without one having been killed outright."""
+    said = {int(r["rank"]): (str(r.get("how")), int(number(r.get("step")) or 0))
+            for r in nxt.of_kind("exit")}
+    if said:
+        return said
+    ended = {int(r["rank"]): (str(r.get("how")), int(number(r.get("step")) or 0))
+             for r in prev.of_kind("end")}
+    last = {rank: int(recs[-1]["step"]) for rank, recs in prev.steps.items() if recs}
+    return {rank: ended.get(rank, ("killed", last.get(rank))) for rank in prev.runs}
+
+
+def killed_ranks(prev: Incarnation, nxt: Incarnation) -> list[int]:
+    return sorted(r for r, (how, _) in endings(prev, nxt).items() if how == "killed")
 
 
 def goodput(run: RunLog) -> Goodput:
@@ -133,7 +142,7 @@ def goodput(run: RunLog) -> Goodput:
     start = run.incarnations[0].process_start or live[0].first_begin() or 0.0
     end = live[-1].last_step[0]  # type: ignore[index]
     gp.wall_seconds = max(0.0, end - start)
-    previous: tuple[Incarnation, list[float]] | None = None
+    previous: Incarnation | None = None
     for inc in live:
         restored_step, restore = restore_of(inc)
         gp.add("checkpoint_restore", restore)
@@ -141,18 +150,22 @@ def goodput(run: RunLog) -> Goodput:
         if previous is None:
             gp.add("startup", max(0.0, begin - start - restore))
         else:
-            prev, prev_steps = previous
-            last_time, last_step = prev.last_step  # type: ignore[misc]
+            prev = previous
+            last_time = prev.last_step[0]  # type: ignore[index]
             between = sum(s["seconds"] for s in saves(prev, end) if s["time"] > last_time)
-            culprit = (killed_ranks(inc) or [None])[0]
+            killed = killed_ranks(prev, inc)
+            culprit = killed[0] if len(killed) == 1 else None
             gp.add("restart", max(0.0, begin - last_time - restore - between), culprit)
-            lost = max(0, last_step - restored_step) * (
-                statistics.median(prev_steps) if prev_steps else 0.0)
+            # the steps after the restored checkpoint were made twice: what they were
+            # credited as productive the first time is lost
+            lost = sum(s.productive for i, step, s in gp.windows
+                       if i == prev.index and step > restored_step)
             gp.add("recompute", lost, culprit)
             gp.productive_seconds -= lost
         for save in saves(inc, end):
             gp.add("checkpoint_save", save["seconds"], save["rank"])
-        previous = (inc, _windows(inc, gp))
+        _windows(inc, gp)
+        previous = inc
     gp.badput_seconds["unaccounted"] = 0.0
     gp.badput_seconds["unaccounted"] = (gp.wall_seconds - gp.productive_seconds
                                         - sum(gp.badput_seconds.values()))

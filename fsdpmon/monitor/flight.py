@@ -16,6 +16,8 @@ Records (one JSON line each, beside the ``run`` and ``step`` records):
 - ``{"kind": "restore", "time", "rank", "step", "seconds"}``: a checkpoint was loaded.
 - ``{"kind": "exit", "time", "rank", "restart", "how", "step", "ended"}``: how this rank's
   previous incarnation ended (written by the restarted process; see ``exit_record``).
+- ``{"kind": "end", "time", "rank", "how", "step", "detail"}``: how this process ends (at
+  close, an error, or SIGTERM); a rank killed outright writes none.
 
 The ``run`` record carries ``process_start`` (unix time the process started) and ``restarts``;
 each ``step`` record ``window_seconds``, ``steps``, ``step_seconds``, ``data_seconds`` and

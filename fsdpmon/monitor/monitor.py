@@ -27,10 +27,11 @@ except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) h
 from torch import nn
 
 from fsdpmon import catalog
+from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.job.goodput import rank_window, split_window
-from fsdpmon.monitor import checkpoint_time, collectives
+from fsdpmon.monitor import checkpoint_time, collectives, exit_cleanup
 from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.cpustat import CgroupThrottling
@@ -163,6 +164,16 @@ class Monitor:
         if self.config.jsonl_path:
             self.jsonl = JsonlSink(self.config.jsonl_path, self.topo.rank)
             self.jsonl.write(self.run_record)
+            exit_cleanup.register(self._record_end)  # SIGTERM too: the agent stopping us
+
+    def _record_end(self, error: BaseException | None = None) -> None:
+        """The JSONL's last word: how this process ended. A rank killed outright (SIGKILL,
+        the OOM killer) writes none, which is how the run's files name it."""
+        how = (EXIT_SIGTERM if exit_cleanup.ending() is not None
+               else EXIT_ERROR if error is not None else EXIT_NORMAL)
+        self._write_jsonl({"kind": "end", "time": time.time(), "rank": self.topo.rank,
+                           "how": how, "step": self.step_number,
+                           "detail": type(error).__name__ if error is not None else ""})
 
     def _start_publication(self) -> None:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
@@ -471,6 +482,9 @@ class Monitor:
             if collectives.active() is self._collectives:
                 collectives.activate(None)
             self._collectives.close()
+        if self.jsonl is not None:
+            exit_cleanup.unregister(self._record_end)
+            self._guarded("end record", lambda: self._record_end(error))
         for part in (self.pub, self.jsonl):
             if part is None:
                 continue
