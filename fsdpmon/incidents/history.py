@@ -224,8 +224,8 @@ class HistoryJudge:
     def incidents(self) -> list[Incident]:
         restarts = self.restarts_found()
         # While the agent restarts the group, no rank steps: the restart explains that stall.
-        stalls = [s for s in self.stalls() if not any(
-            s.start <= r.end + self.gap and r.start - self.gap <= s.end for r in restarts)]
+        stalls = [s for s in self.stalls()
+                  if not any(s.start <= r.end and r.start <= s.end for r in restarts)]
         found = [*stalls, *restarts, *self.stragglers(), *self.checkpoints(), *self.nonfinite()]
         return sorted(found, key=lambda i: (i.start, i.cause))
 
