@@ -115,10 +115,14 @@ def rank_files(path: Path) -> dict[int, list[Path]]:
 
 def load_run(where: str | Path) -> RunLog:
     """The run whose rank files ``where`` names (see ``rank_files``)."""
-    path = Path(where)
-    files = rank_files(path)
+    files = rank_files(Path(where))
     if not files:
         raise InputError(f"RUN {where}: no per-rank JSONL files (*.rank<N>.jsonl) there")
+    return read_run(str(where), files)
+
+
+def read_run(name: str, files: dict[int, list[Path]]) -> RunLog:
+    """A run from its per-rank files (rank -> paths)."""
     incarnations: list[Incarnation] = []
     ranks: dict[int, dict[str, str]] = {}
     job = ""
@@ -142,4 +146,4 @@ def load_run(where: str | Path) -> RunLog:
                     incarnations[index].steps.setdefault(rank, []).append(record)
             elif isinstance(kind, str):
                 incarnations[index].events.append({**record, "rank": rank})
-    return RunLog(str(where), job or path.name, ranks, incarnations)
+    return RunLog(name, job or Path(name).name, ranks, incarnations)

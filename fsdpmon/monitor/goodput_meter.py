@@ -63,6 +63,12 @@ class GoodputMeter:
     def checkpoint(self, seconds: float) -> None:
         self.badput["checkpoint_save"] += seconds
 
+    def ratio(self) -> float | None:
+        """Kept step time over all time counted so far (None before the first window)."""
+        redone = self.badput["recompute"]
+        wall = self.productive + sum(self.served().values()) - redone
+        return (self.productive - redone) / wall if self.productive > 0 and wall > 0 else None
+
     def served(self) -> dict[str, float]:
         """The badput counters by cause (unaccounted has no live counter: it is the rest)."""
         return {k: v for k, v in self.badput.items() if k != "unaccounted"}

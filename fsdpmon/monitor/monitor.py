@@ -397,7 +397,8 @@ class Monitor:
         if split is not None:
             self.goodput.window(split, list(stats.step_seconds))
         if self.pub is not None:
-            self.pub.goodput(self.goodput.productive, self.goodput.served())
+            self.pub.goodput(self.goodput.productive, self.goodput.served(),
+                             self.goodput.ratio())
 
     def _measure_window(self) -> WindowStats:
         times = self._timer.drain()  # on CUDA: the window's one sync, so the collective

@@ -203,9 +203,10 @@ class Publication:
         except Exception as exc:
             self._fail("flight recorder", exc)
 
-    def goodput(self, productive: float, badput: dict[str, float]) -> None:
+    def goodput(self, productive: float, badput: dict[str, float], ratio: float | None) -> None:
         """The job's goodput counters (rank 0), written with the next snapshot."""
-        self.snapshot["values"][catalog.TRAIN_PRODUCTIVE_SECONDS_TOTAL.name] = productive
+        self._set_values({catalog.TRAIN_PRODUCTIVE_SECONDS_TOTAL.name: productive,
+                          catalog.TRAIN_GOODPUT_RATIO.name: ratio})
         self.snapshot["badput_totals"] = dict(badput)
 
     def _stack_context(self) -> tuple[float, str, tuple[str, int] | None]:
