@@ -65,17 +65,15 @@ class WindowSplit:
 
 
 def _without_stall(window: RankWindow, stall: float) -> RankWindow:
-    """The rank's figures less the stall: the waiting ranks waited it out in a collective; the
-    rank that held everyone up spent it in its data phase or its own work, whichever held it."""
-    held = max(0.0, stall - window.wait_seconds)
-    if held <= 0:
+    """The rank's figures less the stall: a rank that waited at least that long waited it out
+    in a collective; the rank that held everyone up spent it in its data phase when that was
+    long enough to hold it, else in its own work."""
+    if window.wait_seconds >= stall:
         return RankWindow(window.rank, window.steps, window.step_seconds - stall,
-                          window.data_seconds, max(0.0, window.wait_seconds - stall))
-    data = window.data_seconds
-    if data >= held:
-        data -= held
+                          window.data_seconds, window.wait_seconds - stall)
+    data = window.data_seconds - stall if window.data_seconds >= stall else window.data_seconds
     return RankWindow(window.rank, window.steps, window.step_seconds - stall, data,
-                      max(0.0, window.wait_seconds - (stall - held)))
+                      window.wait_seconds)
 
 
 def split_window(windows: list[RankWindow], stall: float = 0.0) -> WindowSplit | None:

@@ -67,7 +67,9 @@ class GoodputMeter:
         """Kept step time over all time counted so far (None before the first window)."""
         redone = self.badput["recompute"]
         wall = self.productive + sum(self.served().values()) - redone
-        return (self.productive - redone) / wall if self.productive > 0 and wall > 0 else None
+        if self.productive <= 0 or wall <= 0:
+            return None
+        return max(0.0, self.productive - redone) / wall
 
     def served(self) -> dict[str, float]:
         """The badput counters by cause (unaccounted has no live counter: it is the rest)."""
