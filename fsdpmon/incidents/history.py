@@ -80,13 +80,16 @@ def _finite(value: Any) -> bool:
 def spans(samples: Samples, test: Callable[[float], bool], gap: float) -> list[tuple[float, float]]:
     """The stretches where ``test(value)`` holds (samples further apart than ``gap`` split)."""
     out: list[list[float]] = []
+    open_ = False
     for t, v in samples:
         if not test(v):
+            open_ = False  # a sample that says otherwise ends the stretch
             continue
-        if out and t - out[-1][1] <= gap:
+        if open_ and t - out[-1][1] <= gap:
             out[-1][1] = t
         else:
             out.append([t, t])
+        open_ = True
     return [(a, b) for a, b in out]
 
 

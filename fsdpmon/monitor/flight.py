@@ -74,7 +74,8 @@ class FlightRecorder:
         self.write(record)
         where = "; ".join(f"{f['file']}:{f['line']} {f['function']}" for f in frames[-3:])
         log.warning("fsdpmon flight recorder: rank %d stalled at step %d in phase %s, last "
-                    "collective %s; innermost frames: %s", self.rank, int(step), phase or "-",
+                    "collective %s; innermost frames: %s", self.rank, int(step),
+                    record["phase"] or "-",
                     record["last_collective"], where or "-")
 
     def stall_ended(self, step: int, during: str, durations: list[float]) -> float:

@@ -1,0 +1,196 @@
+"""Incidents and the flight recorder, fast: each rule pinned on both sides of its boundary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+from test_goodput import REPO, _run, _step, _write, hand_run
+
+from fsdpmon.incidents import incidents as inc_mod
+from fsdpmon.incidents.history import _increase, spans
+from fsdpmon.incidents.incidents import (
+    LATE_AFTER_S,
+    MIN_LOST_SECONDS,
+    MIN_WINDOWS,
+    Incident,
+    incidents,
+    lemon_nodes,
+    slow_save_groups,
+)
+from fsdpmon.job.run_goodput import goodput
+from fsdpmon.job.runlog import load_run
+from fsdpmon.monitor import flight
+from fsdpmon.monitor.flight import FlightRecorder
+from fsdpmon.monitor.stacks import MAX_TEXT
+
+
+def _found(logs) -> list[Incident]:
+    run = load_run(logs)
+    return incidents(run, goodput(run))
+
+
+def test_a_killed_rank_is_named_from_the_files_alone(tmp_path):
+    found = _found(hand_run(tmp_path))
+    restart = [i for i in found if i.cause == "rank_missing"]
+    assert len(restart) == 1 and restart[0].rank == 1 and restart[0].node == "n1", found
+    assert restart[0].pod == "p1"
+    assert any("rank 1 died without exiting" in e for e in restart[0].evidence)
+    # restart + recompute of rank 1 (21 + 2.5 s), on both GPUs
+    assert restart[0].lost_gpu_seconds == pytest.approx(2 * 23.5)
+    slow_data = [i for i in found if i.cause == "straggler_data"]
+    assert [(i.rank, round(i.lost_gpu_seconds, 6)) for i in slow_data] == [(1, 3.0)], found
+
+
+def _stall_run(tmp_path, late_by: float, phases=("forward", "forward", "forward"),
+               ranks: int = 3):
+    """A stall at 200 (threshold 4 s); rank 1 saw it ``late_by`` s after its threshold."""
+    for rank in range(ranks):
+        seen_after = 4.0 + (late_by if rank == 1 else 0.5)
+        _write(tmp_path / f"run.rank{rank}.jsonl", [
+            {**_run(rank, 100.0), "world_size": ranks},
+            _step(rank, 1, 199.0), _step(rank, 2, 200.0),
+            {"kind": "stall", "state": "start", "time": 200.0 + seen_after, "rank": rank,
+             "step": 2, "since": 200.0, "threshold": 4.0, "phase": phases[rank],
+             "last_collective": {"op": "all_reduce", "seq": 7},
+             "frames": [{"file": "train.py", "line": 3, "function": f"f{rank}"}]},
+            _step(rank, 3, 210.0, seconds=10.0, wait=0.0 if rank == 1 else 9.0),
+            {"kind": "stall", "state": "end", "time": 210.0, "rank": rank, "step": 3,
+             "since": 200.0, "seconds": 9.0, "during": "step"}])
+    return _found(tmp_path)
+
+
+@pytest.mark.parametrize("late_by, cause, rank", [
+    (LATE_AFTER_S + 0.5, "rank_unresponsive", 1),  # it ran no Python meanwhile
+    (LATE_AFTER_S - 0.5, "hang", None),  # in time: all waited alike, and no stack stands out
+])
+def test_the_stall_s_culprit_is_the_rank_that_saw_it_late(tmp_path, late_by, cause, rank):
+    stalls = [i for i in _stall_run(tmp_path, late_by) if i.cause in ("hang",
+                                                                     "rank_unresponsive")]
+    assert [(i.cause, i.rank) for i in stalls] == [(cause, rank)], stalls
+    assert stalls[0].lost_gpu_seconds == pytest.approx(3 * 9.0)
+    assert any("in phase forward, last collective all_reduce: f0 (train.py:3)" in e
+               for e in stalls[0].evidence), stalls[0].evidence
+
+
+def test_without_a_late_rank_the_odd_phase_names_the_culprit(tmp_path):
+    stalls = [i for i in _stall_run(tmp_path, 0.0, phases=("forward", "data", "forward"))
+              if i.cause == "hang"]
+    assert [i.rank for i in stalls] == [1], stalls
+
+
+def _straggling_run(tmp_path, windows: int, extra: float):
+    """Rank 1 waits ``extra`` s for data in ``windows`` steps in a row."""
+    for rank in (0, 1):
+        recs = [_run(rank, 100.0)]
+        for step in range(1, 8):
+            slow = 2 <= step < 2 + windows
+            recs.append(_step(rank, step, 100.0 + step * 2, 1.0 + extra * slow,
+                              data=extra * slow * (rank == 1),
+                              wait=extra * slow * (rank == 0)))
+        _write(tmp_path / f"run.rank{rank}.jsonl", recs)
+    return [i for i in _found(tmp_path) if i.cause.startswith("straggler")]
+
+
+def test_a_straggling_stretch_needs_its_windows_and_its_cost(tmp_path):
+    assert _straggling_run(tmp_path / "few", MIN_WINDOWS - 1, 1.0) == []
+    found = _straggling_run(tmp_path / "enough", MIN_WINDOWS, 1.0)
+    assert [(i.cause, i.rank) for i in found] == [("straggler_data", 1)], found
+    cheap = (MIN_LOST_SECONDS - 0.1) / MIN_WINDOWS
+    assert _straggling_run(tmp_path / "cheap", MIN_WINDOWS, cheap) == []
+
+
+def _save(step: int, seconds: float, rank: int = 0) -> dict:
+    return {"step": step, "seconds": seconds, "rank": rank, "time": float(step)}
+
+
+def test_slow_saves_in_a_row_are_one_fault_a_healthy_save_splits_them():
+    limit = inc_mod.CHECKPOINT_SHARE_LIMIT
+    over, under = limit + 0.01, limit - 0.01
+    one = slow_save_groups([(_save(10, 0.1), 0.05), (_save(20, 2.0), over),
+                            (_save(30, 2.0), under), (_save(40, 2.0), over)])
+    assert [[s["step"] for s, _ in g] for g in one] == [[20, 30, 40]]
+    # a save below twice the fastest, or of another culprit, ends the run of slow ones
+    two = slow_save_groups([(_save(10, 0.1), 0.05), (_save(20, 2.0), over),
+                            (_save(30, 0.19), under), (_save(40, 2.0), over)])
+    assert [[s["step"] for s, _ in g] for g in two] == [[20], [40]]
+    other = slow_save_groups([(_save(20, 2.0), over), (_save(30, 2.0, rank=1), under)])
+    assert [[s["step"] for s, _ in g] for g in other] == [[20]]
+
+
+def test_lemon_nodes_are_culprits_in_several_runs():
+    def at(node: str, run: str) -> Incident:
+        return Incident(0, 1, "hang", 0, "", node, "", (), 10.0, run=run)
+    found = [at("a", "r1"), at("a", "r1"), at("a", "r2"), at("b", "r1"), at("", "r3")]
+    assert lemon_nodes(found, min_runs=2) == [("a", 2, 30.0)]
+    assert lemon_nodes(found, min_runs=1)[1] == ("b", 1, 10.0)
+
+
+def test_incidents_command_json_and_flags(tmp_path):
+    logs = hand_run(tmp_path)
+    done = subprocess.run([sys.executable, "-m", "fsdpmon.cli", "incidents", str(logs),
+                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert list(doc) == ["incidents"] and doc["incidents"]
+    for item in doc["incidents"]:
+        assert list(item) == ["start", "end", "cause", "rank", "pod", "node", "gpu",
+                              "evidence", "lost_gpu_seconds"]
+    for flags, field in ((["--prometheus", "http://127.0.0.1:1"], "--job"),
+                         (["--job", "x"], "--prometheus"), ([], "RUN"),
+                         ([str(logs), "--lemon-runs", "0"], "--lemon-runs")):
+        bad = subprocess.run([sys.executable, "-m", "fsdpmon.cli", "incidents", *flags],
+                             cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert bad.returncode != 0 and field in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_history_spans_and_counter_increase():
+    samples = [(0, 0), (1, 1), (2, 1), (3, 0), (4, 1), (9, 1)]
+    # a sample saying otherwise ends a stretch; so does a gap longer than ``gap`` (no samples)
+    assert spans(samples, lambda v: v >= 1, gap=3) == [(1, 2), (4, 4), (9, 9)]
+    assert spans(samples, lambda v: v >= 1, gap=5) == [(1, 2), (4, 9)]
+    # a counter reset (the restarted process) counts from zero
+    assert _increase([(0, 1.0), (1, 3.0), (2, 0.5), (3, 2.0)], 0, 3) == 2.0 + 0.5 + 1.5
+    assert _increase([(0, 1.0), (1, 3.0)], 1, 3) == 0.0
+
+
+def test_the_flight_recorder_writes_a_stall_once_bounded_and_its_end():
+    written: list[dict] = []
+    entered = threading.Event()
+    release = threading.Event()
+
+    def deep(n: int) -> None:
+        if n:
+            deep(n - 1)
+        else:
+            entered.set()
+            release.wait(10)
+
+    worker = threading.Thread(target=deep, args=(flight.MAX_FRAMES + 20,))
+    worker.start()
+    try:
+        assert entered.wait(10)
+        rec = FlightRecorder(3, written.append, worker.ident)
+        rec.stall_started(100.0, 4.0, 7, "data" * 100, ("all_reduce", 12))
+        rec.stall_started(101.0, 4.0, 7, "data", None)  # the same stall: nothing more
+    finally:
+        release.set()
+        worker.join()
+    assert len(written) == 1
+    start = written[0]
+    # the innermost frames, where it is stuck: the outer ones (thread start-up) are cut
+    assert len(start["frames"]) == flight.MAX_FRAMES
+    assert start["frames"][0]["function"] == "deep" and start["frames"][-1]["function"] == "wait"
+    assert len(start["phase"]) == MAX_TEXT and start["last_collective"] == {
+        "op": "all_reduce", "seq": 12}
+    assert len(json.dumps(start)) <= flight.MAX_FRAMES * (3 * MAX_TEXT) + 2 * MAX_TEXT + 400
+    lost = rec.stall_ended(8, "step", [0.5, 1.0, 2.0])
+    assert written[-1]["state"] == "end" and written[-1]["seconds"] == lost
+    assert lost == pytest.approx(written[-1]["time"] - 100.0 - 1.0)  # less one median step
+    assert rec.stall_ended(9, "step", [1.0]) == 0.0 and len(written) == 2, "ended once"
+    rec.stall_started(200.0, 4.0, 9, "checkpoint", None)
+    assert rec.stall_ended(9, "checkpoint", [1.0]) == 0.0, "a long save is not a stall"
+    assert written[-1]["during"] == "checkpoint"
