@@ -61,6 +61,11 @@ AREAS = {
     "fsdpmon/diagnose/observe.py": "diagnose diagnose_crash diagnose_cli",
     "fsdpmon/diagnose/window.py": "diagnose diagnose_crash",
     "exporters/nvml_fields.py": "nvml exporter_collector",
+    "fsdpmon/job/goodput.py": "goodput",
+    "fsdpmon/job/run_goodput.py": "goodput incidents",
+    "fsdpmon/incidents/incidents.py": "incidents",
+    "fsdpmon/monitor/goodput_meter.py": "goodput",
+    "fsdpmon/monitor/flight.py": "incidents",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 _COPY_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*_cache",
