@@ -65,6 +65,35 @@ def test_a_stall_is_taken_out_of_the_culprit_s_phase_that_held_it():
     assert _parts(in_work) == pytest.approx(6.0, abs=1e-12)
 
 
+def test_a_stall_exactly_as_long_as_a_wait_or_a_data_phase():
+    # waited exactly the stall: a victim; data exactly the stall: the stop was in the data phase
+    split = split_window([w(0, 6.0, 0.0, 5.0), w(1, 6.0, 5.0, 0.0)], stall=5.0)
+    assert (split.critical_rank, split.data_wait, split.stall) == (1, 0.0, 5.0)
+    assert split.straggler_wait == 0.0 and split.productive == 1.0
+
+
+def test_a_straggler_during_a_stall_still_costs_its_extra_work():
+    # rank 1 stopped 5 s in its own work and 0.3 s slower than the others besides
+    split = split_window([w(0, 6.3, 0.0, 5.3), w(1, 6.3, 0.0, 0.0), w(2, 6.3, 0.0, 5.3)],
+                         stall=5.0)
+    assert split.stall == 5.0 and split.straggler_wait == pytest.approx(0.3, abs=1e-12)
+    assert split.productive == pytest.approx(1.0, abs=1e-12)
+
+
+def test_one_rank_alone_waits_for_nobody_and_figures_past_the_step_are_capped():
+    alone = split_window([w(0, 1.0, 0.2, 0.0)])
+    assert (alone.data_wait, alone.straggler_wait, alone.productive) == (0.2, 0.0, 0.8)
+    # a data phase longer than the step (clocks read apart): capped, nothing below zero
+    odd = split_window([w(0, 1.0, 1.4, 0.0), w(1, 1.0, 0.0, 0.9)], stall=0.5)
+    assert (odd.stall, odd.data_wait, odd.straggler_wait, odd.productive) == (0.5, 0.5, 0.0,
+                                                                             0.0)
+    lopsided = split_window([w(0, 1.0, 0.0, 0.0), w(1, 1.0, 0.0, 0.9), w(2, 1.0, 0.0, 0.9)],
+                            stall=0.5)
+    # rank 0 held the stall in its own work (0.5 s left of it); the others' own work 0.1 s
+    assert lopsided.straggler_wait == pytest.approx(0.4, abs=1e-12)
+    assert _parts(lopsided) == pytest.approx(1.0, abs=1e-12)
+
+
 def test_a_stall_never_exceeds_the_window_and_ranks_without_steps_are_left_out():
     split = split_window([w(0, 1.0, 0.0, 0.0), w(1, 0.0, 0.0, 0.0, steps=0)], stall=9.0)
     assert split.stall == 1.0 and split.productive == 0.0

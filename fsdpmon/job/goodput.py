@@ -44,10 +44,6 @@ class RankWindow:
         """Its own work (not data, not waiting for the others)."""
         return max(0.0, self.step_seconds - self.data_seconds - self.wait_seconds)
 
-    @property
-    def as_row(self) -> list[float]:
-        return [self.step_seconds, self.data_seconds, self.wait_seconds, float(self.steps)]
-
 
 def rank_window(rank: int, row: list[float]) -> RankWindow:
     step, data, wait, steps = row[:4]
@@ -88,7 +84,8 @@ def split_window(windows: list[RankWindow], stall: float = 0.0) -> WindowSplit |
     core = next(w for w in trimmed if w.rank == critical.rank)
     others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
     straggler = max(0.0, core.own_seconds - statistics.median(others)) if others else 0.0
+    # a data phase longer than the step (clocks read apart) is capped; own work, and so the
+    # straggler's excess, is never more than what is left of the step
     data = min(core.data_seconds, step_seconds - stall)
-    straggler = min(straggler, step_seconds - stall - data)
     return WindowSplit(step_seconds, step_seconds - stall - data - straggler, data, straggler,
                        stall, critical.rank)
