@@ -107,6 +107,10 @@ def test_the_meter_counts_startup_then_a_restart_and_its_recompute():
     assert meter.badput["startup"] == 5.0 and meter.badput["restart"] == 0.0
     meter.first_step(now=200.0)  # only the first counts
     assert meter.badput["startup"] == 5.0
+    quick = GoodputMeter(process_start=100.0)
+    quick.restore(step=3, seconds=0.1)
+    quick.first_step(now=100.4)  # under a second, less the restore in it
+    assert quick.badput["startup"] == pytest.approx(0.3, abs=1e-12)
     again = GoodputMeter(process_start=300.0)
     again.restart_from(step=37, last_progress=290.0)  # the previous life's last log step
     again.restore(step=30, seconds=0.5)

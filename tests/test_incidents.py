@@ -194,3 +194,42 @@ def test_the_flight_recorder_writes_a_stall_once_bounded_and_its_end():
     rec.stall_started(200.0, 4.0, 9, "checkpoint", None)
     assert rec.stall_ended(9, "checkpoint", [1.0]) == 0.0, "a long save is not a stall"
     assert written[-1]["during"] == "checkpoint"
+
+
+def test_the_monitor_writes_the_records_a_run_s_story_needs(tmp_path):
+    """In one process (rank 0 of 1): the run's process start, each window's figures, a save,
+    a restore, the end; the served goodput counters; and `fsdpmon goodput` reads them back
+    with every part summing to the wall."""
+    import time
+
+    from test_monitor import config, monitor, train
+
+    from fsdpmon.monitor.flight import process_start_unix
+
+    before = time.time()
+    mon = monitor(config(tmp_path, log_interval=2, port=0))
+    mon.checkpoint_restored(0, 0.25)
+    train(mon, steps=4)
+    with mon.phase("checkpoint"):
+        time.sleep(0.05)
+    train(mon, steps=2)
+    mon.close()
+    records = [json.loads(line) for line in (tmp_path / "run.rank0.jsonl").open()]
+    kinds = [r["kind"] for r in records]
+    assert kinds == ["run", "restore", "step", "step", "checkpoint", "step", "end"], kinds
+    run, steps = records[0], [r for r in records if r["kind"] == "step"]
+    assert run["process_start"] == pytest.approx(process_start_unix(), abs=0.02)
+    assert run["process_start"] <= before
+    assert [s["steps"] for s in steps] == [2, 2, 2]
+    for s in steps:
+        assert 0 < s["step_seconds"] <= s["window_seconds"] and 0 <= s["data_seconds"]
+        assert s["wait_seconds"] == 0.0, "one rank waits for nobody"
+    assert records[4]["seconds"] >= 0.05 and records[4]["step"] == 4
+    assert records[-1]["how"] == "exit" and records[-1]["step"] == 6
+    gp = goodput(load_run(tmp_path / "run.jsonl"))
+    assert gp.badput_seconds["checkpoint_restore"] == 0.25
+    assert gp.badput_seconds["checkpoint_save"] == records[4]["seconds"]
+    assert gp.productive_seconds + sum(gp.badput_seconds.values()) == pytest.approx(
+        gp.wall_seconds, rel=1e-9)
+    assert mon.goodput.badput["checkpoint_save"] == records[4]["seconds"]
+    assert mon.goodput.productive == pytest.approx(gp.productive_seconds, abs=1e-9)
