@@ -13,9 +13,6 @@ from test_goodput import REPO, _run, _step, _write, hand_run
 from fsdpmon.incidents import incidents as inc_mod
 from fsdpmon.incidents.history import _increase, spans
 from fsdpmon.incidents.incidents import (
-    LATE_AFTER_S,
-    MIN_LOST_SECONDS,
-    MIN_WINDOWS,
     Incident,
     incidents,
     lemon_nodes,
@@ -64,8 +61,8 @@ def _stall_run(tmp_path, late_by: float, phases=("forward", "forward", "forward"
 
 
 @pytest.mark.parametrize("late_by, cause, rank", [
-    (LATE_AFTER_S + 0.5, "rank_unresponsive", 1),  # it ran no Python meanwhile
-    (LATE_AFTER_S - 0.5, "hang", None),  # in time: all waited alike, and no stack stands out
+    (2.5, "rank_unresponsive", 1),  # it ran no Python meanwhile
+    (1.5, "hang", None),  # in time: all waited alike, and no stack stands out
 ])
 def test_the_stall_s_culprit_is_the_rank_that_saw_it_late(tmp_path, late_by, cause, rank):
     stalls = [i for i in _stall_run(tmp_path, late_by) if i.cause in ("hang",
@@ -82,25 +79,40 @@ def test_without_a_late_rank_the_odd_phase_names_the_culprit(tmp_path):
     assert [i.rank for i in stalls] == [1], stalls
 
 
-def _straggling_run(tmp_path, windows: int, extra: float):
-    """Rank 1 waits ``extra`` s for data in ``windows`` steps in a row."""
+def _straggling_run(tmp_path, slow_steps, extra: float, base: float = 0.2, per: int = 2):
+    """Rank 1 waits ``extra`` s more for data per step in each window of ``slow_steps`` (log
+    windows of ``per`` steps of ``base`` s); rank 0 waits it out in its collectives."""
     for rank in (0, 1):
         recs = [_run(rank, 100.0)]
-        for step in range(1, 8):
-            slow = 2 <= step < 2 + windows
-            recs.append(_step(rank, step, 100.0 + step * 2, 1.0 + extra * slow,
-                              data=extra * slow * (rank == 1),
-                              wait=extra * slow * (rank == 0)))
+        for step in range(1, 12):
+            slow = step in slow_steps
+            more = extra * slow * per
+            recs.append({**_step(rank, step, 100.0 + step * 2, base * per + more,
+                                 data=more * (rank == 1), wait=more * (rank == 0)),
+                         "steps": per})
         _write(tmp_path / f"run.rank{rank}.jsonl", recs)
     return [i for i in _found(tmp_path) if i.cause.startswith("straggler")]
 
 
-def test_a_straggling_stretch_needs_its_windows_and_its_cost(tmp_path):
-    assert _straggling_run(tmp_path / "few", MIN_WINDOWS - 1, 1.0) == []
-    found = _straggling_run(tmp_path / "enough", MIN_WINDOWS, 1.0)
+def test_a_straggling_stretch_needs_three_windows_and_a_second_of_cost(tmp_path):
+    assert _straggling_run(tmp_path / "two", {2, 3}, 0.3) == []
+    found = _straggling_run(tmp_path / "three", {2, 3, 4}, 0.3)
     assert [(i.cause, i.rank) for i in found] == [("straggler_data", 1)], found
-    cheap = (MIN_LOST_SECONDS - 0.1) / MIN_WINDOWS
-    assert _straggling_run(tmp_path / "cheap", MIN_WINDOWS, cheap) == []
+    # 3 windows x 2 steps x 0.3 s = 1.8 s lost, on 2 GPUs
+    assert found[0].lost_gpu_seconds == pytest.approx(2 * 1.8)
+    assert _straggling_run(tmp_path / "cheap", {2, 3, 4}, 0.15) == []  # 0.9 s: noise
+    assert len(_straggling_run(tmp_path / "dear", {2, 3, 4}, 0.17)) == 1  # 1.02 s
+
+
+@pytest.mark.parametrize("slow, spans", [({2, 3, 5, 6}, 1), ({2, 3, 4, 7, 8, 9}, 2)])
+def test_windows_two_steps_apart_are_one_stretch(tmp_path, slow, spans):
+    assert len(_straggling_run(tmp_path, slow, 0.3)) == spans
+
+
+def test_a_score_exactly_at_the_threshold_is_no_straggler(tmp_path):
+    # the others' busy time 0.75 s a step, the slow rank's 1.0 s: a score of exactly 0.75
+    assert _straggling_run(tmp_path / "at", {2, 3, 4, 5}, 0.25, base=0.75) == []
+    assert len(_straggling_run(tmp_path / "below", {2, 3, 4, 5}, 0.26, base=0.75)) == 1
 
 
 def _save(step: int, seconds: float, rank: int = 0) -> dict:
@@ -117,8 +129,25 @@ def test_slow_saves_in_a_row_are_one_fault_a_healthy_save_splits_them():
     two = slow_save_groups([(_save(10, 0.1), 0.05), (_save(20, 2.0), over),
                             (_save(30, 0.19), under), (_save(40, 2.0), over)])
     assert [[s["step"] for s, _ in g] for g in two] == [[20], [40]]
+    still = slow_save_groups([(_save(10, 0.1), 0.05), (_save(20, 2.0), over),
+                              (_save(30, 0.21), under), (_save(40, 2.0), over)])
+    assert [[s["step"] for s, _ in g] for g in still] == [[20, 30, 40]]
     other = slow_save_groups([(_save(20, 2.0), over), (_save(30, 2.0, rank=1), under)])
     assert [[s["step"] for s, _ in g] for g in other] == [[20]]
+
+
+def test_a_nan_s_birthplace_costs_nothing_and_a_gpu_rank_names_its_gpu(tmp_path):
+    for rank in (0, 1):
+        _write(tmp_path / f"run.rank{rank}.jsonl", [
+            {**_run(rank, 100.0), "device": "NVIDIA H100", "local_rank": rank},
+            _step(rank, 1, 101.0),
+            *([{"kind": "nonfinite", "time": 101.5, "rank": 1, "what": "loss", "step": 2,
+                "batch": {"position": 8}}] if rank == 1 else []),
+            _step(rank, 2, 102.0)])
+    (nan,) = _found(tmp_path)
+    assert (nan.cause, nan.rank, nan.gpu, nan.lost_gpu_seconds) == ("loss_nonfinite", 1, "1",
+                                                                   0.0)
+    assert "batch {'position': 8}" in nan.evidence[0]
 
 
 def test_lemon_nodes_are_culprits_in_several_runs():
