@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM
+from fsdpmon.monitor import exit_cleanup
 from fsdpmon.monitor.stacks import MAX_TEXT, last_collective, thread_frames
 
 log = logging.getLogger("fsdpmon.monitor")
@@ -97,6 +99,15 @@ class FlightRecorder:
     def restored(self, step: int, seconds: float) -> None:
         self.write({"kind": "restore", "time": time.time(), "rank": self.rank, "step": step,
                     "seconds": seconds})
+
+    def ended(self, step: int, error: BaseException | None) -> None:
+        """The JSONL's last word: how this process ends (at close, or SIGTERM's clean-up). A
+        rank killed outright (SIGKILL, the OOM killer) writes none, which is how the run's
+        files name it."""
+        how = (EXIT_SIGTERM if exit_cleanup.ending() is not None
+               else EXIT_ERROR if error is not None else EXIT_NORMAL)
+        self.write({"kind": "end", "time": time.time(), "rank": self.rank, "how": how,
+                    "step": step, "detail": type(error).__name__ if error is not None else ""})
 
     def previous_exit(self, restart: int, how: str, step: float, ended: float) -> None:
         self.write({"kind": "exit", "time": time.time(), "rank": self.rank, "restart": restart,

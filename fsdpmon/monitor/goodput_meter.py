@@ -12,10 +12,12 @@ were counted productive when first made and counters never go down, so goodput o
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
-from fsdpmon.job.goodput import CATEGORIES, WindowSplit
+from fsdpmon.job.goodput import CATEGORIES, WindowSplit, rank_window, split_window
+from fsdpmon.monitor.stats import WindowStats
 
 
 class GoodputMeter:
@@ -60,6 +62,14 @@ class GoodputMeter:
             self.badput["recompute"] += lost_steps * statistics.median(step_seconds)
             self.previous = None  # counted once, at the first window after the restart
 
+    def rows(self, rows: list[list[float]], at: int, stall: float,
+             step_seconds: list[float]) -> None:
+        """Every rank's gathered row (its ``window_row`` from index ``at``): the job's split."""
+        split = split_window([rank_window(r, row[at:at + 4]) for r, row in enumerate(rows)
+                              if len(row) >= at + 4], stall)
+        if split is not None:
+            self.window(split, step_seconds)
+
     def checkpoint(self, seconds: float) -> None:
         self.badput["checkpoint_save"] += seconds
 
@@ -74,3 +84,12 @@ class GoodputMeter:
     def served(self) -> dict[str, float]:
         """The badput counters by cause (unaccounted has no live counter: it is the rest)."""
         return {k: v for k, v in self.badput.items() if k != "unaccounted"}
+
+
+def window_row(stats: WindowStats | None) -> list[float]:
+    """[step seconds, data seconds, collective wait seconds, steps] of this rank's window."""
+    if stats is None:
+        return [0.0] * 4
+    total = math.fsum(stats.step_seconds)
+    data = stats.phase_means.get("data", 0.0) * stats.steps
+    return [total, data, (stats.collective_wait_ratio or 0.0) * total, float(stats.steps)]

@@ -27,10 +27,8 @@ except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) h
 from torch import nn
 
 from fsdpmon import catalog
-from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.job.goodput import rank_window, split_window
 from fsdpmon.monitor import checkpoint_time, collectives, exit_cleanup
 from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
@@ -39,7 +37,7 @@ from fsdpmon.monitor.device import intended_syncs, uses_cuda
 from fsdpmon.monitor.flight import FlightRecorder, process_start_unix
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
 from fsdpmon.monitor.gather import gather_rows, is_distributed, topology
-from fsdpmon.monitor.goodput_meter import GoodputMeter
+from fsdpmon.monitor.goodput_meter import GoodputMeter, window_row
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.nonfinite import WATCHED, NonfiniteWatch
@@ -57,6 +55,7 @@ from fsdpmon.monitor.straggling import StragglingFlag, straggler_scores
 from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer, WindowTimes
 
 log = logging.getLogger("fsdpmon.monitor")
+ROW_AT = 5  # where the goodput window's figures start in a rank's gathered row
 
 LogListener = Callable[[dict[str, Any]], None]
 
@@ -167,13 +166,7 @@ class Monitor:
             exit_cleanup.register(self._record_end)  # SIGTERM too: the agent stopping us
 
     def _record_end(self, error: BaseException | None = None) -> None:
-        """The JSONL's last word: how this process ended. A rank killed outright (SIGKILL,
-        the OOM killer) writes none, which is how the run's files name it."""
-        how = (EXIT_SIGTERM if exit_cleanup.ending() is not None
-               else EXIT_ERROR if error is not None else EXIT_NORMAL)
-        self._write_jsonl({"kind": "end", "time": time.time(), "rank": self.topo.rank,
-                           "how": how, "step": self.step_number,
-                           "detail": type(error).__name__ if error is not None else ""})
+        self.flight.ended(self.step_number, error)
 
     def _start_publication(self) -> None:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
@@ -352,7 +345,7 @@ class Monitor:
         loss = quality.get("loss")
         # one rank alone waits for nobody: no waited-for view (and no run-queue reads)
         held, descheduled = self._waits.figures() if self._collectives else (None, None)
-        window = self._guarded("goodput window", lambda: _window_row(stats))
+        window = self._guarded("goodput window", lambda: window_row(stats))
         local = [stats.step_time_s if stats else math.nan,
                  stats.busy_s if stats and self._busy.known else math.nan,
                  peak_memory, math.nan if loss is None else loss,
@@ -392,10 +385,7 @@ class Monitor:
         stall, self._window_stall = self._window_stall, 0.0
         if self.topo.rank != 0 or rows is None or stats is None:
             return
-        split = split_window([rank_window(r, row[5:9]) for r, row in enumerate(rows)
-                              if len(row) >= 9], stall)
-        if split is not None:
-            self.goodput.window(split, list(stats.step_seconds))
+        self.goodput.rows(rows, ROW_AT, stall, list(stats.step_seconds))
         if self.pub is not None:
             self.pub.goodput(self.goodput.productive, self.goodput.served(),
                              self.goodput.ratio())
@@ -503,11 +493,3 @@ class Monitor:
     def __exit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
         self.close(error)
 
-
-def _window_row(stats: WindowStats | None) -> list[float]:
-    """[step seconds, data seconds, collective wait seconds, steps] of this rank's window."""
-    if stats is None:
-        return [0.0] * 4
-    total = math.fsum(stats.step_seconds)
-    data = stats.phase_means.get("data", 0.0) * stats.steps
-    return [total, data, (stats.collective_wait_ratio or 0.0) * total, float(stats.steps)]
