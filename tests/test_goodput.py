@@ -226,3 +226,24 @@ def test_goodput_command_json_and_bad_input(tmp_path):
                              text=True, timeout=60)
     assert missing.returncode != 0 and "Traceback" not in missing.stderr
     assert missing.stderr.count("\n") == 1 and "nowhere" in missing.stderr, missing.stderr
+
+
+def test_the_meter_adds_each_window_s_badput_and_restarts_from_its_own_step():
+    meter = GoodputMeter(process_start=0.0)
+    assert meter.ratio() is None, "nothing counted yet"
+    split = split_window([w(0, 6.3, 0.2, 5.3), w(1, 6.3, 0.3, 0.0), w(2, 6.3, 0.2, 5.4)],
+                         stall=5.0)
+    meter.window(split, [6.3])
+    meter.window(split, [6.3])
+    meter.checkpoint(1.5)
+    assert meter.badput["stall"] == 10.0 and meter.badput["checkpoint_save"] == 1.5
+    assert meter.badput["data_wait"] == pytest.approx(0.6) and split.data_wait == 0.3
+    assert meter.badput["straggler_wait"] == pytest.approx(2 * split.straggler_wait)
+    # own work less the stall: rank 1 1.0 s, the others 0.8 and 0.7 s (median 0.75)
+    assert split.straggler_wait == pytest.approx(0.25, abs=1e-12)
+    same = GoodputMeter(process_start=0.0)
+    same.restart_from(step=30, last_progress=10.0)
+    same.restore(step=30, seconds=0.0)  # a failure right after a save: nothing made twice
+    same.first_step(now=10.0)
+    same.window(split, [1.0])
+    assert same.badput["recompute"] == 0.0 and same.badput["restart"] == 0.0
