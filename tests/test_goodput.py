@@ -32,9 +32,18 @@ def test_a_healthy_window_is_productive_but_for_its_data_time():
     assert (split.data_wait, split.stall) == (0.02, 0.0)
     assert split.straggler_wait == pytest.approx(0.0, abs=1e-12)  # own work 0.97 on both
     assert split.productive == pytest.approx(0.98, abs=1e-12)
-    # one more hundredth of own work on the waited-for rank is a hundredth of straggler wait
+    # a hundredth more own work on the waited-for rank is jitter, not a straggler
     slower = split_window([w(0, 1.0, 0.01, 0.02), w(1, 1.0, 0.01, 0.01)])
-    assert slower.straggler_wait == pytest.approx(0.01, abs=1e-12)
+    assert slower.straggler_wait == 0.0 and slower.productive == pytest.approx(0.99)
+
+
+@pytest.mark.parametrize("others_own, straggler", [(0.75, 0.0), (0.74, 0.26)])
+def test_straggler_time_counts_from_the_diagnosis_threshold(others_own, straggler):
+    # the waited-for rank's own work 1.0 s; the others' median own work 0.75 s is a score of
+    # exactly 0.75: not a straggler; 0.74 s is
+    wait = 1.0 - others_own
+    split = split_window([w(0, 1.0, 0.0, wait), w(1, 1.0, 0.0, 0.0), w(2, 1.0, 0.0, wait)])
+    assert split.straggler_wait == pytest.approx(straggler, abs=1e-12)
 
 
 def test_a_data_slow_rank_costs_its_data_time_and_is_no_straggler():
@@ -73,10 +82,10 @@ def test_a_stall_exactly_as_long_as_a_wait_or_a_data_phase():
 
 
 def test_a_straggler_during_a_stall_still_costs_its_extra_work():
-    # rank 1 stopped 5 s in its own work and 0.3 s slower than the others besides
-    split = split_window([w(0, 6.3, 0.0, 5.3), w(1, 6.3, 0.0, 0.0), w(2, 6.3, 0.0, 5.3)],
+    # rank 1 stopped 5 s in its own work and 0.5 s slower than the others besides
+    split = split_window([w(0, 6.5, 0.0, 5.5), w(1, 6.5, 0.0, 0.0), w(2, 6.5, 0.0, 5.5)],
                          stall=5.0)
-    assert split.stall == 5.0 and split.straggler_wait == pytest.approx(0.3, abs=1e-12)
+    assert split.stall == 5.0 and split.straggler_wait == pytest.approx(0.5, abs=1e-12)
     assert split.productive == pytest.approx(1.0, abs=1e-12)
 
 
@@ -231,7 +240,7 @@ def test_goodput_command_json_and_bad_input(tmp_path):
 def test_the_meter_adds_each_window_s_badput_and_restarts_from_its_own_step():
     meter = GoodputMeter(process_start=0.0)
     assert meter.ratio() is None, "nothing counted yet"
-    split = split_window([w(0, 6.3, 0.2, 5.3), w(1, 6.3, 0.3, 0.0), w(2, 6.3, 0.2, 5.4)],
+    split = split_window([w(0, 6.3, 0.2, 5.4), w(1, 6.3, 0.3, 0.0), w(2, 6.3, 0.2, 5.4)],
                          stall=5.0)
     meter.window(split, [6.3])
     meter.window(split, [6.3])
@@ -239,8 +248,8 @@ def test_the_meter_adds_each_window_s_badput_and_restarts_from_its_own_step():
     assert meter.badput["stall"] == 10.0 and meter.badput["checkpoint_save"] == 1.5
     assert meter.badput["data_wait"] == pytest.approx(0.6) and split.data_wait == 0.3
     assert meter.badput["straggler_wait"] == pytest.approx(2 * split.straggler_wait)
-    # own work less the stall: rank 1 1.0 s, the others 0.8 and 0.7 s (median 0.75)
-    assert split.straggler_wait == pytest.approx(0.25, abs=1e-12)
+    # own work less the stall: rank 1 1.0 s, the others 0.7 s
+    assert split.straggler_wait == pytest.approx(0.3, abs=1e-12)
     same = GoodputMeter(process_start=0.0)
     same.restart_from(step=30, last_progress=10.0)
     same.restore(step=30, seconds=0.0)  # a failure right after a save: nothing made twice

@@ -10,7 +10,8 @@ least), and what that rank did with it is what the job did:
 
 - ``data_wait``: the critical rank's time in the data phase;
 - ``straggler_wait``: its own work beyond the other ranks' median own work (the time they
-  waited for it, beyond what a median rank takes);
+  waited for it, beyond what a median rank takes), when it is a straggler by the diagnosis'
+  measure (their median below STRAGGLER_SCORE_THRESHOLD of its own);
 - ``stall``: a stall's time beyond one ordinary step (from the stall records), taken out of the
   rank's own figures first, so that a rank stopped in its data phase is not also data-slow;
 - ``productive``: the rest of the step time.
@@ -23,6 +24,8 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 
 CATEGORIES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
               "recompute", "stall", "straggler_wait", "unaccounted")
@@ -83,7 +86,12 @@ def split_window(windows: list[RankWindow], stall: float = 0.0) -> WindowSplit |
     trimmed = [_without_stall(w, stall) for w in live]
     core = next(w for w in trimmed if w.rank == critical.rank)
     others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
-    straggler = max(0.0, core.own_seconds - statistics.median(others)) if others else 0.0
+    usual = statistics.median(others) if others else core.own_seconds
+    # Only a straggler by the diagnosis' own measure (the others' median own work below
+    # STRAGGLER_SCORE_THRESHOLD of its own) costs straggler time; a smaller lead is the jitter
+    # of who arrives last at each collective, part of every synchronous step.
+    straggling = core.own_seconds > 0 and usual < STRAGGLER_SCORE_THRESHOLD * core.own_seconds
+    straggler = core.own_seconds - usual if straggling else 0.0
     # a data phase longer than the step (clocks read apart) is capped; own work, and so the
     # straggler's excess, is never more than what is left of the step
     data = min(core.data_seconds, step_seconds - stall)
