@@ -103,6 +103,15 @@ def test_one_rank_alone_waits_for_nobody_and_figures_past_the_step_are_capped():
     assert _parts(lopsided) == pytest.approx(1.0, abs=1e-12)
 
 
+def test_a_stall_between_the_steps_is_taken_from_the_time_between_them():
+    # rank 1 stopped 5 s in its log step: both ranks' steps are ordinary, the window is not
+    split = split_window([w(0, 0.2, 0.0, 0.1), w(1, 0.2, 0.0, 0.1)], stall=5.0, between=5.1)
+    assert (split.stall, split.stall_between) == (5.0, 5.0) and split.productive == 0.2
+    # never more than the time between them
+    short = split_window([w(0, 0.2, 0.0, 0.1), w(1, 0.2, 0.0, 0.1)], stall=5.0, between=3.0)
+    assert (short.stall, short.stall_between, short.productive) == (3.2, 3.0, 0.0)
+
+
 def test_a_stall_never_exceeds_the_window_and_ranks_without_steps_are_left_out():
     split = split_window([w(0, 1.0, 0.0, 0.0), w(1, 0.0, 0.0, 0.0, steps=0)], stall=9.0)
     assert split.stall == 1.0 and split.productive == 0.0

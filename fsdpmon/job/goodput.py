@@ -59,8 +59,9 @@ class WindowSplit:
     productive: float
     data_wait: float
     straggler_wait: float
-    stall: float
+    stall: float  # in the steps and between them
     critical_rank: int
+    stall_between: float = 0.0  # of which between the steps (not in step_seconds)
 
 
 def _without_stall(window: RankWindow, stall: float) -> RankWindow:
@@ -75,14 +76,19 @@ def _without_stall(window: RankWindow, stall: float) -> RankWindow:
                       window.wait_seconds)
 
 
-def split_window(windows: list[RankWindow], stall: float = 0.0) -> WindowSplit | None:
+def split_window(windows: list[RankWindow], stall: float = 0.0,
+                 between: float = 0.0) -> WindowSplit | None:
     """The job's window from every rank's (None: no rank measured a step)."""
     live = [w for w in windows if w.steps > 0]
     if not live:
         return None
     critical = min(live, key=lambda w: (w.wait_seconds, w.rank))
     step_seconds = critical.step_seconds
-    stall = min(max(0.0, stall), step_seconds)
+    # A stall longer than the window's steps happened between them (a rank stopped in its log
+    # step: the others wait in that step's gather): it is taken from the time between steps.
+    stall = max(0.0, stall)
+    outside = min(stall, max(0.0, between)) if step_seconds < stall else 0.0
+    stall = min(stall - outside, step_seconds)
     trimmed = [_without_stall(w, stall) for w in live]
     core = next(w for w in trimmed if w.rank == critical.rank)
     others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
@@ -96,4 +102,4 @@ def split_window(windows: list[RankWindow], stall: float = 0.0) -> WindowSplit |
     # straggler's excess, is never more than what is left of the step
     data = min(core.data_seconds, step_seconds - stall)
     return WindowSplit(step_seconds, step_seconds - stall - data - straggler, data, straggler,
-                       stall, critical.rank)
+                       stall + outside, critical.rank, outside)

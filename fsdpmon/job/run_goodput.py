@@ -74,14 +74,18 @@ def _stall_seconds(inc: Incarnation) -> dict[int, float]:
 def _windows(inc: Incarnation, gp: Goodput) -> None:
     """Add the incarnation's step windows."""
     by_step: dict[int, list[RankWindow]] = {}
+    between: dict[int, float] = {}  # the window's time outside its steps (least over ranks)
     for rank, records in inc.steps.items():
         for rec in records:
             window = window_of(rec, rank)
             if window is not None:
-                by_step.setdefault(int(rec["step"]), []).append(window)
+                step = int(rec["step"])
+                by_step.setdefault(step, []).append(window)
+                gap = (number(rec.get("window_seconds")) or 0.0) - window.step_seconds
+                between[step] = min(between.get(step, gap), gap)
     stalls = _stall_seconds(inc)
     for step in sorted(by_step):
-        split = split_window(by_step[step], stalls.get(step, 0.0))
+        split = split_window(by_step[step], stalls.get(step, 0.0), between[step])
         if split is None:
             continue
         gp.windows.append((inc.index, step, split))

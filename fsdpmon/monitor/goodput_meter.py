@@ -62,13 +62,13 @@ class GoodputMeter:
             self.badput["recompute"] += lost_steps * statistics.median(step_seconds)
             self.previous = None  # counted once, at the first window after the restart
 
-    def rows(self, rows: list[list[float]], at: int, stall: float,
-             step_seconds: list[float]) -> None:
+    def rows(self, rows: list[list[float]], at: int, stall: float, stats: WindowStats) -> None:
         """Every rank's gathered row (its ``window_row`` from index ``at``): the job's split."""
+        steps = list(stats.step_seconds)
         split = split_window([rank_window(r, row[at:at + 4]) for r, row in enumerate(rows)
-                              if len(row) >= at + 4], stall)
+                              if len(row) >= at + 4], stall, stats.wall_seconds - sum(steps))
         if split is not None:
-            self.window(split, step_seconds)
+            self.window(split, steps)
 
     def checkpoint(self, seconds: float) -> None:
         self.badput["checkpoint_save"] += seconds

@@ -385,7 +385,7 @@ class Monitor:
         stall, self._window_stall = self._window_stall, 0.0
         if self.topo.rank != 0 or rows is None or stats is None:
             return
-        self.goodput.rows(rows, ROW_AT, stall, list(stats.step_seconds))
+        self.goodput.rows(rows, ROW_AT, stall, stats)
         if self.pub is not None:
             self.pub.goodput(self.goodput.productive, self.goodput.served(),
                              self.goodput.ratio())
