@@ -136,6 +136,24 @@ def test_slow_saves_in_a_row_are_one_fault_a_healthy_save_splits_them():
     assert [[s["step"] for s, _ in g] for g in other] == [[20]]
 
 
+@pytest.mark.parametrize("slow, named", [(1.2, True), (0.9, False)])
+def test_a_slow_save_is_an_incident_once_it_costs_a_second(tmp_path, slow, named):
+    # saves after steps 2 and 4; the second takes ``slow`` s more than the first (0.1 s)
+    for rank in (0, 1):
+        recs = [_run(rank, 100.0)]
+        t = 100.0
+        for step in range(1, 6):
+            t += 1.0 + (0.1 if step == 3 else 0.0) + (0.1 + slow if step == 5 else 0.0)
+            recs.append(_step(rank, step, t, window=1.0 + (t > 103.5) * (0.1 + slow)))
+            if step in (2, 4):
+                took = 0.1 if step == 2 else 0.1 + slow
+                recs.append({"kind": "checkpoint", "time": t + took, "rank": rank,
+                             "step": step, "seconds": took, "own_seconds": took * (rank == 1)})
+        _write(tmp_path / f"run.rank{rank}.jsonl", recs)
+    found = [(i.cause, i.rank) for i in _found(tmp_path)]
+    assert found == ([("checkpoint_slow", 1)] if named else []), found
+
+
 def test_a_nan_s_birthplace_costs_nothing_and_a_gpu_rank_names_its_gpu(tmp_path):
     for rank in (0, 1):
         _write(tmp_path / f"run.rank{rank}.jsonl", [

@@ -26,6 +26,7 @@ from fsdpmon import catalog
 from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, CRASH_LOOP_RESTARTS, EXIT_HOWS
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.incidents.incidents import (
+    MIN_LOST_SECONDS,
     Incident,
     costly,
     slow_save_groups,
@@ -204,14 +205,16 @@ class HistoryJudge:
             culprit = max(own, key=lambda r: _at(own[r], t) or 0.0)
             found.append(({"time": t, "seconds": took, "rank": culprit}, share))
         out = []
+        usual = min((s["seconds"] for s, _ in found), default=0.0)
         for group in slow_save_groups(found):
+            lost = sum(s["seconds"] - usual for s, _ in group)
+            if lost < MIN_LOST_SECONDS:
+                continue  # as from the JSONL: a healthy save after a short stretch
             first, last = group[0][0], group[-1][0]
             evidence = [f"a save took {s['seconds']:.1f} s, {share:.0%} of the time since the "
                         f"previous (limit {CHECKPOINT_SHARE_LIMIT:.0%})" for s, share in group]
-            usual = min(s["seconds"] for s, _ in found)
             out.append(self._incident(first["time"] - first["seconds"], last["time"],
-                                      "checkpoint_slow", first["rank"], evidence,
-                                      sum(s["seconds"] - usual for s, _ in group)))
+                                      "checkpoint_slow", first["rank"], evidence, lost))
         return out
 
     def nonfinite(self) -> list[Incident]:

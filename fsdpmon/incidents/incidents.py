@@ -27,7 +27,7 @@ from fsdpmon.job.snapshot import RankRow
 
 MERGE_GAP_STEPS = 2  # windows of one cause and rank this many steps apart are one incident
 MIN_WINDOWS = 3  # fewer straggling windows in a row are noise (a warm-up step, a GC pause)
-MIN_LOST_SECONDS = 1.0  # a straggling stretch that cost the job less is noise, not an incident
+MIN_LOST_SECONDS = 1.0  # a straggling stretch or slow saves that cost less: noise, no incident
 MAX_EVIDENCE_FRAMES = 3
 # A rank that saw a stall this much later than its threshold past the last progress was not
 # running Python meanwhile (the watchdog ticks at least once a second; one more for a loaded
@@ -245,6 +245,9 @@ def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
     usual = min(s["seconds"] for s, _ in found)
     out = []
     for group in slow_save_groups(found):
+        lost = sum(s["seconds"] - usual for s, _ in group)
+        if lost < MIN_LOST_SECONDS:
+            continue  # a healthy save that happened to follow a short stretch of steps
         first, last = group[0][0], group[-1][0]
         evidence = [f"the save of step {s['step']} took {s['seconds']:.1f} s, {share:.0%} of "
                     f"the time since the previous save (limit {CHECKPOINT_SHARE_LIMIT:.0%}); "
@@ -252,8 +255,7 @@ def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
                     f"work (the others waited for it)" for s, share in group]
         evidence.append(f"the run's fastest save took {usual:.2f} s")
         out.append(_incident(run, first["time"] - first["seconds"], last["time"],
-                             "checkpoint_slow", first["rank"], evidence,
-                             sum(s["seconds"] - usual for s, _ in group)))
+                             "checkpoint_slow", first["rank"], evidence, lost))
     return out
 
 
