@@ -73,6 +73,33 @@ def _job_speed() -> list[Panel | Row]:
     ]
 
 
+def _job_goodput() -> list[Panel | Row]:
+    """Where the wall-clock time went, from the goodput counters rank 0 serves (docs/goodput.md):
+    recomputed steps were counted productive when first made, so they come off it."""
+    productive = m(catalog.TRAIN_PRODUCTIVE_SECONDS_TOTAL, JOB)
+    badput = m(catalog.TRAIN_BADPUT_SECONDS_TOTAL, JOB)
+    made = f"sum by ({JOB_KEYS}) (increase({productive}[{RANGE}]))"
+    recompute = m(catalog.TRAIN_BADPUT_SECONDS_TOTAL, f'{JOB}, cause="recompute"')
+    redone = f"(sum by ({JOB_KEYS}) (increase({recompute}[{RANGE}])) or {made} * 0)"
+    lost = f"(sum by ({JOB_KEYS}) (increase({badput}[{RANGE}])) or {made} * 0)"
+    good = f"({made} - {redone}) / ({made} + {lost} - {redone})"
+    return [
+        Row("Goodput"),
+        stat("Goodput (time range)", Target(good, PER_JOB), unit="percentunit", width=6,
+             height=8, description="Share of the wall-clock time spent making steps that were "
+                                   "kept, over the dashboard's time range (fsdpmon goodput "
+                                   "gives the same split from a run's files)."),
+        timeseries("Badput by cause", Target(
+            f"sum by ({JOB_KEYS}, cause) (rate({badput}[{RATE}]))", "{{job_name}} {{cause}}"),
+            Target(f"sum by ({JOB_KEYS}) (rate({productive}[{RATE}]))",
+                   "{{job_name}} productive"), unit="percentunit", min=0, stack=True, width=18,
+            description="Share of wall-clock time per cause (startup, data_wait, "
+                        "checkpoint_save, checkpoint_restore, restart, recompute, stall, "
+                        "straggler_wait) stacked on the productive share; `fsdpmon "
+                        "incidents` names the rank and node behind each."),
+    ]
+
+
 def _throttled_gpus() -> Target:
     """Per GPU and each rank whose worker process runs on it, the slowdown clock events active
     now (0: full clocks). The exporter reads the worker's RANK; top and `fsdpmon diagnose` tie
@@ -138,7 +165,8 @@ def _job_quality_and_health() -> list[Panel | Row]:
 
 
 def job_overview() -> Json:
-    items = [*_job_now(), *_job_speed(), *_job_diagnosis(), *_job_quality_and_health()]
+    items = [*_job_now(), *_job_speed(), *_job_goodput(), *_job_diagnosis(),
+             *_job_quality_and_health()]
     return dashboard("fsdpmon-job", "fsdpmon / Job overview",
                      "Throughput, speed, progress, quality and health of FSDP training jobs.",
                      items, variables("namespace", "job"), links("namespace", "job"))

@@ -112,6 +112,20 @@ TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS = Metric(
     "fsdpmon_train_previous_exit_timestamp_seconds", Gg, "seconds",
     "Unix time this rank's previous incarnation ended (killed: when its restarted process "
     "found it gone).", T)
+# Goodput (rank 0 serves the job's): where the wall-clock time went, by cause
+TRAIN_PRODUCTIVE_SECONDS_TOTAL = Metric(
+    "fsdpmon_train_productive_seconds_total", C, "seconds",
+    "Wall-clock seconds the job spent making steps (not waiting for data, a straggler or a "
+    "stall); served by rank 0 for the whole job.", T)
+TRAIN_BADPUT_SECONDS_TOTAL = Metric(
+    "fsdpmon_train_badput_seconds_total", C, "seconds",
+    "Wall-clock seconds the job lost, by cause: startup, data_wait, checkpoint_save, "
+    "checkpoint_restore, restart, recompute, stall, straggler_wait; served by rank 0 for the "
+    "whole job.", (*T, "cause"))
+TRAIN_GOODPUT_RATIO = Metric(
+    "fsdpmon_train_goodput_ratio", Gg, "ratio",
+    "Share of this incarnation's wall-clock time spent making steps that were kept, so far; "
+    "served by rank 0 for the whole job.", T)
 # Speed
 TRAIN_STEP_DURATION_SECONDS = Metric(
     "fsdpmon_train_step_duration_seconds", H, "seconds",
@@ -273,7 +287,9 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_INFO, TRAIN_STEPS_TOTAL, TRAIN_STEP, TRAIN_TOTAL_STEPS,
     TRAIN_LAST_STEP_TIMESTAMP_SECONDS, TRAIN_TOKENS_TOTAL, TRAIN_TOKENS_PER_SECOND,
     TRAIN_RESTARTS, TRAIN_PREVIOUS_EXIT, TRAIN_PREVIOUS_EXIT_STEP,
-    TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS, TRAIN_STEP_DURATION_SECONDS, TRAIN_STEP_TIME_SECONDS,
+    TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS, TRAIN_PRODUCTIVE_SECONDS_TOTAL,
+    TRAIN_BADPUT_SECONDS_TOTAL, TRAIN_GOODPUT_RATIO, TRAIN_STEP_DURATION_SECONDS,
+    TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
     TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE, TRAIN_STRAGGLING,
     TRAIN_WAITED_FOR_SCORE, TRAIN_DESCHEDULED_RATIO, TRAIN_CPU_THROTTLED_RATIO,

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "exporter": ("exporters.cli", "per-node exporter: GPUs, host and processes, with pod labels"),
     "manifests": ("fsdpmon.manifests.cli", "generate the Kubernetes job, exporter and monitoring"),
     "report": ("fsdpmon.report.cli", "scaling report (table + chart) from several runs"),
+    "incidents": ("fsdpmon.incidents.cli",
+                  "what went wrong in a run, on which rank/node, and what it cost"),
+    "goodput": ("fsdpmon.incidents.goodput_cli",
+                "where a run's wall-clock time went: productive time and badput by cause"),
 }
 
 

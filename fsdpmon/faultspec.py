@@ -11,8 +11,9 @@ Bottom layer: imports only ``fsdpmon.errors`` (itself bottom layer).
 Kinds and keys (a key left out takes the default shown; ``rank``/``gpu`` default to 0):
   compute-slow:rank=R,factor=F,from_step=S,after=T
                                                 rank R's forward/backward F times slower
-  data-slow:rank=R,seconds=X,from_step=S,after=T
-                                                rank R's loader X s slower per batch
+  data-slow:rank=R,seconds=X,from_step=S,after=T,until_step=U
+                                                rank R's loader X s slower per batch (for
+                                                steps S..U; U=0: to the end)
   hang:rank=R,at_step=S,where=data|host|gil,after=T
                                                 rank R blocks forever outside any collective
                                                 (at step S, or the first step past it that
@@ -61,6 +62,7 @@ class DataSlow:
     seconds: float = 0.05  # added to each batch this rank loads
     from_step: int = 0
     after: float = 0.0
+    until_step: int = 0  # the last step slowed (0: every step from from_step on)
 
 
 @dataclass(frozen=True)

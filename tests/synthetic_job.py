@@ -185,6 +185,8 @@ def _rank_value(metric: catalog.Metric, r: RankSpec) -> float | None:
     if metric is catalog.TRAIN_STRAGGLING:
         return float(r.straggling if r.straggling is not None
                      else r.straggler_score < STRAGGLER_SCORE_THRESHOLD)
+    if metric is catalog.TRAIN_GOODPUT_RATIO:  # the job's, served by rank 0 only
+        return 0.874 if r.rank == 0 else None
     if metric is catalog.TRAIN_BUSY_SECONDS:
         return r.busy_s if r.busy_s is not None else r.step_time_s * (1 - r.collective_wait_ratio)
     return _FIXED.get(metric.name, 1.0)

@@ -150,8 +150,11 @@ def test_report_agrees_with_the_logs(runs, tmp_path):
         assert float(cells[5]) == printed(want["p90"], 4)
         assert cells[6] == "n/a"  # MFU: no peak FLOP/s for a CPU
         assert float(cells[7].rstrip("%")) == printed(want["data_wait_percent"], 1)
-    assert rows["tiny-n1"][-1] == "100.0%"
+    assert rows["tiny-n1"][9] == "100.0%"  # scaling efficiency
     summary = json.loads((out / "report.json").read_text())
+    for run, name in zip(summary["runs"], rows, strict=True):  # goodput beside throughput
+        assert 0 < run["goodput_ratio"] <= 1 and set(run["badput_seconds"]) >= {"startup"}
+        assert rows[name][-1] == f"{run['goodput_ratio'] * 100:.1f}%", (rows[name], run)
     n2 = summary["runs"][1]
     assert n2["scaling_efficiency"] == rounded(  # one division, of the JSON's own figures
         n2["tokens_per_second_per_gpu"] / summary["runs"][0]["tokens_per_second_per_gpu"], 1)

@@ -152,15 +152,21 @@ def test_a_record_tells_the_next_incarnation_how_this_one_ended(tmp_path):
     record = ExitRecord(tmp_path, 1, restart_count=0)
     assert _doc(tmp_path, 1)["how"] == "running" and _doc(tmp_path, 1)["step"] == 0.0
     assert read_previous(tmp_path, 1, 1, now=50.0) == PreviousExit("killed", 0.0, 50.0)
+    progressed = time.time()
     record.progress(5)
+    progressed_by = time.time()
     assert _doc(tmp_path, 1)["step"] == 5
     assert read_previous(tmp_path, 1, 0, now=50.0) is None, "a first start reads nothing"
-    assert read_previous(tmp_path, 1, 1, now=50.0) == PreviousExit("killed", 5.0, 50.0)
+    killed = read_previous(tmp_path, 1, 1, now=50.0)
+    # the time of its last log step: where goodput's restart is counted from
+    assert progressed <= killed.last_progress <= progressed_by, killed
+    assert killed == PreviousExit("killed", 5.0, 50.0, last_progress=killed.last_progress)
     before = time.time()
     record.end("sigterm", step=9)
     after = time.time()
     said = read_previous(tmp_path, 1, 1, now=50.0)
     assert (said.how, said.step) == ("sigterm", 9.0) and before <= said.unix <= after, said
+    assert said.last_progress == killed.last_progress, "the last step's time outlives the end"
     record.end("error", step=10, detail="RuntimeError")  # the first ending wins
     record.progress(12)  # and nothing moves it after
     assert (_doc(tmp_path, 1)["how"], _doc(tmp_path, 1)["step"]) == ("sigterm", 9)

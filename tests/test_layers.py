@@ -59,7 +59,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("exporters", "dashboards"),
     ("fsdpmon.job",),
     ("fsdpmon.monitor", "fsdpmon.scrape", "fsdpmon.diagnose"),
-    (*DIAGNOSE_EDGES, "fsdpmon.report"),
+    (*DIAGNOSE_EDGES, "fsdpmon.report", "fsdpmon.incidents"),
     ("fsdpmon.top",),
     ("fsdpmon.demo", "fsdpmon.manifests"),
     ("fsdpmon.cli",),

@@ -105,7 +105,8 @@ def test_records_follow_the_contract(tmp_path, baseline, monkeypatch):
     assert train(mon) == baseline
     mon.close()
     lines = [json.loads(x) for x in (tmp_path / "run.rank0.jsonl").read_text().splitlines()]
-    run, steps = lines[0], lines[1:]
+    run, steps, end = lines[0], lines[1:-1], lines[-1]
+    assert (end["kind"], end["how"], end["step"]) == ("end", "exit", 12), end  # closed normally
     assert set(run) >= RUN_KEYS and run["kind"] == "run" and run["model"] == "toy"
     assert run["device"] == "cpu" and run["peak_flops"] is None
     assert run["node"] == socket.gethostname(), run
@@ -206,7 +207,8 @@ def test_port_in_use_training_goes_on(tmp_path, baseline):
         assert train(mon) == baseline
         mon.close()
     assert mon.internal_errors == 0
-    assert len((tmp_path / "run.rank0.jsonl").read_text().splitlines()) == 4
+    # the run, three log steps and the end: the JSONL does not need the endpoint
+    assert len((tmp_path / "run.rank0.jsonl").read_text().splitlines()) == 5
 
 
 def test_unwritable_directories_training_goes_on(tmp_path, baseline):

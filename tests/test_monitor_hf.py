@@ -55,7 +55,7 @@ def test_hf_trainer_run_is_monitored(tmp_path):
     trainer.train()
 
     lines = [json.loads(x) for x in (tmp_path / "hf.rank0.jsonl").read_text().splitlines()]
-    run, steps = lines[0], lines[1:]
+    run, steps = lines[0], [r for r in lines[1:] if r["kind"] == "step"]
     assert run["kind"] == "run" and run["model"] == "llama"
     # 6·(N − N_emb) + 12·L·H·hd·S with the HF config's names
     assert run["flops_per_token"] > 12 * 2 * 4 * 8 * SEQ
@@ -101,8 +101,8 @@ def test_two_rank_hf_run_gathers_job_figures(tmp_path):
     finally:
         kill_tree(proc)
     assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
-    ranks = [[json.loads(x) for x in (tmp_path / f"hf.rank{r}.jsonl").read_text().splitlines()]
-             for r in (0, 1)]
+    ranks = [[r for r in map(json.loads, (tmp_path / f"hf.rank{rank}.jsonl").read_text(
+        ).splitlines()) if r["kind"] in ("run", "step")] for rank in (0, 1)]  # no end record
     for rank, lines in enumerate(ranks):
         assert lines[0]["world_size"] == 2 and lines[0]["rank"] == rank
         assert [s["step"] for s in lines[1:]] == [2, 4, 6]

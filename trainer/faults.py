@@ -18,7 +18,8 @@ What each kind does, and why it is made that way:
   the other ranks at FSDP's all-gathers and the time the OS ran other processes, and scaling
   those too would slow a time-sliced rank by far more than the factor asked. On CUDA it is
   the host wall time of the phase.
-- data-slow: each batch this rank loads takes ``seconds`` longer (inside ``next(loader)``).
+- data-slow: each batch this rank loads takes ``seconds`` longer (inside ``next(loader)``),
+  up to step ``until_step`` when set (a slow stretch that ends).
 - hang: after step S, the rank blocks forever outside any collective: in plain Python in its
   data loader (``where=data``) or in a host-side call (``where=host``), or in a C call that
   holds the GIL (``where=gil``: no thread of it runs Python, its watchdog included); the others
@@ -193,7 +194,7 @@ class FaultyLoader:
             if f.where == "data" and self.plan.hang_due(f, step):
                 hang_in_data_loader()
         for f in self.plan._of(fs.DataSlow):
-            if self.plan.due(f, step + 1):
+            if self.plan.due(f, step + 1) and (not f.until_step or step + 1 <= f.until_step):
                 time.sleep(f.seconds)
         return next(self.inner)
 

@@ -106,6 +106,7 @@ class Trainer:
     checkpointer: Checkpointer | None
     faults: faults.FaultPlan = field(default_factory=faults.FaultPlan)
     step: int = 0
+    restored: tuple[int, float] | None = None  # (step, seconds) of the checkpoint loaded
 
     @property
     def global_tokens(self) -> int:
@@ -116,10 +117,12 @@ class Trainer:
         if self.checkpointer is None:
             return
         self.checkpointer.remove_incomplete()
+        began = time.monotonic()
         resumed = resume_newest(self.checkpointer, self.model, self.optim)
         if resumed is None:
             return
         state, path = resumed
+        self.restored = (state.step, time.monotonic() - began)
         self.sched.load_state_dict(state.scheduler)
         self.loader.position, self.step = state.data_position, state.step
         if self.env.rank == 0:
@@ -210,6 +213,8 @@ def _monitor_for(trainer: Trainer, cfg: TrainConfig) -> Monitor:
                   run_info={"model": _model_label(cfg), "config": cfg.to_json()})
     if trainer.env.rank == 0:
         mon.add_log_listener(console_line(cfg.max_steps))
+    if trainer.restored is not None:
+        mon.checkpoint_restored(*trainer.restored)
     return mon
 
 

@@ -191,6 +191,7 @@ class JobSnapshot:
     eta_s: float | None = None
     restarts: int | None = None
     slowest_rank: int | None = None
+    goodput_ratio: float | None = None  # rank 0's share of kept step time so far
     model: str = ""
     ranks: tuple[RankRow, ...] = ()
     gpus: tuple[GpuRow, ...] = ()

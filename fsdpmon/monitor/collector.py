@@ -90,7 +90,8 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
     for name, value in {**_mapping(snap.get("values")), **live}.items():
         _add(builder, name, labels, value)
     for key, name in (("phase_totals", catalog.TRAIN_PHASE_SECONDS_TOTAL.name),
-                      ("phase_means", catalog.TRAIN_PHASE_DURATION_SECONDS.name)):
+                      ("phase_means", catalog.TRAIN_PHASE_DURATION_SECONDS.name),
+                      ("badput_totals", catalog.TRAIN_BADPUT_SECONDS_TOTAL.name)):
         for phase, value in _mapping(snap.get(key)).items():
             _add(builder, name, (*labels, str(phase)), value)
     how = snap.get("previous_exit")

@@ -45,6 +45,7 @@ class PreviousExit:
     step: float  # its step then (killed: its last log step)
     unix: float  # when it ended (killed: when the restarted process found it out)
     detail: str = ""  # the exception's type, for "error"
+    last_progress: float | None = None  # unix time of its last log step (None: not known)
 
 
 def record_path(directory: Path, rank: int) -> Path:
@@ -67,12 +68,13 @@ def read_previous(directory: Path, rank: int, restart_count: int,
     if restart is None or not 0 <= restart < restart_count:
         return None  # a later launcher's, or another job's: not this rank's previous life
     how = doc.get("how")
+    progressed = _number(doc.get("progress_time"))
     if how == _RUNNING:
-        return PreviousExit(EXIT_KILLED, step or 0.0, now)
+        return PreviousExit(EXIT_KILLED, step or 0.0, now, last_progress=progressed)
     if how not in (EXIT_SIGTERM, EXIT_ERROR, EXIT_NORMAL):
         return None
     return PreviousExit(str(how), step or 0.0, when if when is not None else now,
-                        str(doc.get("detail", ""))[:_DETAIL_MAX])
+                        str(doc.get("detail", ""))[:_DETAIL_MAX], progressed)
 
 
 class ExitRecord:
@@ -83,6 +85,7 @@ class ExitRecord:
         self.restart = restart_count
         self.pid = os.getpid()
         self.step = 0.0
+        self.progress_time: float | None = None  # unix time of the last log step
         self.ended = False
         # The training thread's progress vs a SIGTERM's end; reentrant because the SIGTERM
         # handler may interrupt progress() on the same thread (end() then writes over it).
@@ -94,6 +97,7 @@ class ExitRecord:
         with self._lock:
             if not self.ended and step != self.step:
                 self.step = step
+                self.progress_time = time.time()
                 self._write(_RUNNING)
 
     def end(self, how: str, step: float | None = None, detail: str = "") -> None:
@@ -112,7 +116,8 @@ class ExitRecord:
 
     def _write(self, how: str, detail: str = "") -> None:
         doc: dict[str, Any] = {"pid": self.pid, "restart": self.restart, "how": how,
-                               "step": self.step, "time": time.time(), "detail": detail}
+                               "step": self.step, "time": time.time(), "detail": detail,
+                               "progress_time": self.progress_time}
         tmp = self.path.with_name(f".{self.path.name}.{self.pid}")
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()  # a write that failed half-way

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,13 +29,15 @@ from torch import nn
 from fsdpmon import catalog
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
-from fsdpmon.monitor import checkpoint_time, collectives
+from fsdpmon.monitor import checkpoint_time, collectives, exit_cleanup
 from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.cpustat import CgroupThrottling
 from fsdpmon.monitor.device import intended_syncs, uses_cuda
+from fsdpmon.monitor.flight import FlightRecorder, process_start_unix
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
 from fsdpmon.monitor.gather import gather_rows, is_distributed, topology
+from fsdpmon.monitor.goodput_meter import GoodputMeter, window_row
 from fsdpmon.monitor.jsonl import JsonlSink
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.nonfinite import WATCHED, NonfiniteWatch
@@ -52,6 +55,7 @@ from fsdpmon.monitor.straggling import StragglingFlag, straggler_scores
 from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer, WindowTimes
 
 log = logging.getLogger("fsdpmon.monitor")
+ROW_AT = 5  # where the goodput window's figures start in a rank's gathered row
 
 LogListener = Callable[[dict[str, Any]], None]
 
@@ -114,8 +118,13 @@ class Monitor:
         self.flops_per_token = float(flops_per_token or 0.0)
         self._memory: MemoryReader | None = None
         self.run_record: dict[str, Any] = {}
+        self.process_start = process_start_unix()
+        self.goodput = GoodputMeter(self.process_start)
+        self.flight = FlightRecorder(0, self._write_jsonl, threading.get_ident())
+        self._window_stall = 0.0  # stall seconds ended in this log window
         # A malformed launcher variable is logged and counted; the rest of set-up goes on.
         self.topo = self._guarded("topology", topology) or self.topo
+        self.flight.rank = self.topo.rank
         self._guarded("setup", lambda: self._setup_core(model, flops_per_token, seq_len,
                                                         run_info or {}))
         self._guarded("jsonl", self._open_jsonl)
@@ -142,6 +151,7 @@ class Monitor:
         self.flops_per_token = float(flops or 0.0)
         self.run_record = run_record(self.topo, self.config.job_name, model, run_info,
                                      self.flops_per_token, self.device, self.peak_flops)
+        self.run_record["process_start"] = self.process_start
         self._memory = MemoryReader(cuda)
         self._throttling = CgroupThrottling()
         if is_distributed(self.topo):  # one rank alone waits for nobody
@@ -153,11 +163,21 @@ class Monitor:
         if self.config.jsonl_path:
             self.jsonl = JsonlSink(self.config.jsonl_path, self.topo.rank)
             self.jsonl.write(self.run_record)
+            exit_cleanup.register(self._record_end)  # SIGTERM too: the agent stopping us
+
+    def _record_end(self, error: BaseException | None = None) -> None:
+        self.flight.ended(self.step_number, error)
 
     def _start_publication(self) -> None:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
         if self.pub is not None:
             self.pub.static_values(self._static_values())
+            self.pub.flight = self.flight
+            previous = self.pub.previous
+            if previous is not None:
+                self.flight.previous_exit(self.topo.restart_count, previous.how, previous.step,
+                                          previous.unix)
+                self.goodput.restart_from(previous.step, previous.last_progress)
 
     def _static_values(self) -> dict[str, float | None]:
         return {
@@ -205,10 +225,17 @@ class Monitor:
         if batch is not None:
             step["batch"] = batch
 
+    def checkpoint_restored(self, step: int, seconds: float) -> None:
+        """The loop loaded a checkpoint of ``step`` in ``seconds`` (before the first step):
+        the restore's share of the badput, and the steps a restart makes again."""
+        self._guarded("restore", lambda: (self.flight.restored(step, seconds),
+                                          self.goodput.restore(step, seconds)))
+
     def begin_step(self) -> None:
         try:
             if self._window_start is None:
                 self._window_start = time.perf_counter()
+                self.goodput.first_step()
                 self._saves.training_started()
                 if self.pub is not None:
                     self.pub.arm()
@@ -233,6 +260,8 @@ class Monitor:
             if self._collectives is not None:
                 self._collectives.step_done()
             host_seconds = self._timer.end_step()
+            if self.flight.open_since is not None:
+                self._end_stall("step")
             tokens = self._pending.pop("tokens", None)
             tokens = self.tokens_per_step if tokens is None else int(tokens)
             self.steps_done += 1
@@ -281,6 +310,11 @@ class Monitor:
             else:
                 self._timer.end_phase(name)
                 saved = self._saves.end() if name == checkpoint_time.PHASE else None
+                if saved is not None:
+                    self.flight.checkpoint(self.step_number, saved.seconds, saved.own_seconds)
+                    self.goodput.checkpoint(saved.seconds)
+                if self.flight.open_since is not None and not self._timer.in_step:
+                    self._end_stall(name)  # a save or evaluation held the steps, not a stall
                 if self.pub is not None and not self._timer.in_step:
                     # A phase between steps (a checkpoint save, an evaluation) that finished
                     # is progress too: the stall clock restarts from here.
@@ -289,6 +323,11 @@ class Monitor:
                         self.pub.checkpoint_saved(saved)
         except Exception as exc:
             self._fail("phase", exc)
+
+    def _end_stall(self, during: str) -> None:
+        durations = self.pub.watchdog.recent_durations() if self.pub is not None else []
+        self._window_stall += self.flight.stall_ended(self.step_number + (during == "step"),
+                                                      during, durations)
 
     # ---- log steps ----------------------------------------------------------------------
 
@@ -306,10 +345,11 @@ class Monitor:
         loss = quality.get("loss")
         # one rank alone waits for nobody: no waited-for view (and no run-queue reads)
         held, descheduled = self._waits.figures() if self._collectives else (None, None)
+        window = self._guarded("goodput window", lambda: window_row(stats))
         local = [stats.step_time_s if stats else math.nan,
                  stats.busy_s if stats and self._busy.known else math.nan,
                  peak_memory, math.nan if loss is None else loss,
-                 math.nan if held is None else held]
+                 math.nan if held is None else held, *(window or [0.0] * 4)]
         rows = self._gather(local)  # every rank, every log step, whatever failed above
         job = self._guarded("job figures", lambda: job_figures(rows)
                             if rows is not None and self.topo.rank == 0 else None)
@@ -329,11 +369,26 @@ class Monitor:
             first_nonfinite={w: self._nonfinite.first_step(w) for w in WATCHED}))
         if record is None:
             return
+        if window is not None:
+            record.update(window_seconds=stats.wall_seconds if stats else None,
+                          step_seconds=window[0], data_seconds=window[1],
+                          wait_seconds=window[2], steps=int(window[3]))
+        self._guarded("goodput", lambda: self._count_goodput(rows, stats))
         pub, times = self.pub, self._timer_window
         if pub is not None and stats is not None and times is not None:
             self._guarded("publish", lambda: pub.log_step(
                 stats, record, memory.values if memory else {}, times, self.internal_errors, job))
         self._emit(record)
+
+    def _count_goodput(self, rows: list[list[float]] | None, stats: WindowStats | None) -> None:
+        """Rank 0: the job's window split by cause, added to the served counters."""
+        stall, self._window_stall = self._window_stall, 0.0
+        if self.topo.rank != 0 or rows is None or stats is None:
+            return
+        self.goodput.rows(rows, ROW_AT, stall, stats)
+        if self.pub is not None:
+            self.pub.goodput(self.goodput.productive, self.goodput.served(),
+                             self.goodput.ratio())
 
     def _measure_window(self) -> WindowStats:
         times = self._timer.drain()  # on CUDA: the window's one sync, so the collective
@@ -418,6 +473,9 @@ class Monitor:
             if collectives.active() is self._collectives:
                 collectives.activate(None)
             self._collectives.close()
+        if self.jsonl is not None:
+            exit_cleanup.unregister(self._record_end)
+            self._guarded("end record", lambda: self._record_end(error))
         for part in (self.pub, self.jsonl):
             if part is None:
                 continue
@@ -434,3 +492,4 @@ class Monitor:
 
     def __exit__(self, _type: object, error: BaseException | None, _tb: object) -> None:
         self.close(error)
+

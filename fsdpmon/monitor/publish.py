@@ -23,6 +23,7 @@ from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import collectives, exit_cleanup, exit_record, statedir
 from fsdpmon.monitor.checkpoint_time import SaveTimes
 from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.flight import FlightRecorder
 from fsdpmon.monitor.spawn import ServerKeeper
 from fsdpmon.monitor.stacks import StackPublisher
 from fsdpmon.monitor.state import RankStateWriter, job_state_dir
@@ -52,6 +53,8 @@ class Publication:
         self.keeper: ServerKeeper | None = None
         self.stacks: StackPublisher | None = None
         self.phase = ""  # the phase the training thread is in ("" between phases)
+        self.flight: FlightRecorder | None = None  # the monitor's, for a stall's evidence
+        self.previous: exit_record.PreviousExit | None = None  # how the last incarnation ended
         self._training_thread = threading.get_ident()  # the monitor is made on it
         self.snapshot: dict[str, Any] = {
             "pid": os.getpid(), "rank": topo.rank, "local_rank": topo.local_rank,
@@ -109,6 +112,7 @@ class Publication:
         try:
             previous = exit_record.read_previous(directory, topo.rank, topo.restart_count,
                                                  time.time())
+            self.previous = previous
             if previous is not None:
                 self.snapshot["previous_exit"] = previous.how
                 self._set_values({
@@ -167,6 +171,8 @@ class Publication:
         self._stall = (1.0 if stalled else 0.0, threshold)
         if stalled != was_stalled:
             self._publish_stack(stalled)
+            if stalled and self.flight is not None:
+                self._record_flight(threshold)
         try:
             self._beat()
         except Exception as exc:
@@ -184,6 +190,24 @@ class Publication:
                 self.stacks.clear()
         except Exception as exc:
             self._fail("stack evidence", exc)
+
+    def _record_flight(self, threshold: float) -> None:
+        """The flight recorder's one record of this stall (watchdog thread)."""
+        flight = self.flight
+        if flight is None:
+            return
+        try:
+            step, phase, entered = self._stack_context()
+            flight.stall_started(self.watchdog.progress_unix(), threshold, step, phase,
+                                      entered)
+        except Exception as exc:
+            self._fail("flight recorder", exc)
+
+    def goodput(self, productive: float, badput: dict[str, float], ratio: float | None) -> None:
+        """The job's goodput counters (rank 0), written with the next snapshot."""
+        self._set_values({catalog.TRAIN_PRODUCTIVE_SECONDS_TOTAL.name: productive,
+                          catalog.TRAIN_GOODPUT_RATIO.name: ratio})
+        self.snapshot["badput_totals"] = dict(badput)
 
     def _stack_context(self) -> tuple[float, str, tuple[str, int] | None]:
         return self._progress[1], self.phase, collectives.last_entered()

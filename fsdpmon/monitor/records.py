@@ -30,6 +30,7 @@ def run_record(topo: DistEnv, job_name: str, model: nn.Module | None, run_info: 
         "dtype": str(run_info.get("dtype") or param_dtype(model)),
         "torch_version": torch.__version__,
         "node": os.environ.get("NODE_NAME") or socket.gethostname(),
+        "pod": os.environ.get("POD_NAME") or socket.gethostname(),
         "restarts": topo.restart_count,
     }
 

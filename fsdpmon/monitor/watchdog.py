@@ -62,6 +62,13 @@ class StallWatchdog:
             self._durations.append(seconds)
         self._last_progress = time.monotonic()
 
+    def recent_durations(self) -> list[float]:
+        return list(self._durations)
+
+    def progress_unix(self) -> float:
+        """Unix time of the last progress (a step or a phase between steps)."""
+        return time.time() - (time.monotonic() - self._last_progress)
+
     def compute_threshold(self) -> float:
         durations = list(self._durations)
         if not durations:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon.errors import InputError
+from fsdpmon.job.run_goodput import goodput
+from fsdpmon.job.runlog import read_run
 from fsdpmon.report.model import RunData, Sample
 
 _RANK_FILE = re.compile(r"^(?P<base>.+)\.rank(?P<rank>\d+)(?P<ext>\.[^.]*)?$")
@@ -94,6 +96,8 @@ def load_run(name: str, files: list[Path], source: str | None = None) -> RunData
             f"{files[0]}: no step records yet (the run logged no step; check --log-every)"
         )
     device = str(first.get("device") or "unknown")
+    per_rank = _by_rank(files)
+    figures = goodput(read_run(name, per_rank)) if per_rank else None
     return RunData(
         name=name,
         source=source or name,
@@ -105,7 +109,22 @@ def load_run(name: str, files: list[Path], source: str | None = None) -> RunData
         peak_flops=_optional_float(first.get("peak_flops")),
         memory_source="rss" if device == "cpu" else "device",
         ranks=ranks,
+        goodput_ratio=figures.goodput_ratio if figures else None,
+        badput_seconds=dict(figures.badput_seconds) if figures and figures.wall_seconds > 0
+        else None,
     )
+
+
+def _by_rank(files: list[Path]) -> dict[int, list[Path]]:
+    """rank -> its files, for the goodput reader; {} for one file of every rank's records
+    (its incarnations cannot be told apart: no goodput)."""
+    out: dict[int, list[Path]] = {}
+    for path in files:
+        match = _RANK_FILE.match(path.name)
+        if match is None:
+            return {}
+        out.setdefault(int(match["rank"]), []).append(path)
+    return out
 
 
 def _read_file(path: Path) -> dict[int, tuple[dict[str, Any], list[Sample]]]:

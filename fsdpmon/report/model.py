@@ -37,6 +37,8 @@ class RunData:
     peak_flops: float | None
     memory_source: Literal["device", "rss"]  # peak CUDA memory, or process RSS on CPU
     ranks: dict[int, tuple[Sample, ...]]  # rank -> samples in time order
+    goodput_ratio: float | None = None  # kept step time over the wall clock (JSONL runs)
+    badput_seconds: dict[str, float] | None = None  # by cause (fsdpmon.job.run_goodput)
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,8 @@ class RunStats:
     peak_memory_bytes_per_gpu: float | None  # highest over ranks
     memory_source: str
     final_loss: float | None
+    goodput_ratio: float | None = None
+    badput_seconds: dict[str, float] | None = None
     scaling_efficiency: float | None = None  # against the smallest run; None until compared
 
     def to_json(self) -> dict[str, Any]:

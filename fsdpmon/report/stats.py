@@ -118,6 +118,7 @@ def run_stats(run: RunData, warmup_steps: int | None = None) -> RunStats:
         peak_memory_bytes_per_gpu=max(memory) if memory else None,
         memory_source=run.memory_source,
         final_loss=_mean(losses) if losses else None,
+        goodput_ratio=run.goodput_ratio, badput_seconds=run.badput_seconds,
     ))
 
 

@@ -18,6 +18,7 @@ COLUMNS = (
     "Data wait",
     "Peak memory per GPU (GiB)",
     "Scaling efficiency",
+    "Goodput",
 )
 
 GIB = 1024**3
@@ -52,6 +53,7 @@ def row(stats: RunStats) -> list[str]:
         _percent(stats.data_wait_ratio),
         _gib(stats.peak_memory_bytes_per_gpu),
         _percent(stats.scaling_efficiency),
+        _percent(stats.goodput_ratio),
     ]
 
 

@@ -144,6 +144,7 @@ def _finish(acc: Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSna
         step_time_max_s=most if (most := acc.job.get("step_time_max_s")) is not None
         else _max(r.step_time_s for r in live),
         loss=loss, restarts=opt_int(restarts),
+        goodput_ratio=_max(d.get("goodput_ratio") for d in ranks),
         eta_s=(total - step) * median if total and step is not None and median else None,
         history=History(tokens_per_second=push(history.tokens_per_second, tps),
                         loss=push(history.loss, loss),

@@ -42,6 +42,7 @@ RANK_METRICS = {
     catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
     catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
     catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
+    catalog.TRAIN_GOODPUT_RATIO.name: "goodput_ratio",  # rank 0's, for the job
 }
 TRAIN_INFO = catalog.TRAIN_INFO.name
 # How a restarted rank's previous incarnation ended: the `how` label of its one series.

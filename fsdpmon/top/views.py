@@ -86,6 +86,8 @@ def _progress(snap: JobSnapshot) -> FittedLine:
 
 def _speed(snap: JobSnapshot) -> FittedLine:
     hist = snap.history
+    goodput = ([] if snap.goodput_ratio is None else
+               [Part(f"  goodput {fmt.pct(snap.goodput_ratio, 1)}", 5)])
     return FittedLine(
         Part(f"tok/s {fmt.si(snap.tokens_per_second)}"),
         Part(Text(" " + fmt.sparkline(hist.tokens_per_second, SPARK_WIDTH), style="cyan"), 15),
@@ -94,6 +96,7 @@ def _speed(snap: JobSnapshot) -> FittedLine:
         Part(f" {fmt.seconds(snap.step_time_max_s)} max", 35),
         Part(f"  loss {fmt.fixed(snap.loss)}", 65),
         Part(Text(" " + fmt.sparkline(hist.loss, SPARK_WIDTH), style="magenta"), 14),
+        *goodput,
     )
 
 

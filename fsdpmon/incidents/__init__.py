@@ -1,0 +1,1 @@
+"""After the fact: a run's incidents and goodput, from its JSONL or from Prometheus history."""

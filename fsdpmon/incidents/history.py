@@ -1,0 +1,260 @@
+"""A job's incidents from Prometheus history (range queries through the one client): the one
+module that knows which series tell them, so that it can be pointed at new culprit series
+(per-rank collective progress) without touching the rest.
+
+From the per-rank series the monitor serves:
+- a stall: ``fsdpmon_train_stalled`` at 1 on any rank; its culprit the rank the pod's server
+  found ``fsdpmon_train_unresponsive`` meanwhile (``rank_unresponsive``), else a ``hang``;
+- a restart: a rank's ``fsdpmon_train_previous_exit{how="killed"}`` (the diagnosis'
+  ``exits.died`` over every rank's ending names who brought the group down);
+- a straggler: ``fsdpmon_train_straggling`` at 1, named compute or data by
+  ``straggler_rules.straggler_cause`` over the ranks' figures then;
+- a slow checkpoint: ``fsdpmon_train_checkpoint_time_ratio`` over its limit, the culprit the
+  rank with the most ``fsdpmon_train_checkpoint_own_seconds``;
+- a non-finite loss: ``fsdpmon_train_loss_first_nonfinite_step``, the earliest rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fsdpmon import catalog
+from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, CRASH_LOOP_RESTARTS, EXIT_HOWS
+from fsdpmon.diagnose.exits import died, exit_evidence
+from fsdpmon.incidents.incidents import (
+    MIN_LOST_SECONDS,
+    Incident,
+    costly,
+    slow_save_groups,
+    straggler_spans,
+    straggling,
+)
+from fsdpmon.job.snapshot import RankRow
+from fsdpmon.scrape.prometheus_api import PrometheusAPI
+
+Samples = list[tuple[float, float]]
+Series = dict[int, Samples]  # rank -> (time, value), oldest first
+
+
+@dataclass
+class History:
+    job: str
+    start: float
+    end: float
+    step: float
+    api: PrometheusAPI
+
+    def series(self, metric: catalog.Metric, where: str = "") -> Series:
+        return {int(rank): samples for (rank, _), samples in self.labelled(metric, where).items()}
+
+    def labelled(self, metric: catalog.Metric, where: str = "",
+                 label: str = "") -> dict[tuple[str, str], Samples]:
+        query = f'{metric.name}{{job_name="{_quoted(self.job)}"{where}}}'
+        out: dict[tuple[str, str], Samples] = {}
+        for s in self.api.query_range(query, self.start, self.end, self.step):
+            labels = s.get("metric") or {}
+            rank = str(labels.get("rank", ""))
+            if not rank.isdigit():
+                continue
+            values = [(float(t), float(v)) for t, v in s.get("values") or []
+                      if _finite(v)]
+            key = (rank, str(labels.get(label, "")) if label else "")
+            out[key] = sorted(out.get(key, []) + values)
+        return out
+
+
+def _quoted(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def spans(samples: Samples, test: Callable[[float], bool], gap: float) -> list[tuple[float, float]]:
+    """The stretches where ``test(value)`` holds (samples further apart than ``gap`` split)."""
+    out: list[list[float]] = []
+    open_ = False
+    for t, v in samples:
+        if not test(v):
+            open_ = False  # a sample that says otherwise ends the stretch
+            continue
+        if open_ and t - out[-1][1] <= gap:
+            out[-1][1] = t
+        else:
+            out.append([t, t])
+        open_ = True
+    return [(a, b) for a, b in out]
+
+
+def _at(samples: Samples, t: float) -> float | None:
+    """The last value at or before ``t``."""
+    found = [v for s, v in samples if s <= t]
+    return found[-1] if found else None
+
+
+class HistoryJudge:
+    def __init__(self, history: History) -> None:
+        self.h = history
+        self.gap = 3 * history.step
+        self.places: dict[int, dict[str, str]] = {}
+        for (rank, node), _ in history.labelled(catalog.TRAIN_INFO, label="node").items():
+            self.places.setdefault(int(rank), {"node": node, "pod": "", "gpu": ""})
+        sizes = [v for s in history.series(catalog.TRAIN_RESTARTS).values() for _, v in s]
+        self.world = max(len(self.places), 1)
+        self.restarts = int(max(sizes)) if sizes else 0
+
+    def _incident(self, start: float, end: float, cause: str, rank: int | None,
+                  evidence: list[str], lost: float) -> Incident:
+        place = self.places.get(rank, {}) if rank is not None else {}
+        return Incident(start, end, cause, rank, place.get("pod", ""), place.get("node", ""),
+                        place.get("gpu", ""), tuple(evidence), max(0.0, lost) * self.world,
+                        run=self.h.job)
+
+    def stalls(self) -> list[Incident]:
+        stalled = self.h.series(catalog.TRAIN_STALLED)
+        unresponsive = self.h.series(catalog.TRAIN_UNRESPONSIVE)
+        threshold = self.h.series(catalog.TRAIN_STALL_THRESHOLD_SECONDS)
+        found: list[tuple[float, float]] = []
+        for samples in stalled.values():
+            found += spans(samples, lambda v: v >= 1, self.gap)
+        out = []
+        for start, end in _merged(found, self.gap):
+            quiet = sorted(r for r, s in unresponsive.items()
+                           if spans([x for x in s if start - self.gap <= x[0] <= end],
+                                    lambda v: v >= 1, self.gap))
+            lead = max((_at(s, start) or 0.0 for s in threshold.values()), default=0.0)
+            victims = sorted(r for r, s in stalled.items()
+                             if any(start <= t <= end and v >= 1 for t, v in s))
+            evidence = [f"ranks {victims} reported stalled from {start:.0f} to {end:.0f} "
+                        f"(threshold {lead:.1f} s)"]
+            if len(quiet) == 1:
+                evidence.append(f"rank {quiet[0]} was unresponsive meanwhile (stopped, or "
+                                f"holding the GIL)")
+                out.append(self._incident(start - lead, end, "rank_unresponsive", quiet[0],
+                                          evidence, end - start + lead))
+            else:
+                out.append(self._incident(start - lead, end, "hang", None, evidence,
+                                          end - start + lead))
+        return out
+
+    def restarts_found(self) -> list[Incident]:
+        exits: dict[int, tuple[str, int | None]] = {}
+        first_seen: list[float] = []
+        for (rank, how), samples in self.h.labelled(catalog.TRAIN_PREVIOUS_EXIT,
+                                                    label="how").items():
+            if how in EXIT_HOWS and samples:
+                exits[int(rank)] = (how, None)
+                first_seen.append(samples[0][0])
+        culprits, _how = died(exits)
+        if not culprits or not first_seen:
+            return []
+        back = min(first_seen)
+        last = self.h.series(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS)
+        before = [v for s in last.values() for t, v in s if t < back and v < back]
+        start = max(before) if before else back
+        cause = "crash_loop" if self.restarts >= CRASH_LOOP_RESTARTS else "rank_missing"
+        rank = culprits[0] if len(culprits) == 1 else None
+        return [self._incident(start, back, cause, rank, exit_evidence(exits), back - start)]
+
+    def stragglers(self) -> list[Incident]:
+        """The JSONL's rule over each sample time's window figures (the monitor's last log
+        window per rank); lost: the goodput counters' data and straggler badput meanwhile."""
+        step_time = self.h.series(catalog.TRAIN_STEP_TIME_SECONDS)
+        waits = self.h.series(catalog.TRAIN_COLLECTIVE_WAIT_RATIO)
+        data = self.h.series(catalog.TRAIN_DATA_WAIT_RATIO)
+        rows: dict[float, list[tuple[RankRow, float]]] = {}
+        for rank, samples in step_time.items():
+            for t, step in samples:
+                wait = _at(waits.get(rank, []), t)
+                if wait is None or step <= 0:
+                    continue
+                rows.setdefault(t, []).append((RankRow(
+                    rank=rank, step_time_s=step, busy_s=step * (1 - wait),
+                    data_wait_ratio=_at(data.get(rank, []), t)), t))
+        badput = {cause: sorted(x for s in self.h.labelled(
+            catalog.TRAIN_BADPUT_SECONDS_TOTAL, f',cause="{cause}"').values() for x in s)
+            for cause in ("data_wait", "straggler_wait")}
+        spans = [(a, b, start, end, cause, rank, why,
+                  sum(_increase(badput[c], start - self.gap, end) for c in badput))
+                 for a, b, start, end, cause, rank, why, _ in straggler_spans(
+                     straggling(rows), {}, self.gap)]
+        return [self._incident(start, end, cause, rank, [why], lost)
+                for _a, _b, start, end, cause, rank, why, lost in costly(spans)]
+
+    def checkpoints(self) -> list[Incident]:
+        """Each save as rank 0's checkpoint series change; slow ones grouped as the JSONL's."""
+        ratio = self.h.series(catalog.TRAIN_CHECKPOINT_TIME_RATIO)
+        seconds = self.h.series(catalog.TRAIN_CHECKPOINT_SECONDS)
+        own = self.h.series(catalog.TRAIN_CHECKPOINT_OWN_SECONDS)
+        found: list[tuple[dict[str, Any], float]] = []
+        lead = min(seconds) if seconds else None
+        previous = None
+        for t, took in seconds.get(lead, []) if lead is not None else []:
+            share = _at(ratio.get(lead, []), t)
+            if took == previous or share is None:
+                continue  # the same save, seen again by the next scrape
+            previous = took
+            culprit = max(own, key=lambda r: _at(own[r], t) or 0.0)
+            found.append(({"time": t, "seconds": took, "rank": culprit}, share))
+        out = []
+        usual = min((s["seconds"] for s, _ in found), default=0.0)
+        for group in slow_save_groups(found):
+            lost = sum(s["seconds"] - usual for s, _ in group)
+            if lost < MIN_LOST_SECONDS:
+                continue  # as from the JSONL: a healthy save after a short stretch
+            first, last = group[0][0], group[-1][0]
+            evidence = [f"a save took {s['seconds']:.1f} s, {share:.0%} of the time since the "
+                        f"previous (limit {CHECKPOINT_SHARE_LIMIT:.0%})" for s, share in group]
+            out.append(self._incident(first["time"] - first["seconds"], last["time"],
+                                      "checkpoint_slow", first["rank"], evidence, lost))
+        return out
+
+    def nonfinite(self) -> list[Incident]:
+        firsts = {r: s[0] for r, s in self.h.series(
+            catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP).items() if s}
+        if not firsts:
+            return []
+        rank = min(firsts, key=lambda r: (firsts[r][1], r))
+        t, step = firsts[rank]
+        return [self._incident(t, t, "loss_nonfinite", rank,
+                               [f"rank {rank}: first non-finite loss at step {step:.0f}"], 0.0)]
+
+    def incidents(self) -> list[Incident]:
+        restarts = self.restarts_found()
+        # While the agent restarts the group, no rank steps: the restart explains that stall.
+        stalls = [s for s in self.stalls()
+                  if not any(s.start <= r.end and r.start <= s.end for r in restarts)]
+        found = [*stalls, *restarts, *self.stragglers(), *self.checkpoints(), *self.nonfinite()]
+        return sorted(found, key=lambda i: (i.start, i.cause))
+
+
+def _increase(samples: Samples, start: float, end: float) -> float:
+    """A counter's rise between two times (resets, a restarted process, counted from 0)."""
+    inside = [v for t, v in samples if start <= t <= end]
+    rise = 0.0
+    for a, b in itertools.pairwise(inside):
+        rise += b - a if b >= a else b
+    return rise
+
+
+def _merged(found: list[tuple[float, float]], gap: float) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(found):
+        if out and a - out[-1][1] <= gap:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def job_incidents(api: PrometheusAPI, job: str, start: float, end: float,
+                  step: float) -> list[Incident]:
+    return HistoryJudge(History(job, start, end, step, api)).incidents()

@@ -1,0 +1,105 @@
+"""Where a job's time goes: one log window split into productive time and badput by cause.
+
+The same arithmetic runs live in the monitor (rank 0, over the rows every rank gathers at a log
+step) and after the fact in ``fsdpmon goodput`` (over the ranks' JSONL step records), so the
+live counters and the report agree by construction.
+
+In synchronous training every rank's step lasts as long as the slowest rank's: the others wait
+for it in their collectives. So the job's window is the critical rank's (the one that waited
+least), and what that rank did with it is what the job did:
+
+- ``data_wait``: the critical rank's time in the data phase;
+- ``straggler_wait``: its own work beyond the other ranks' median own work (the time they
+  waited for it, beyond what a median rank takes), when it is a straggler by the diagnosis'
+  measure (their median below STRAGGLER_SCORE_THRESHOLD of its own);
+- ``stall``: a stall's time beyond one ordinary step (from the stall records), taken out of the
+  rank's own figures first, so that a rank stopped in its data phase is not also data-slow;
+- ``productive``: the rest of the step time.
+
+Checkpoint saves, restores, restarts and recomputed steps are not in a step window: they come
+from their own records (``fsdpmon.job.run_goodput``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+
+CATEGORIES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
+              "recompute", "stall", "straggler_wait", "unaccounted")
+
+
+@dataclass(frozen=True)
+class RankWindow:
+    """One rank's log window: ``steps`` steps lasting ``step_seconds`` in all, of which
+    ``data_seconds`` in the data phase and ``wait_seconds`` inside collectives."""
+
+    rank: int
+    steps: int
+    step_seconds: float
+    data_seconds: float
+    wait_seconds: float
+
+    @property
+    def own_seconds(self) -> float:
+        """Its own work (not data, not waiting for the others)."""
+        return max(0.0, self.step_seconds - self.data_seconds - self.wait_seconds)
+
+
+def rank_window(rank: int, row: list[float]) -> RankWindow:
+    step, data, wait, steps = row[:4]
+    return RankWindow(rank, int(steps), step, data, wait)
+
+
+@dataclass(frozen=True)
+class WindowSplit:
+    step_seconds: float  # the job's step time in the window (the critical rank's)
+    productive: float
+    data_wait: float
+    straggler_wait: float
+    stall: float  # in the steps and between them
+    critical_rank: int
+    stall_between: float = 0.0  # of which between the steps (not in step_seconds)
+
+
+def _without_stall(window: RankWindow, stall: float) -> RankWindow:
+    """The rank's figures less the stall: a rank that waited at least that long waited it out
+    in a collective; the rank that held everyone up spent it in its data phase when that was
+    long enough to hold it, else in its own work."""
+    if window.wait_seconds >= stall:
+        return RankWindow(window.rank, window.steps, window.step_seconds - stall,
+                          window.data_seconds, window.wait_seconds - stall)
+    data = window.data_seconds - stall if window.data_seconds >= stall else window.data_seconds
+    return RankWindow(window.rank, window.steps, window.step_seconds - stall, data,
+                      window.wait_seconds)
+
+
+def split_window(windows: list[RankWindow], stall: float = 0.0,
+                 between: float = 0.0) -> WindowSplit | None:
+    """The job's window from every rank's (None: no rank measured a step)."""
+    live = [w for w in windows if w.steps > 0]
+    if not live:
+        return None
+    critical = min(live, key=lambda w: (w.wait_seconds, w.rank))
+    step_seconds = critical.step_seconds
+    # A stall longer than the window's steps happened between them (a rank stopped in its log
+    # step: the others wait in that step's gather): it is taken from the time between steps.
+    stall = max(0.0, stall)
+    outside = min(stall, max(0.0, between)) if step_seconds < stall else 0.0
+    stall = min(stall - outside, step_seconds)
+    trimmed = [_without_stall(w, stall) for w in live]
+    core = next(w for w in trimmed if w.rank == critical.rank)
+    others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
+    usual = statistics.median(others) if others else core.own_seconds
+    # Only a straggler by the diagnosis' own measure (the others' median own work below
+    # STRAGGLER_SCORE_THRESHOLD of its own) costs straggler time; a smaller lead is the jitter
+    # of who arrives last at each collective, part of every synchronous step.
+    straggling = core.own_seconds > 0 and usual < STRAGGLER_SCORE_THRESHOLD * core.own_seconds
+    straggler = core.own_seconds - usual if straggling else 0.0
+    # a data phase longer than the step (clocks read apart) is capped; own work, and so the
+    # straggler's excess, is never more than what is left of the step
+    data = min(core.data_seconds, step_seconds - stall)
+    return WindowSplit(step_seconds, step_seconds - stall - data - straggler, data, straggler,
+                       stall + outside, critical.rank, outside)
