@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
-# watchdog_unix, seq
-HB_RECORD = struct.Struct("<qqddddddd q")
+# watchdog_unix, collective_entered, collective_completed, in_collective, phase (an index of
+# conventions.PROGRESS_PHASES), position_since_unix, seq
+HB_RECORD = struct.Struct("<qqdddddddddddd q")
 HB_SIZE = 128  # room to grow without changing the file size
 
 
@@ -25,6 +26,12 @@ class Heartbeat:
     stalled: float
     stall_threshold: float
     watchdog_unix: float = 0.0  # last tick of the rank's watchdog thread: is the process alive?
+    # Progress evidence (collectives.progress and the phase), and since when it is unchanged.
+    collective_entered: float = 0.0
+    collective_completed: float = 0.0
+    in_collective: float = 0.0
+    phase: float = -1.0  # an index of conventions.PROGRESS_PHASES; -1: not published
+    position_since_unix: float = 0.0
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:
