@@ -124,3 +124,34 @@ def test_the_position_keeps_its_time_while_unchanged_and_a_step_brings_its_own(m
     assert Publication._where(pub)[3] == PROGRESS_PHASES.index("other")
     pub._progress = (NOW + 99, 6.0, 6.0, 60.0)
     assert Publication._where(pub)[4] == NOW + 99
+
+
+def _row(rank: int, entered: int | None, inside: bool | None):
+    from fsdpmon.job.snapshot import RankRow
+
+    return RankRow(rank=rank, collective_entered=entered, in_collective=inside)
+
+
+def test_the_rank_behind_in_collectives_is_the_culprit_never_the_ones_ahead():
+    from fsdpmon.diagnose.engine import progress_culprits
+
+    rows = [_row(0, 4861, True), _row(1, 4860, False), _row(2, 4861, True), _row(3, 4861, True)]
+    culprits, why = progress_culprits(rows)
+    assert culprits == [1], why
+    assert "#4860" in why and "#4861" in why
+
+
+def test_outside_a_collective_while_others_wait_in_one_when_the_numbers_agree():
+    from fsdpmon.diagnose.engine import progress_culprits
+
+    culprits, why = progress_culprits([_row(0, 12, True), _row(1, 12, False), _row(2, 12, True)])
+    assert culprits == [1], why
+    assert "2 ranks wait" in why
+
+
+def test_no_culprit_when_all_wait_alike_or_nothing_is_published():
+    from fsdpmon.diagnose.engine import progress_culprits
+
+    assert progress_culprits([_row(0, 12, True), _row(1, 12, True)]) == ([], "")
+    assert progress_culprits([_row(0, 12, False), _row(1, 12, False)]) == ([], "")
+    assert progress_culprits([_row(0, None, None), _row(1, None, None)]) == ([], "")
