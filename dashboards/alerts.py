@@ -4,30 +4,10 @@ checkpoints), GPUs (use and faults) and scrape targets. Every threshold and ``fo
 
 from __future__ import annotations
 
-from dashboards.promql import JOB_KEYS, m
-from dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert, rose
+from dashboards.promql import JOB_KEYS, RANK_KEYS, m
+from dashboards.rulebase import AGE, Rule, RuleBounds, alert, rose
 from fsdpmon import catalog
-from fsdpmon.conventions import Severity
-
-
-def _stall(b: RuleBounds) -> Rule:
-    floor = f"{b.stall_floor_seconds:g}"
-    bound = (f"clamp_min({b.stall_factor:g} * {STEP_TIME}, {floor})"
-             f" or ({AGE} * 0 + {floor})")  # before the first log window: the floor only
-    # Before the first step there is no timestamp; the age then counts from the monitor's start.
-    return alert(
-        "FsdpmonTrainingStalled",
-        f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})",
-        b.stall_for, Severity.CRITICAL,
-        "Training job {{ $labels.job_name }} rank {{ $labels.rank }} has stopped making progress",
-        "Rank {{ $labels.rank }} of {{ $labels.job_name }} completed no optimiser step for "
-        "{{ $value | humanizeDuration }}, more than max(" + f"{b.stall_factor:g}"
-        + " x its mean step time, " + floor + "s).",
-        "A hang in a collective (NCCL/gloo) stops every rank at once: find the rank that "
-        "stopped first (`fsdpmon top --job NAME`), then check its pod's logs, py-spy dump, "
-        "GPU XID errors and the node's network (EFA). A stopped data loader or a full disk "
-        "during checkpointing stalls one rank first.",
-    )
+from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, Severity
 
 
 def _rank_missing(b: RuleBounds) -> Rule:
@@ -137,8 +117,40 @@ def _cpu_throttled(b: RuleBounds) -> Rule:
 
 
 def training_alerts(b: RuleBounds) -> list[Rule]:
-    return [_stall(b), _rank_missing(b), _ranks_short(b), _straggler(b), _cpu_throttled(b),
+    return [_rank_missing(b), _rank_died(), _ranks_short(b), _straggler(b), _cpu_throttled(b),
             _checkpoint_slow(b), *_quality_alerts(b), *_memory_alerts(b)]
+
+
+def _rank_died() -> Rule:
+    # The rank's restarted process says how its previous life ended (the exit record): killed
+    # (no word left: SIGKILL, the OOM killer, a segfault) or an error brought the group down,
+    # and the agent restarted every rank; only that rank is named, for as long as `fsdpmon
+    # diagnose` names it (CRASH_EVIDENCE_SECONDS after the restart).
+    exit_ = m(catalog.TRAIN_PREVIOUS_EXIT, 'how=~"killed|error"')
+    when = m(catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS)
+    return alert(
+        "FsdpmonRankDied",
+        f"{exit_} == 1\n  and on ({RANK_KEYS}) (time() - {when} < {CRASH_EVIDENCE_SECONDS:g})",
+        "", Severity.CRITICAL,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} died ({{ $labels.how }}) and the "
+        "job restarted",
+        "The previous life of rank {{ $labels.rank }}{{ if $labels.pod }} (pod "
+        "{{ $labels.pod }}){{ end }} ended {{ $labels.how }}; the elastic agent restarted "
+        "every rank, and only this one's end brought the group down.",
+        "`kubectl logs POD --previous` for the exit (an OOM kill, a segfault, an exception); "
+        "a second restart within minutes is a crash loop.",
+    )
+
+
+def _nonfinite_origin() -> str:
+    """The ranks whose loss went non-finite first (the gradient reduce spreads a NaN to every
+    rank's loss a step later: the others only caught it); every non-finite rank where no rank
+    publishes the first step."""
+    flag = m(catalog.TRAIN_LOSS_NONFINITE)
+    first = m(catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP)
+    return (f"{flag} == 1\n  and on ({RANK_KEYS})\n"
+            f"  ({first} == on ({JOB_KEYS}) group_left min by ({JOB_KEYS}) ({first}))\n"
+            f"or\n({flag} == 1 unless on ({JOB_KEYS}) {first})")
 
 
 def _quality_alerts(b: RuleBounds) -> list[Rule]:
@@ -146,10 +158,11 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
     smooth = f"avg_over_time({m(catalog.REC_JOB_LOSS_AVG)}[{b.divergence_smoothing}])"
     return [
         alert(
-            "FsdpmonLossNonFinite", f"{m(catalog.TRAIN_LOSS_NONFINITE)} == 1",
+            "FsdpmonLossNonFinite", _nonfinite_origin(),
             b.nonfinite_for, Severity.CRITICAL,
             "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
-            "The last logged loss of rank {{ $labels.rank }} was not finite; the run is "
+            "The last logged loss of rank {{ $labels.rank }} was not finite, and it went "
+            "non-finite first (the others caught it from this rank's gradients); the run is "
             "wasting compute from here on.",
             "Check the learning rate and warm-up, the grad norm just before (Job overview), "
             "mixed-precision settings and the batch that was loaded; resume from the last good "

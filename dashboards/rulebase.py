@@ -41,7 +41,10 @@ class RuleBounds:
     # The monitor's own stall flag uses the same defaults (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
     stall_factor: float = DEFAULT_STALL_FACTOR
     stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
-    stall_for: str = "2m"
+    # The stall bound is already minutes (the floor), and the culprit needs no confirming:
+    # stall_for only rides out a scrape, so a hang pages within 4 minutes of its start
+    # (floor 120 s + scrape and evaluation 30 s + 30 s + Alertmanager's group_wait 30 s).
+    stall_for: str = "30s"
     # A rank seen within this window whose series are gone while its pod/target is still there.
     missing_lookback: str = "15m"
     missing_for: str = "2m"
@@ -123,6 +126,8 @@ def runbook_base(url: str) -> str:
 # alert, a finding and a runbook section share one name.
 ALERT_CAUSES = {
     "FsdpmonTrainingStalled": "hang",
+    "FsdpmonRankUnresponsive": "rank_unresponsive",
+    "FsdpmonRankDied": "rank_missing",
     "FsdpmonTrainingRankMissing": "rank_missing",
     "FsdpmonTrainingRanksShort": "rank_missing",
     "FsdpmonRankStraggling": "straggler_compute",
@@ -147,8 +152,10 @@ def alert(name: str, expr: str, for_: str, severity: Severity, summary: str, des
     rule: Rule = {"alert": name, "expr": expr}
     if for_ not in ("", "0s"):
         rule["for"] = for_
-    rule["labels"] = {"severity": severity.value}  # the word the diagnosis' findings use
     cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
+    # severity: the word the diagnosis' findings use; cause: what Alertmanager groups by (one
+    # incident, one notification) and the runbook's section
+    rule["labels"] = {"severity": severity.value, "cause": cause}
     # runbook_url is added by rule_groups(), which knows where the runbook is published
     rule["annotations"] = {"summary": summary, "description": description, "hint": hint,
                            "cause": cause}
