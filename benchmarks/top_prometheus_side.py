@@ -80,8 +80,8 @@ def main() -> None:
     for name, results in rows.items():
         med[name] = statistics.median(r["p50_s"] for r in results)
         r = results[-1]
-        print(f"  {name}: refresh p50 per round "
-              f"{', '.join(f'{x['p50_s'] * 1e3:.0f}' for x in results)} ms; {r['ranks']} ranks, "
+        per_round = ", ".join(f"{x['p50_s'] * 1e3:.0f}" for x in results)
+        print(f"  {name}: refresh p50 per round {per_round} ms; {r['ranks']} ranks, "
               f"{r['series']} series, {r['queries']:.0f} queries answering {r['answered']:.0f} "
               f"series; slowest query {r['slowest_query_s'] * 1e3:.0f} ms: {r['slowest_query']}")
     print(f"  ratio this tree / base (medians): {med['head'] / med['base']:.3f} (bound 1.5)")
