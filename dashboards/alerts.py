@@ -5,7 +5,7 @@ checkpoints), GPUs (use and faults) and scrape targets. Every threshold and ``fo
 from __future__ import annotations
 
 from dashboards.promql import JOB_KEYS, RANK_KEYS, m
-from dashboards.rulebase import AGE, Rule, RuleBounds, alert, rose
+from dashboards.rulebase import AGE, STEP_TIME, Rule, RuleBounds, alert, rose
 from fsdpmon import catalog
 from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, Severity
 
@@ -35,25 +35,56 @@ def _rank_missing(b: RuleBounds) -> Rule:
     )
 
 
-def _straggler(b: RuleBounds) -> Rule:
+def _straggling(b: RuleBounds) -> str:
     # Step time cannot name a straggler (in synchronous training every rank's step is as long
     # as the slowest one's); the score does: the straggler is the rank that waits least at the
-    # collectives, i.e. is busy longest. It covers slow compute and slow data loading alike.
-    # And only while the monitor flags it (fsdpmon_train_straggling): a score below the line
-    # in two busy-time medians over disjoint steps. One noisy median on a healthy job (a
-    # loaded host) would otherwise set the alert pending every few minutes.
+    # collectives, i.e. is busy longest. And only while the monitor flags it
+    # (fsdpmon_train_straggling): a score below the line in two busy-time medians over disjoint
+    # steps. One noisy median on a healthy job (a loaded host) would otherwise set the alert
+    # pending every few minutes.
     score = m(catalog.TRAIN_STRAGGLER_SCORE)
     flag = m(catalog.TRAIN_STRAGGLING)
+    return f"{score} < {b.straggler_score:g} and {flag} == 1"
+
+
+def _on_data(b: RuleBounds) -> str:
+    """Stragglers whose extra busy time is mostly extra data wait (STRAGGLER_CAUSE_SHARE of it
+    or more), against the job's median rank, as `fsdpmon diagnose` splits them (it takes the
+    other ranks' median: on 2 ranks both sides of the comparison are then exactly half of
+    diagnose's, so the verdict is the same; on more, the median moves by at most one rank)."""
+    busy = m(catalog.TRAIN_BUSY_SECONDS)
+    data = f"({m(catalog.TRAIN_DATA_WAIT_RATIO)} * {STEP_TIME})"
+    median = f"on ({JOB_KEYS}) group_left quantile by ({JOB_KEYS}) (0.5, {{}})"
+    excess = f"({busy} - {median.format(busy)})"
+    extra = f"({data} - {median.format(data)})"
+    return (f"({_straggling(b)})\n  and on ({RANK_KEYS}) ({excess} > 0)\n"
+            f"  and on ({RANK_KEYS}) ({extra} >= {b.straggler_cause_share:g} * {excess})")
+
+
+def _straggler(b: RuleBounds) -> Rule:
     return alert(
-        "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g} and {flag} == 1",
+        "FsdpmonRankStraggling",
+        f"{_straggling(b)}\nunless on ({RANK_KEYS}) (\n{_on_data(b)}\n)",
         b.straggler_for, Severity.WARNING,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
         "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
         f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "
         "at the collectives, and every other rank waits for it at each one.",
-        "Compare the rank's phases on the Ranks dashboard: a long data phase points at its "
-        "data loader or storage; slow forward/backward at a throttled or faulty GPU (see the "
-        "Nodes dashboard for its clocks, temperature and XIDs) or a noisy neighbour on the node.",
+        "Compare the rank's phases on the Ranks dashboard: slow forward/backward points at a "
+        "throttled or faulty GPU (see the Nodes dashboard for its clocks, temperature and "
+        "XIDs) or a noisy neighbour on the node.",
+    )
+
+
+def _straggler_on_data(b: RuleBounds) -> Rule:
+    return alert(
+        "FsdpmonRankStragglingOnData", _on_data(b), b.straggler_for, Severity.WARNING,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling: it waits for its data",
+        "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (below "
+        f"{b.straggler_score:g}), and most of its extra busy time is waiting for its data "
+        "loader: every other rank waits for it at each collective.",
+        "Check the rank's data loader workers, its dataset storage (FSx/S3) throughput and "
+        "its pod's CPU limit.",
     )
 
 
@@ -117,7 +148,8 @@ def _cpu_throttled(b: RuleBounds) -> Rule:
 
 
 def training_alerts(b: RuleBounds) -> list[Rule]:
-    return [_rank_missing(b), _rank_died(), _ranks_short(b), _straggler(b), _cpu_throttled(b),
+    return [_rank_missing(b), _rank_died(), _ranks_short(b), _straggler(b),
+            _straggler_on_data(b), _cpu_throttled(b),
             _checkpoint_slow(b), *_quality_alerts(b), *_memory_alerts(b)]
 
 
@@ -268,15 +300,45 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
     ]
 
 
+def _gpu_owner() -> str:
+    """Per GPU, one training rank whose worker process uses it (the exporter reads the worker's
+    RANK), valued 0: added to a GPU alert's expression, it names the rank the GPU fault hits.
+    One per GPU (topk): a GPU two ranks share names one of them rather than failing the join."""
+    workers = m(catalog.PROCESS_INFO, 'rank!=""')
+    used = (f"{m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)} * 0\n"
+            f"    + on (node, pid) group_left (rank) {workers}")
+    return f"topk by (node, gpu) (1, max by (node, gpu, rank) (\n    {used}))"
+
+
+def with_rank(expr: str) -> str:
+    """A GPU alert's ``expr`` with the ``rank`` of the GPU's training process where known, as
+    it is where not."""
+    owner = _gpu_owner()
+    return (f"(\n{expr}\n) + on (node, gpu) group_left (rank) {owner}\nor\n"
+            f"(\n{expr}\n) unless on (node, gpu) {owner}")
+
+
 def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
     w = b.error_window
     uncorrected = m(catalog.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"')
     failed_remap = m(catalog.GPU_REMAPPED_ROWS, 'cause="failure"')
+    lost = f"{m(catalog.GPU_UP)} == 0"
     return [
         alert(
+            "FsdpmonGPULost", with_rank(lost), b.gpu_lost_for, Severity.CRITICAL,
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is lost"
+            "{{ if $labels.rank }} under rank {{ $labels.rank }}{{ end }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) stopped answering NVML (fallen off the "
+            "bus, or the driver lost it){{ if $labels.rank }}; rank {{ $labels.rank }} ran on "
+            "it{{ end }}.",
+            "Cordon and drain the node and replace the instance; the job restarts elsewhere "
+            "from its last checkpoint.",
+        ),
+        alert(
             "FsdpmonGPUXidErrors",
-            f"{rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
-            f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0",
+            with_rank(f"({rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
+                      f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0)\n"
+                      f"unless on (node, gpu) ({lost})"),
             "", Severity.CRITICAL,
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
@@ -288,7 +350,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonGPUEccErrors",
-            f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0",
+            with_rank(f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0"),
             "", Severity.CRITICAL,
             "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "

@@ -21,6 +21,7 @@ from fsdpmon.conventions import (
     DEFAULT_STALL_FLOOR_SECONDS,
     LOSS_DIVERGENCE_FACTOR,
     MEMORY_PRESSURE_RATIO,
+    STRAGGLER_CAUSE_SHARE,
     STRAGGLER_SCORE_THRESHOLD,
     Severity,
 )
@@ -53,6 +54,9 @@ class RuleBounds:
     # Straggler: the rank's score (median busy time of the other ranks / its own) below this.
     straggler_score: float = STRAGGLER_SCORE_THRESHOLD
     straggler_for: str = "15m"
+    # ... on its data when this share of its extra busy time (over the job's median rank) is
+    # extra data wait
+    straggler_cause_share: float = STRAGGLER_CAUSE_SHARE
     # CPU limit: the rank's cgroup throttled in this share of its CFS periods (over the window)
     # while the others wait for it (its waited-for score below straggler_score).
     cpu_throttled_share: float = CPU_THROTTLED_RATIO
@@ -67,6 +71,7 @@ class RuleBounds:
     low_util_ratio: float = 0.30
     low_util_for: str = "20m"
     error_window: str = "15m"  # XID / ECC counters
+    gpu_lost_for: str = "1m"  # a GPU that stopped answering NVML (one failed read is no loss)
     throttle_for: str = "10m"
     # ... or held down this share of the time by NVML's accumulated clock-event time, over
     # throttle_window (a flag sampled per scrape misses throttling that comes and goes)
@@ -131,6 +136,8 @@ ALERT_CAUSES = {
     "FsdpmonTrainingRankMissing": "rank_missing",
     "FsdpmonTrainingRanksShort": "rank_missing",
     "FsdpmonRankStraggling": "straggler_compute",
+    "FsdpmonRankStragglingOnData": "straggler_data",
+    "FsdpmonGPULost": "gpu_lost",
     "FsdpmonRankCpuThrottled": "cpu_throttled",
     "FsdpmonCheckpointSlow": "checkpoint_slow",
     "FsdpmonLossNonFinite": "loss_nonfinite",
