@@ -287,8 +287,8 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonGPUThrottling",
-            f"{throttled} == 1\nor\n"
-            f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}",
+            with_rank(f"{throttled} == 1\nor\n"
+                      f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}"),
             b.throttle_for, Severity.WARNING,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
             "Clock-event reason {{ $labels.reason }} has held the clocks down for "
