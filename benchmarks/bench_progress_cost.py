@@ -9,8 +9,9 @@ tree in its own interpreter, in alternating rounds (so machine load hits both al
    bench_monitor's loop), in microseconds;
 2. the collective wrapper's cost per call, armed as in a step (bench_monitor's part 4), in
    microseconds;
-3. the tiny Llama step without a monitor (bench_monitor's model and batch), once, to state
-   both differences as a share of a tiny step: the budget is 0.5% for the whole monitor.
+3. the tiny Llama step without a monitor (bench_monitor's model and batch) and the collectives
+   a tiny 2-rank step makes, once, to state both differences per step as a share of a tiny
+   step: the budget is 0.5% for the whole monitor.
 
 Run: ``OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_progress_cost.py [--base REF]``
 """
@@ -66,13 +67,14 @@ print("RESULT " + json.dumps({"host_us": host_us, "call_us": statistics.median(p
 """
 
 TINY = r"""
-import sys, tempfile
+import json, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, "benchmarks")
 import bench_monitor as bm
 with tempfile.TemporaryDirectory() as tmp:
     bm.training_comparison(Path(tmp), int(sys.argv[1]), 10, 128)
-print("RESULT " + str(bm.FIGURES.get("step_s", "nan")))
+    calls = bm.collectives_per_step(Path(tmp))
+print("RESULT " + json.dumps([bm.FIGURES.get("step_s", float("nan")), calls]))
 """
 
 
@@ -112,19 +114,20 @@ def main() -> None:
             for name, tree in (("base", base), ("head", REPO)):
                 figures[name].append(json.loads(probe(
                     tree, PROBE, str(args.host_steps), str(args.repeats), str(args.calls))))
-        tiny = float(probe(REPO, TINY, str(args.tiny_steps)))
+        tiny, calls = json.loads(probe(REPO, TINY, str(args.tiny_steps)))
     print(f"progress evidence cost, {args.rounds} alternating rounds, base {args.base} vs this "
           f"tree; load {load:.1f} at start, {os.getloadavg()[0]:.1f} at end, "
           f"{os.cpu_count()} CPUs")
     med = {name: {k: statistics.median(r[k] for r in rows) for k in rows[0]}
            for name, rows in figures.items()}
-    for key, what in (("host_us", "monitor host cost per non-log step"),
-                      ("call_us", "collective wrapper per call, armed")):
+    for key, what, per_step in (("host_us", "monitor host cost per non-log step", 1.0),
+                                ("call_us", "collective wrapper per call, armed", calls)):
         b, h = med["base"][key], med["head"][key]
         print(f"  {what:<38} base {b:6.2f} us   head {h:6.2f} us   difference {h - b:+6.2f} us"
-              f" = {(h - b) * 1e-6 / tiny:+.4%} of a tiny step")
-    print(f"  tiny Llama step without monitor: {tiny * 1e3:.1f} ms; every round: "
-          f"{json.dumps(figures)}")
+              f" x {per_step:g} per step = {(h - b) * per_step * 1e-6 / tiny:+.4%} of a tiny "
+              "step")
+    print(f"  tiny Llama step without monitor: {tiny * 1e3:.1f} ms; {calls:g} collectives per "
+          f"step of the tiny 2-rank job; every round: {json.dumps(figures)}")
 
 
 if __name__ == "__main__":
