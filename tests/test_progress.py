@@ -108,13 +108,14 @@ def test_the_position_keeps_its_time_while_unchanged_and_a_step_brings_its_own(m
 
     from fsdpmon.monitor.publish import Publication
 
-    clock = iter([NOW + 10, NOW + 20, NOW + 30])
+    clock = iter([NOW - 5, NOW + 10, NOW + 20, NOW + 30])
     monkeypatch.setattr("fsdpmon.monitor.publish.time.time", lambda: next(clock))
     monkeypatch.setattr(collectives, "progress", lambda: (9, 9, False))
-    pub = SimpleNamespace(phase="data", _progress=(NOW, 5.0, 5.0, 50.0), _position=(),
+    pub = SimpleNamespace(phase="data", _progress=(0.0, 0.0, 0.0, 0.0), _position=(),
                           _position_since=0.0)
-    first = Publication._where(pub)
-    assert first[4] == NOW  # the first beat of a step: the step's own time, no clock read
+    assert Publication._where(pub)[4] == NOW - 5  # before the first step: the clock's time
+    pub._progress = (NOW, 5.0, 5.0, 50.0)
+    assert Publication._where(pub)[4] == NOW  # a step's beat: the step's own time, no clock read
     assert Publication._where(pub)[4] == NOW  # unchanged: stuck since then
     monkeypatch.setattr(collectives, "progress", lambda: (10, 9, True))
     assert Publication._where(pub)[4] == NOW + 10  # entered a collective: a watchdog's clock

@@ -169,9 +169,10 @@ class Publication:
         phase = _PHASE_INDEX.get(self.phase, _OTHER)
         where = (self._progress[1], phase, entered, completed, inside)
         if where != self._position:
-            moved = not self._position or where[0] != self._position[0]
+            stepped = (bool(self._position) and where[0] != self._position[0]
+                       and self._progress[0] > 0)
             self._position = where
-            self._position_since = self._progress[0] if moved else time.time()
+            self._position_since = self._progress[0] if stepped else time.time()
         return (float(entered), float(completed), float(inside), float(phase),
                 self._position_since)
 
