@@ -108,14 +108,31 @@ def _ranks_short(b: RuleBounds) -> Rule:
     )
 
 
+def _checkpoint_holdup(b: RuleBounds) -> str:
+    """The rank the others waited for in the last save (one per job, the largest excess): its
+    own save work (not waiting for peers) above the other ranks' by STRAGGLER_CAUSE_SHARE of
+    the save's wall time or more, as `fsdpmon diagnose` names it. The others' mean, where
+    diagnose takes their median: the same on 2 ranks (one other), and on more the same while
+    one rank holds the others up (they then agree with each other)."""
+    own = m(catalog.TRAIN_CHECKPOINT_OWN_SECONDS)
+    wall = m(catalog.TRAIN_CHECKPOINT_SECONDS)
+    others = (f"((sum by ({JOB_KEYS}) ({own}) - on ({JOB_KEYS}) group_right {own})\n"
+              f"    / on ({JOB_KEYS}) group_left () (count by ({JOB_KEYS}) ({own}) - 1 > 0))")
+    return (f"topk by ({JOB_KEYS}) (1,\n  {own} - {others}\n"
+            f"  >= {b.straggler_cause_share:g} * {wall})")
+
+
 def _checkpoint_slow(b: RuleBounds) -> Rule:
     # The median rank's last save against the time since the save before it (the monitor
     # serves both until the next save): the same share `fsdpmon diagnose` holds to the same
     # limit, and it names the rank the others waited for.
     share = m(catalog.TRAIN_CHECKPOINT_TIME_RATIO)
+    slow = f"(quantile by ({JOB_KEYS}) (0.5, {share}) >= {b.checkpoint_share:g})"
+    holdup = _checkpoint_holdup(b)
+    expr = (f"{slow}\n  + on ({JOB_KEYS}) group_left (rank, local_rank, pod, node, instance)\n"
+            f"  (0 * {holdup})\nor\n{slow} unless on ({JOB_KEYS}) {holdup}")
     return alert(
-        "FsdpmonCheckpointSlow",
-        f"quantile by ({JOB_KEYS}) (0.5, {share}) >= {b.checkpoint_share:g}",
+        "FsdpmonCheckpointSlow", expr,
         b.checkpoint_for, Severity.WARNING,
         "Checkpointing takes {{ $value | humanizePercentage }} of {{ $labels.job_name }}'s time",
         "The median rank's last checkpoint save took {{ $value | humanizePercentage }} of the "
@@ -158,11 +175,21 @@ def _rank_died() -> Rule:
     # (no word left: SIGKILL, the OOM killer, a segfault) or an error brought the group down,
     # and the agent restarted every rank; only that rank is named, for as long as `fsdpmon
     # diagnose` names it (CRASH_EVIDENCE_SECONDS after the restart).
-    exit_ = m(catalog.TRAIN_PREVIOUS_EXIT, 'how=~"killed|error"')
+    # As `fsdpmon diagnose` tells them (diagnose/exits.py): the ranks killed; else the one rank
+    # that ended on an error while every other was stopped by the agent (SIGTERM). A rank that
+    # failed because its peer was killed (a collective's connection reset) is not named.
     when = m(catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS)
+
+    def ended(how: str) -> str:
+        return (f"({m(catalog.TRAIN_PREVIOUS_EXIT, f'how={how!r}'.replace(chr(39), chr(34)))}"
+                f" == 1\n  and on ({RANK_KEYS}) (time() - {when} < {CRASH_EVIDENCE_SECONDS:g}))")
+
+    killed, error = ended("killed"), ended("error")
+    expr = (f"{killed}\nor\n({error}\n  unless on ({JOB_KEYS}) {killed}\n"
+            f"  and on ({JOB_KEYS}) (count by ({JOB_KEYS}) {error} == 1)\n"
+            f"  and on ({JOB_KEYS}) {ended('sigterm')}\n  unless on ({JOB_KEYS}) {ended('exit')})")
     return alert(
-        "FsdpmonRankDied",
-        f"{exit_} == 1\n  and on ({RANK_KEYS}) (time() - {when} < {CRASH_EVIDENCE_SECONDS:g})",
+        "FsdpmonRankDied", expr,
         "", Severity.CRITICAL,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} died ({{ $labels.how }}) and the "
         "job restarted",
