@@ -315,7 +315,7 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
         alert(
             "FsdpmonGPUThrottling",
             with_rank(f"{throttled} == 1\nor\n"
-                      f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}"),
+                      f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}", b),
             b.throttle_for, Severity.WARNING,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
             "Clock-event reason {{ $labels.reason }} has held the clocks down for "
@@ -327,20 +327,22 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
     ]
 
 
-def _gpu_owner() -> str:
+def _gpu_owner(b: RuleBounds) -> str:
     """Per GPU, one training rank whose worker process uses it (the exporter reads the worker's
     RANK), valued 0: added to a GPU alert's expression, it names the rank the GPU fault hits.
     One per GPU (topk): a GPU two ranks share names one of them rather than failing the join."""
-    workers = m(catalog.PROCESS_INFO, 'rank!=""')
-    used = (f"{m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)} * 0\n"
-            f"    + on (node, pid) group_left (rank) {workers}")
+    info = m(catalog.PROCESS_INFO, 'rank!=""')
+    workers = f"last_over_time({info}[{b.gpu_owner_window}])"
+    # over a window: a lost GPU serves no process samples, but its rank is still the one
+    used = (f"last_over_time({m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)}"
+            f"[{b.gpu_owner_window}]) * 0\n    + on (node, pid) group_left (rank) {workers}")
     return f"topk by (node, gpu) (1, max by (node, gpu, rank) (\n    {used}))"
 
 
-def with_rank(expr: str) -> str:
+def with_rank(expr: str, b: RuleBounds) -> str:
     """A GPU alert's ``expr`` with the ``rank`` of the GPU's training process where known, as
     it is where not."""
-    owner = _gpu_owner()
+    owner = _gpu_owner(b)
     return (f"(\n{expr}\n) + on (node, gpu) group_left (rank) {owner}\nor\n"
             f"(\n{expr}\n) unless on (node, gpu) {owner}")
 
@@ -350,9 +352,11 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
     uncorrected = m(catalog.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"')
     failed_remap = m(catalog.GPU_REMAPPED_ROWS, 'cause="failure"')
     lost = f"{m(catalog.GPU_UP)} == 0"
+    # an XID that comes with uncorrectable ECC errors on its GPU (48, 63, 94/95) pages as ECC
+    ecc = f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0"
     return [
         alert(
-            "FsdpmonGPULost", with_rank(lost), b.gpu_lost_for, Severity.CRITICAL,
+            "FsdpmonGPULost", with_rank(lost, b), b.gpu_lost_for, Severity.CRITICAL,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is lost"
             "{{ if $labels.rank }} under rank {{ $labels.rank }}{{ end }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) stopped answering NVML (fallen off the "
@@ -365,7 +369,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonGPUXidErrors",
             with_rank(f"({rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
                       f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0)\n"
-                      f"unless on (node, gpu) ({lost})"),
+                      f"unless on (node, gpu) ({lost})\nunless on (node, gpu) ({ecc})", b),
             "", Severity.CRITICAL,
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
@@ -377,7 +381,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonGPUEccErrors",
-            with_rank(f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0"),
+            with_rank(ecc, b),
             "", Severity.CRITICAL,
             "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "

@@ -71,7 +71,9 @@ class RuleBounds:
     low_util_ratio: float = 0.30
     low_util_for: str = "20m"
     error_window: str = "15m"  # XID / ECC counters
-    gpu_lost_for: str = "1m"  # a GPU that stopped answering NVML (one failed read is no loss)
+    gpu_lost_for: str = "1m"
+    # which rank a GPU serves: its processes seen within this window (a lost GPU has none now)
+    gpu_owner_window: str = "5m"  # a GPU that stopped answering NVML (one failed read is no loss)
     throttle_for: str = "10m"
     # ... or held down this share of the time by NVML's accumulated clock-event time, over
     # throttle_window (a flag sampled per scrape misses throttling that comes and goes)
