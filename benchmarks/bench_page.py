@@ -60,8 +60,8 @@ NODE = socket.gethostname()
 S = bench_diagnose.S
 # Only `for` durations shortened (and the stall floor to the monitor's, 8 s in these jobs).
 FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", missing_for="0s", straggler_for="5s",
-                  cpu_throttled_for="5s", cpu_throttled_window="30s", checkpoint_for="0s",
-                  nonfinite_for="0s", throttle_for="5s", gpu_lost_for="0s")
+                  cpu_throttled_for="5s", cpu_throttled_window="30s", cpu_starved_for="5s",
+                  checkpoint_for="0s", nonfinite_for="0s", throttle_for="5s", gpu_lost_for="0s")
 # fault -> (alert causes that page it, diagnose causes, rank, gpu); the injector's faults from
 # bench_diagnose, the outside ones from bench_blind
 EXPECT: dict[str, tuple[tuple[str, ...], tuple[str, ...], int | None, str | None]] = {
@@ -76,7 +76,7 @@ EXPECT: dict[str, tuple[tuple[str, ...], tuple[str, ...], int | None, str | None
     "xid": (("gpu_xid",), ("gpu_xid",), 1, "1"),
     "gpu-lost": (("gpu_lost",), ("gpu_lost",), 1, "1"),
     "ecc-uncorrected": (("gpu_ecc",), ("gpu_ecc",), 1, "1"),
-    "cpu-neighbours": ((), ("host_cpu_contention",), 1, None),  # no alert has this cause
+    "cpu-neighbours": (("host_cpu_contention",), ("host_cpu_contention",), 1, None),
     "cpu-quota": (("cpu_throttled",), ("cpu_throttled",), 1, None),
     "stop-port-holder": (("rank_unresponsive",), ("rank_unresponsive",), 0, None),
     "gil-hang": (("rank_unresponsive",), ("rank_unresponsive",), 1, None),

@@ -164,9 +164,39 @@ def _cpu_throttled(b: RuleBounds) -> Rule:
     )
 
 
+def _cpu_starved(b: RuleBounds) -> Rule:
+    # As `fsdpmon diagnose` tells a rank starved of CPU from a straggler (diagnose/observe.py):
+    # the others wait for it (waited-for score below the line) but it is no busier than they
+    # are (straggler score not below it), and it waits for a CPU more than the job's median
+    # rank (on 2 ranks: more than the other one, as diagnose); not its own CPU limit (that is
+    # FsdpmonRankCpuThrottled's).
+    waited = m(catalog.TRAIN_WAITED_FOR_SCORE)
+    score = m(catalog.TRAIN_STRAGGLER_SCORE)
+    desched = m(catalog.TRAIN_DESCHEDULED_RATIO)
+    share = m(catalog.TRAIN_CPU_THROTTLED_RATIO)
+    return alert(
+        "FsdpmonRankCpuStarved",
+        f"{waited} < {b.straggler_score:g}\n"
+        f"  unless on ({RANK_KEYS}) ({score} < {b.straggler_score:g})\n"
+        f"  and on ({RANK_KEYS}) ({desched}\n"
+        f"    > on ({JOB_KEYS}) group_left quantile by ({JOB_KEYS}) (0.5, {desched}))\n"
+        f"  unless on ({RANK_KEYS}) (avg_over_time({share}[{b.cpu_throttled_window}])"
+        f" >= {b.cpu_throttled_share:g})",
+        b.cpu_starved_for, Severity.WARNING,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is starved of CPU by other work on "
+        "its node",
+        "The other ranks wait for rank {{ $labels.rank }} at every collective (its waited-for "
+        "score is {{ $value | printf \"%.2f\" }}, below " + f"{b.straggler_score:g}" + "), yet "
+        "its own work is no slower than theirs: its time goes to waiting for a CPU, more than "
+        "the job's median rank.",
+        "Give the pod a CPU request equal to its limit (Guaranteed QoS, static CPU manager), "
+        "fewer data loader workers, or move other pods off the node.",
+    )
+
+
 def training_alerts(b: RuleBounds) -> list[Rule]:
     return [_rank_missing(b), _rank_died(), _ranks_short(b), _straggler(b),
-            _straggler_on_data(b), _cpu_throttled(b),
+            _straggler_on_data(b), _cpu_throttled(b), _cpu_starved(b),
             _checkpoint_slow(b), *_quality_alerts(b), *_memory_alerts(b)]
 
 

@@ -62,6 +62,8 @@ class RuleBounds:
     cpu_throttled_share: float = CPU_THROTTLED_RATIO
     cpu_throttled_window: str = "5m"
     cpu_throttled_for: str = "15m"
+    # Starved of CPU by other work (no limit): as long as a straggler
+    cpu_starved_for: str = "15m"
     # Checkpointing: the median rank's last save took this share of the time since the one before.
     checkpoint_share: float = CHECKPOINT_SHARE_LIMIT
     checkpoint_for: str = "15m"
@@ -141,6 +143,7 @@ ALERT_CAUSES = {
     "FsdpmonRankStragglingOnData": "straggler_data",
     "FsdpmonGPULost": "gpu_lost",
     "FsdpmonRankCpuThrottled": "cpu_throttled",
+    "FsdpmonRankCpuStarved": "host_cpu_contention",
     "FsdpmonCheckpointSlow": "checkpoint_slow",
     "FsdpmonLossNonFinite": "loss_nonfinite",
     "FsdpmonLossDiverging": "loss_spike",
