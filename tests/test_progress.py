@@ -156,3 +156,22 @@ def test_no_culprit_when_all_wait_alike_or_nothing_is_published():
     assert progress_culprits([_row(0, 12, True), _row(1, 12, True)]) == ([], "")
     assert progress_culprits([_row(0, 12, False), _row(1, 12, False)]) == ([], "")
     assert progress_culprits([_row(0, None, None), _row(1, None, None)]) == ([], "")
+
+
+def test_an_older_reader_finds_the_record_whole_and_an_older_writer_has_no_position(tmp_path):
+    from fsdpmon.monitor.heartbeat import HB_POSITION, HB_RECORD, HB_SIZE
+
+    writer = RankStateWriter(tmp_path / "state", 0)
+    writer.heartbeat(NOW, 1, 1, 1, 0, 60, NOW, (5.0, 4.0, 1.0, 2.0, NOW - 3))
+    raw = writer.hb_path.read_bytes()
+    writer.close()
+    seq, pid, *_, seq_end = HB_RECORD.unpack_from(raw)  # what the record alone says
+    assert (seq == seq_end, pid) == (True, os.getpid()), (seq, seq_end)
+    older = tmp_path / "older.hb"  # the record alone, the rest zeros, as an older writer
+    older.write_bytes(raw[:HB_RECORD.size] + b"\0" * (HB_SIZE - HB_RECORD.size))
+    hb = read_heartbeat(older)
+    assert hb is not None and (hb.phase, hb.position_since_unix) == (-1.0, 0.0), hb
+    torn = bytearray(raw)  # the position from the write before: read as torn, never mixed
+    HB_POSITION.pack_into(torn, HB_RECORD.size, 1.0, 1.0, 0.0, 0.0, NOW - 9, seq - 1)
+    (tmp_path / "torn.hb").write_bytes(bytes(torn))
+    assert read_heartbeat(tmp_path / "torn.hb") is None

@@ -31,7 +31,14 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon.monitor import exit_record, statedir
-from fsdpmon.monitor.heartbeat import HB_RECORD, HB_SIZE, Heartbeat, pid_alive, read_heartbeat
+from fsdpmon.monitor.heartbeat import (
+    HB_POSITION,
+    HB_RECORD,
+    HB_SIZE,
+    Heartbeat,
+    pid_alive,
+    read_heartbeat,
+)
 
 # No progress evidence published (yet): no collective, no phase (-1), no time.
 NO_POSITION = (0.0, 0.0, 0.0, -1.0, 0.0)
@@ -96,7 +103,9 @@ class RankStateWriter:
             if self._closed:
                 return  # a SIGTERM's clean-up got here first: nothing more to publish
             self._seq += 1
-            HB_RECORD.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
+            record, position = values[:-len(NO_POSITION)], values[-len(NO_POSITION):]
+            HB_RECORD.pack_into(self._map, 0, self._seq, self.pid, *record, self._seq)
+            HB_POSITION.pack_into(self._map, HB_RECORD.size, *position, self._seq)
 
     def snapshot(self, data: dict[str, Any]) -> None:
         with self._lock:
