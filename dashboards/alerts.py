@@ -4,30 +4,10 @@ checkpoints), GPUs (use and faults) and scrape targets. Every threshold and ``fo
 
 from __future__ import annotations
 
-from dashboards.promql import JOB_KEYS, m
-from dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert, rose
+from dashboards.promql import JOB_KEYS, RANK_KEYS, m
+from dashboards.rulebase import AGE, STEP_TIME, Rule, RuleBounds, alert, rose
 from fsdpmon import catalog
-from fsdpmon.conventions import Severity
-
-
-def _stall(b: RuleBounds) -> Rule:
-    floor = f"{b.stall_floor_seconds:g}"
-    bound = (f"clamp_min({b.stall_factor:g} * {STEP_TIME}, {floor})"
-             f" or ({AGE} * 0 + {floor})")  # before the first log window: the floor only
-    # Before the first step there is no timestamp; the age then counts from the monitor's start.
-    return alert(
-        "FsdpmonTrainingStalled",
-        f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})",
-        b.stall_for, Severity.CRITICAL,
-        "Training job {{ $labels.job_name }} rank {{ $labels.rank }} has stopped making progress",
-        "Rank {{ $labels.rank }} of {{ $labels.job_name }} completed no optimiser step for "
-        "{{ $value | humanizeDuration }}, more than max(" + f"{b.stall_factor:g}"
-        + " x its mean step time, " + floor + "s).",
-        "A hang in a collective (NCCL/gloo) stops every rank at once: find the rank that "
-        "stopped first (`fsdpmon top --job NAME`), then check its pod's logs, py-spy dump, "
-        "GPU XID errors and the node's network (EFA). A stopped data loader or a full disk "
-        "during checkpointing stalls one rank first.",
-    )
+from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, Severity
 
 
 def _rank_missing(b: RuleBounds) -> Rule:
@@ -55,25 +35,56 @@ def _rank_missing(b: RuleBounds) -> Rule:
     )
 
 
-def _straggler(b: RuleBounds) -> Rule:
+def _straggling(b: RuleBounds) -> str:
     # Step time cannot name a straggler (in synchronous training every rank's step is as long
     # as the slowest one's); the score does: the straggler is the rank that waits least at the
-    # collectives, i.e. is busy longest. It covers slow compute and slow data loading alike.
-    # And only while the monitor flags it (fsdpmon_train_straggling): a score below the line
-    # in two busy-time medians over disjoint steps. One noisy median on a healthy job (a
-    # loaded host) would otherwise set the alert pending every few minutes.
+    # collectives, i.e. is busy longest. And only while the monitor flags it
+    # (fsdpmon_train_straggling): a score below the line in two busy-time medians over disjoint
+    # steps. One noisy median on a healthy job (a loaded host) would otherwise set the alert
+    # pending every few minutes.
     score = m(catalog.TRAIN_STRAGGLER_SCORE)
     flag = m(catalog.TRAIN_STRAGGLING)
+    return f"{score} < {b.straggler_score:g} and {flag} == 1"
+
+
+def _on_data(b: RuleBounds) -> str:
+    """Stragglers whose extra busy time is mostly extra data wait (STRAGGLER_CAUSE_SHARE of it
+    or more), against the job's median rank, as `fsdpmon diagnose` splits them (it takes the
+    other ranks' median: on 2 ranks both sides of the comparison are then exactly half of
+    diagnose's, so the verdict is the same; on more, the median moves by at most one rank)."""
+    busy = m(catalog.TRAIN_BUSY_SECONDS)
+    data = f"({m(catalog.TRAIN_DATA_WAIT_RATIO)} * {STEP_TIME})"
+    median = f"on ({JOB_KEYS}) group_left quantile by ({JOB_KEYS}) (0.5, {{}})"
+    excess = f"({busy} - {median.format(busy)})"
+    extra = f"({data} - {median.format(data)})"
+    return (f"({_straggling(b)})\n  and on ({RANK_KEYS}) ({excess} > 0)\n"
+            f"  and on ({RANK_KEYS}) ({extra} >= {b.straggler_cause_share:g} * {excess})")
+
+
+def _straggler(b: RuleBounds) -> Rule:
     return alert(
-        "FsdpmonRankStraggling", f"{score} < {b.straggler_score:g} and {flag} == 1",
+        "FsdpmonRankStraggling",
+        f"{_straggling(b)}\nunless on ({RANK_KEYS}) (\n{_on_data(b)}\n)",
         b.straggler_for, Severity.WARNING,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
         "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
         f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "
         "at the collectives, and every other rank waits for it at each one.",
-        "Compare the rank's phases on the Ranks dashboard: a long data phase points at its "
-        "data loader or storage; slow forward/backward at a throttled or faulty GPU (see the "
-        "Nodes dashboard for its clocks, temperature and XIDs) or a noisy neighbour on the node.",
+        "Compare the rank's phases on the Ranks dashboard: slow forward/backward points at a "
+        "throttled or faulty GPU (see the Nodes dashboard for its clocks, temperature and "
+        "XIDs) or a noisy neighbour on the node.",
+    )
+
+
+def _straggler_on_data(b: RuleBounds) -> Rule:
+    return alert(
+        "FsdpmonRankStragglingOnData", _on_data(b), b.straggler_for, Severity.WARNING,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling: it waits for its data",
+        "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (below "
+        f"{b.straggler_score:g}), and most of its extra busy time is waiting for its data "
+        "loader: every other rank waits for it at each collective.",
+        "Check the rank's data loader workers, its dataset storage (FSx/S3) throughput and "
+        "its pod's CPU limit.",
     )
 
 
@@ -97,14 +108,31 @@ def _ranks_short(b: RuleBounds) -> Rule:
     )
 
 
+def _checkpoint_holdup(b: RuleBounds) -> str:
+    """The rank the others waited for in the last save (one per job, the largest excess): its
+    own save work (not waiting for peers) above the other ranks' by STRAGGLER_CAUSE_SHARE of
+    the save's wall time or more, as `fsdpmon diagnose` names it. The others' mean, where
+    diagnose takes their median: the same on 2 ranks (one other), and on more the same while
+    one rank holds the others up (they then agree with each other)."""
+    own = m(catalog.TRAIN_CHECKPOINT_OWN_SECONDS)
+    wall = m(catalog.TRAIN_CHECKPOINT_SECONDS)
+    others = (f"((sum by ({JOB_KEYS}) ({own}) - on ({JOB_KEYS}) group_right {own})\n"
+              f"    / on ({JOB_KEYS}) group_left () (count by ({JOB_KEYS}) ({own}) - 1 > 0))")
+    return (f"topk by ({JOB_KEYS}) (1,\n  {own} - {others}\n"
+            f"  >= {b.straggler_cause_share:g} * {wall})")
+
+
 def _checkpoint_slow(b: RuleBounds) -> Rule:
     # The median rank's last save against the time since the save before it (the monitor
     # serves both until the next save): the same share `fsdpmon diagnose` holds to the same
     # limit, and it names the rank the others waited for.
     share = m(catalog.TRAIN_CHECKPOINT_TIME_RATIO)
+    slow = f"(quantile by ({JOB_KEYS}) (0.5, {share}) >= {b.checkpoint_share:g})"
+    holdup = _checkpoint_holdup(b)
+    expr = (f"{slow}\n  + on ({JOB_KEYS}) group_left (rank, local_rank, pod, node, instance)\n"
+            f"  (0 * {holdup})\nor\n{slow} unless on ({JOB_KEYS}) {holdup}")
     return alert(
-        "FsdpmonCheckpointSlow",
-        f"quantile by ({JOB_KEYS}) (0.5, {share}) >= {b.checkpoint_share:g}",
+        "FsdpmonCheckpointSlow", expr,
         b.checkpoint_for, Severity.WARNING,
         "Checkpointing takes {{ $value | humanizePercentage }} of {{ $labels.job_name }}'s time",
         "The median rank's last checkpoint save took {{ $value | humanizePercentage }} of the "
@@ -136,9 +164,82 @@ def _cpu_throttled(b: RuleBounds) -> Rule:
     )
 
 
+def _cpu_starved(b: RuleBounds) -> Rule:
+    # As `fsdpmon diagnose` tells a rank starved of CPU from a straggler (diagnose/observe.py):
+    # the others wait for it (waited-for score below the line) but it is no busier than they
+    # are (straggler score not below it), and it waits for a CPU more than the job's median
+    # rank (on 2 ranks: more than the other one, as diagnose); not its own CPU limit (that is
+    # FsdpmonRankCpuThrottled's).
+    waited = m(catalog.TRAIN_WAITED_FOR_SCORE)
+    score = m(catalog.TRAIN_STRAGGLER_SCORE)
+    desched = m(catalog.TRAIN_DESCHEDULED_RATIO)
+    share = m(catalog.TRAIN_CPU_THROTTLED_RATIO)
+    return alert(
+        "FsdpmonRankCpuStarved",
+        f"{waited} < {b.straggler_score:g}\n"
+        f"  unless on ({RANK_KEYS}) ({score} < {b.straggler_score:g})\n"
+        f"  and on ({RANK_KEYS}) ({desched}\n"
+        f"    > on ({JOB_KEYS}) group_left quantile by ({JOB_KEYS}) (0.5, {desched}))\n"
+        f"  unless on ({RANK_KEYS}) (avg_over_time({share}[{b.cpu_throttled_window}])"
+        f" >= {b.cpu_throttled_share:g})",
+        b.cpu_starved_for, Severity.WARNING,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} is starved of CPU by other work on "
+        "its node",
+        "The other ranks wait for rank {{ $labels.rank }} at every collective (its waited-for "
+        "score is {{ $value | printf \"%.2f\" }}, below " + f"{b.straggler_score:g}" + "), yet "
+        "its own work is no slower than theirs: its time goes to waiting for a CPU, more than "
+        "the job's median rank.",
+        "Give the pod a CPU request equal to its limit (Guaranteed QoS, static CPU manager), "
+        "fewer data loader workers, or move other pods off the node.",
+    )
+
+
 def training_alerts(b: RuleBounds) -> list[Rule]:
-    return [_stall(b), _rank_missing(b), _ranks_short(b), _straggler(b), _cpu_throttled(b),
+    return [_rank_missing(b), _rank_died(), _ranks_short(b), _straggler(b),
+            _straggler_on_data(b), _cpu_throttled(b), _cpu_starved(b),
             _checkpoint_slow(b), *_quality_alerts(b), *_memory_alerts(b)]
+
+
+def _rank_died() -> Rule:
+    # The rank's restarted process says how its previous life ended (the exit record): killed
+    # (no word left: SIGKILL, the OOM killer, a segfault) or an error brought the group down,
+    # and the agent restarted every rank; only that rank is named, for as long as `fsdpmon
+    # diagnose` names it (CRASH_EVIDENCE_SECONDS after the restart).
+    # As `fsdpmon diagnose` tells them (diagnose/exits.py): the ranks killed; else the one rank
+    # that ended on an error while every other was stopped by the agent (SIGTERM). A rank that
+    # failed because its peer was killed (a collective's connection reset) is not named.
+    when = m(catalog.TRAIN_PREVIOUS_EXIT_TIMESTAMP_SECONDS)
+
+    def ended(how: str) -> str:
+        return (f"({m(catalog.TRAIN_PREVIOUS_EXIT, f'how={how!r}'.replace(chr(39), chr(34)))}"
+                f" == 1\n  and on ({RANK_KEYS}) (time() - {when} < {CRASH_EVIDENCE_SECONDS:g}))")
+
+    killed, error = ended("killed"), ended("error")
+    expr = (f"{killed}\nor\n({error}\n  unless on ({JOB_KEYS}) {killed}\n"
+            f"  and on ({JOB_KEYS}) (count by ({JOB_KEYS}) {error} == 1)\n"
+            f"  and on ({JOB_KEYS}) {ended('sigterm')}\n  unless on ({JOB_KEYS}) {ended('exit')})")
+    return alert(
+        "FsdpmonRankDied", expr,
+        "", Severity.CRITICAL,
+        "Rank {{ $labels.rank }} of {{ $labels.job_name }} died ({{ $labels.how }}) and the "
+        "job restarted",
+        "The previous life of rank {{ $labels.rank }}{{ if $labels.pod }} (pod "
+        "{{ $labels.pod }}){{ end }} ended {{ $labels.how }}; the elastic agent restarted "
+        "every rank, and only this one's end brought the group down.",
+        "`kubectl logs POD --previous` for the exit (an OOM kill, a segfault, an exception); "
+        "a second restart within minutes is a crash loop.",
+    )
+
+
+def _nonfinite_origin() -> str:
+    """The ranks whose loss went non-finite first (the gradient reduce spreads a NaN to every
+    rank's loss a step later: the others only caught it); every non-finite rank where no rank
+    publishes the first step."""
+    flag = m(catalog.TRAIN_LOSS_NONFINITE)
+    first = m(catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP)
+    return (f"{flag} == 1\n  and on ({RANK_KEYS})\n"
+            f"  ({first} == on ({JOB_KEYS}) group_left min by ({JOB_KEYS}) ({first}))\n"
+            f"or\n({flag} == 1 unless on ({JOB_KEYS}) {first})")
 
 
 def _quality_alerts(b: RuleBounds) -> list[Rule]:
@@ -146,10 +247,11 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
     smooth = f"avg_over_time({m(catalog.REC_JOB_LOSS_AVG)}[{b.divergence_smoothing}])"
     return [
         alert(
-            "FsdpmonLossNonFinite", f"{m(catalog.TRAIN_LOSS_NONFINITE)} == 1",
+            "FsdpmonLossNonFinite", _nonfinite_origin(),
             b.nonfinite_for, Severity.CRITICAL,
             "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
-            "The last logged loss of rank {{ $labels.rank }} was not finite; the run is "
+            "The last logged loss of rank {{ $labels.rank }} was not finite, and it went "
+            "non-finite first (the others caught it from this rank's gradients); the run is "
             "wasting compute from here on.",
             "Check the learning rate and warm-up, the grad norm just before (Job overview), "
             "mixed-precision settings and the batch that was loaded; resume from the last good "
@@ -242,8 +344,8 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonGPUThrottling",
-            f"{throttled} == 1\nor\n"
-            f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}",
+            with_rank(f"{throttled} == 1\nor\n"
+                      f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}", b),
             b.throttle_for, Severity.WARNING,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
             "Clock-event reason {{ $labels.reason }} has held the clocks down for "
@@ -255,15 +357,49 @@ def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
     ]
 
 
+def _gpu_owner(b: RuleBounds) -> str:
+    """Per GPU, one training rank whose worker process uses it (the exporter reads the worker's
+    RANK), valued 0: added to a GPU alert's expression, it names the rank the GPU fault hits.
+    One per GPU (topk): a GPU two ranks share names one of them rather than failing the join."""
+    info = m(catalog.PROCESS_INFO, 'rank!=""')
+    workers = f"last_over_time({info}[{b.gpu_owner_window}])"
+    # over a window: a lost GPU serves no process samples, but its rank is still the one
+    used = (f"last_over_time({m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)}"
+            f"[{b.gpu_owner_window}]) * 0\n    + on (node, pid) group_left (rank) {workers}")
+    return f"topk by (node, gpu) (1, max by (node, gpu, rank) (\n    {used}))"
+
+
+def with_rank(expr: str, b: RuleBounds) -> str:
+    """A GPU alert's ``expr`` with the ``rank`` of the GPU's training process where known, as
+    it is where not."""
+    owner = _gpu_owner(b)
+    return (f"(\n{expr}\n) + on (node, gpu) group_left (rank) {owner}\nor\n"
+            f"(\n{expr}\n) unless on (node, gpu) {owner}")
+
+
 def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
     w = b.error_window
     uncorrected = m(catalog.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"')
     failed_remap = m(catalog.GPU_REMAPPED_ROWS, 'cause="failure"')
+    lost = f"{m(catalog.GPU_UP)} == 0"
+    # an XID that comes with uncorrectable ECC errors on its GPU (48, 63, 94/95) pages as ECC
+    ecc = f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0"
     return [
         alert(
+            "FsdpmonGPULost", with_rank(lost, b), b.gpu_lost_for, Severity.CRITICAL,
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is lost"
+            "{{ if $labels.rank }} under rank {{ $labels.rank }}{{ end }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) stopped answering NVML (fallen off the "
+            "bus, or the driver lost it){{ if $labels.rank }}; rank {{ $labels.rank }} ran on "
+            "it{{ end }}.",
+            "Cordon and drain the node and replace the instance; the job restarts elsewhere "
+            "from its last checkpoint.",
+        ),
+        alert(
             "FsdpmonGPUXidErrors",
-            f"{rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
-            f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0",
+            with_rank(f"({rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
+                      f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0)\n"
+                      f"unless on (node, gpu) ({lost})\nunless on (node, gpu) ({ecc})", b),
             "", Severity.CRITICAL,
             "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
@@ -275,7 +411,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonGPUEccErrors",
-            f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0",
+            with_rank(ecc, b),
             "", Severity.CRITICAL,
             "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "

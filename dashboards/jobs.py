@@ -34,10 +34,31 @@ def _job_max(metric: Metric) -> Target:
     return Target(f"max by ({JOB_KEYS}) ({m(metric, JOB)})", PER_JOB)
 
 
+CULPRIT_LABELS = "cause, rank, pod, node, gpu"
+
+
+def _culprit_now() -> Panel:
+    """What is wrong now and where: each firing alert's cause and culprit (rank, pod, node,
+    GPU) with how long it has held (since it went pending), and a stall's culprit as soon as
+    the culprit rules name it, before its alert's `for` has passed."""
+    held = (f"(time() - ALERTS_FOR_STATE{{{JOB}}})\n"
+            f"  and ignoring (alertstate) ALERTS{{alertstate=\"firing\", {JOB}}}")
+    stall = m(catalog.REC_RANK_STALL_CULPRIT_SECONDS, JOB)
+    expr = (f"max by ({CULPRIT_LABELS}) (\n  {held}\n)\nor\n"
+            f"max by ({CULPRIT_LABELS}) ({stall})")
+    return table("Culprit now", Target(expr), unit="s", width=24, height=5,
+                 description="What is wrong now and where, from the culprit rules and the "
+                             "firing alerts: the cause (the runbook's section), the culprit's "
+                             "rank, pod, node and GPU, and how long it has held. A stalled "
+                             "job shows the rank the others wait for, never a rank that only "
+                             "waits; empty while nothing is wrong.")
+
+
 def _job_now() -> list[Panel | Row]:
     stalled = m(catalog.TRAIN_STALLED, JOB)
     return [
         Row("Now"),
+        _culprit_now(),
         stat("Tokens/s", _job(catalog.REC_JOB_TOKENS_PER_SECOND_SUM)),
         stat("Tokens/s per GPU", _job(catalog.REC_JOB_TOKENS_PER_SECOND_PER_RANK_AVG)),
         stat("MFU", _job(catalog.REC_JOB_MFU_RATIO_AVG), unit="percentunit",

@@ -21,6 +21,7 @@ from fsdpmon.conventions import (
     DEFAULT_STALL_FLOOR_SECONDS,
     LOSS_DIVERGENCE_FACTOR,
     MEMORY_PRESSURE_RATIO,
+    STRAGGLER_CAUSE_SHARE,
     STRAGGLER_SCORE_THRESHOLD,
     Severity,
 )
@@ -41,7 +42,10 @@ class RuleBounds:
     # The monitor's own stall flag uses the same defaults (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
     stall_factor: float = DEFAULT_STALL_FACTOR
     stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
-    stall_for: str = "2m"
+    # The stall bound is already minutes (the floor), and the culprit needs no confirming:
+    # stall_for only rides out a scrape, so a hang pages within 4 minutes of its start
+    # (floor 120 s + scrape and evaluation 30 s + 30 s + Alertmanager's group_wait 30 s).
+    stall_for: str = "30s"
     # A rank seen within this window whose series are gone while its pod/target is still there.
     missing_lookback: str = "15m"
     missing_for: str = "2m"
@@ -50,11 +54,16 @@ class RuleBounds:
     # Straggler: the rank's score (median busy time of the other ranks / its own) below this.
     straggler_score: float = STRAGGLER_SCORE_THRESHOLD
     straggler_for: str = "15m"
+    # ... on its data when this share of its extra busy time (over the job's median rank) is
+    # extra data wait
+    straggler_cause_share: float = STRAGGLER_CAUSE_SHARE
     # CPU limit: the rank's cgroup throttled in this share of its CFS periods (over the window)
     # while the others wait for it (its waited-for score below straggler_score).
     cpu_throttled_share: float = CPU_THROTTLED_RATIO
     cpu_throttled_window: str = "5m"
     cpu_throttled_for: str = "15m"
+    # Starved of CPU by other work (no limit): as long as a straggler
+    cpu_starved_for: str = "15m"
     # Checkpointing: the median rank's last save took this share of the time since the one before.
     checkpoint_share: float = CHECKPOINT_SHARE_LIMIT
     checkpoint_for: str = "15m"
@@ -64,6 +73,9 @@ class RuleBounds:
     low_util_ratio: float = 0.30
     low_util_for: str = "20m"
     error_window: str = "15m"  # XID / ECC counters
+    gpu_lost_for: str = "1m"
+    # which rank a GPU serves: its processes seen within this window (a lost GPU has none now)
+    gpu_owner_window: str = "5m"  # a GPU that stopped answering NVML (one failed read is no loss)
     throttle_for: str = "10m"
     # ... or held down this share of the time by NVML's accumulated clock-event time, over
     # throttle_window (a flag sampled per scrape misses throttling that comes and goes)
@@ -123,10 +135,15 @@ def runbook_base(url: str) -> str:
 # alert, a finding and a runbook section share one name.
 ALERT_CAUSES = {
     "FsdpmonTrainingStalled": "hang",
+    "FsdpmonRankUnresponsive": "rank_unresponsive",
+    "FsdpmonRankDied": "rank_missing",
     "FsdpmonTrainingRankMissing": "rank_missing",
     "FsdpmonTrainingRanksShort": "rank_missing",
     "FsdpmonRankStraggling": "straggler_compute",
+    "FsdpmonRankStragglingOnData": "straggler_data",
+    "FsdpmonGPULost": "gpu_lost",
     "FsdpmonRankCpuThrottled": "cpu_throttled",
+    "FsdpmonRankCpuStarved": "host_cpu_contention",
     "FsdpmonCheckpointSlow": "checkpoint_slow",
     "FsdpmonLossNonFinite": "loss_nonfinite",
     "FsdpmonLossDiverging": "loss_spike",
@@ -147,8 +164,10 @@ def alert(name: str, expr: str, for_: str, severity: Severity, summary: str, des
     rule: Rule = {"alert": name, "expr": expr}
     if for_ not in ("", "0s"):
         rule["for"] = for_
-    rule["labels"] = {"severity": severity.value}  # the word the diagnosis' findings use
     cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
+    # severity: the word the diagnosis' findings use; cause: what Alertmanager groups by (one
+    # incident, one notification) and the runbook's section
+    rule["labels"] = {"severity": severity.value, "cause": cause}
     # runbook_url is added by rule_groups(), which knows where the runbook is published
     rule["annotations"] = {"summary": summary, "description": description, "hint": hint,
                            "cause": cause}

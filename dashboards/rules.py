@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from dashboards.alerts import gpu_alerts, target_alerts, training_alerts
+from dashboards.culprits import culprit_alerts, culprit_records
 from dashboards.dcgm import dcgm_rules
 from dashboards.promql import JOB_KEYS, m
 from dashboards.rulebase import (
@@ -94,6 +95,10 @@ def rule_groups(bounds: RuleBounds | None = None,
     base = runbook_base(runbook_url)
     return [
         {"name": "fsdpmon-training.rules", "rules": training_records()},
+        # records and the alerts that read them in one group: evaluated in order, so an alert
+        # reads this evaluation's culprits (groups run apart, one an interval behind another)
+        {"name": "fsdpmon-culprits",
+         "rules": [*culprit_records(b), *with_runbook(culprit_alerts(b), base)]},
         {"name": "fsdpmon-gpu.rules", "rules": gpu_records()},
         {"name": "fsdpmon-dcgm.rules", "rules": dcgm_rules(b.error_window)},
         {"name": "fsdpmon-training.alerts", "rules": with_runbook(training_alerts(b), base)},

@@ -253,6 +253,29 @@ TRAIN_UNRESPONSIVE = Metric(
     f"1 when this rank's process has not run its monitor thread for "
     f"{UNRESPONSIVE_AFTER_SECONDS:g} s (stopped, or "
     "hung holding the GIL): the rank that hangs, not one waiting for it.", T)
+# Progress evidence: where each rank is now, so that Prometheus can name the rank a stalled
+# job waits for (the culprit rules) without stacks. Written by the monitor's heartbeat (every
+# step and every watchdog tick), no cost of its own per step.
+TRAIN_COLLECTIVE_ENTERED_SEQ = Metric(
+    "fsdpmon_train_collective_entered_seq", Gg, "",
+    "Sequence number of the last collective this rank entered (its calls numbered from 1 in "
+    "call order, the same on every rank that made the same calls): a rank below the others' "
+    "is behind, the one they wait for.", T)
+TRAIN_COLLECTIVE_COMPLETED_SEQ = Metric(
+    "fsdpmon_train_collective_completed_seq", Gg, "",
+    "Sequence number of the last collective this rank completed (returned from).", T)
+TRAIN_IN_COLLECTIVE = Metric(
+    "fsdpmon_train_in_collective", Gg, "",
+    "1 while this rank is inside a collective call (waiting for its peers or moving data), "
+    "else 0.", T)
+TRAIN_PHASE = Metric(
+    "fsdpmon_train_phase", Gg, "",
+    "1 for the phase this rank is in now, 0 for the others (data, forward, backward, "
+    "optimizer, checkpoint, other).", (*T, "phase"))
+TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS = Metric(
+    "fsdpmon_train_position_since_timestamp_seconds", Gg, "seconds",
+    "Unix time this rank got where it is now (its step, phase, last collective and whether it "
+    "is inside it); it stays put while the rank is stuck there (to about a second).", T)
 MONITOR_INTERNAL_ERRORS_TOTAL = Metric(
     "fsdpmon_monitor_internal_errors_total", C, "",
     "Internal monitor failures (logged once, never raised into training).", T)
@@ -301,7 +324,9 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_LEARNING_RATE, TRAIN_GRAD_NORM, TRAIN_LOSS_NONFINITE, TRAIN_LOSS_FIRST_NONFINITE_STEP,
     TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP, TRAIN_STALLED,
     TRAIN_HEARTBEAT_AGE_SECONDS, TRAIN_STALL_THRESHOLD_SECONDS, TRAIN_UNRESPONSIVE,
-    MONITOR_INTERNAL_ERRORS_TOTAL, JOB_STEP_TIME_MIN_SECONDS, JOB_STEP_TIME_MEDIAN_SECONDS,
+    TRAIN_COLLECTIVE_ENTERED_SEQ, TRAIN_COLLECTIVE_COMPLETED_SEQ, TRAIN_IN_COLLECTIVE,
+    TRAIN_PHASE, TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS, MONITOR_INTERNAL_ERRORS_TOTAL,
+    JOB_STEP_TIME_MIN_SECONDS, JOB_STEP_TIME_MEDIAN_SECONDS,
     JOB_STEP_TIME_MAX_SECONDS, JOB_SLOWEST_RANK, JOB_SLOWEST_RANK_STEP_TIME_SECONDS,
     JOB_PEAK_MEMORY_MAX_BYTES, JOB_PEAK_MEMORY_MAX_RANK, JOB_LOSS_MEAN, JOB_LOSS_MAX,
     JOB_WORLD_SIZE,
@@ -504,6 +529,17 @@ REC_JOB_STEP_MAX = Recorded("fsdpmon_job:step:max")
 REC_JOB_TOTAL_STEPS_MAX = Recorded("fsdpmon_job:total_steps:max")
 REC_JOB_STEPS_PER_SECOND_RATE5M = Recorded("fsdpmon_job:steps_per_second:rate5m")
 REC_JOB_ETA_SECONDS_ESTIMATE = Recorded("fsdpmon_job:eta_seconds:estimate")
+# Stall culprits (dashboards/culprits.py): who a stalled job waits for, from the progress
+# evidence. A job is stalled while any of its ranks is past its stall bound.
+REC_JOB_STALLED_RANKS_COUNT = Recorded("fsdpmon_job:stalled_ranks:count")
+# Of a stalled job, the ranks inside a collective: the ones that wait.
+REC_JOB_WAITING_RANKS_COUNT = Recorded("fsdpmon_job:waiting_ranks:count")
+REC_JOB_COLLECTIVE_ENTERED_SEQ_MAX = Recorded("fsdpmon_job:collective_entered_seq:max")
+# One series per culprit rank of a stalled job (the rank's own labels: rank, pod, node, ...),
+# with `cause` (hang, rank_unresponsive) and `reason` (unresponsive: its process runs no
+# Python; behind: its last collective is below the others'; outside: it is outside a
+# collective while others wait inside one); the value is how long (s) it has been where it is.
+REC_RANK_STALL_CULPRIT_SECONDS = Recorded("fsdpmon_rank:stall_culprit:seconds")
 # Node, pod and GPU level.
 REC_NODE_GPU_UTILIZATION_RATIO_AVG = Recorded("fsdpmon_node:gpu_utilization_ratio:avg")
 REC_NODE_GPU_MEMORY_USED_BYTES_SUM = Recorded("fsdpmon_node:gpu_memory_used_bytes:sum")

@@ -48,6 +48,11 @@ DEFAULT_STALL_FLOOR_SECONDS = 120.0
 # monitor's unresponsive gauge and its catalog help text use it.
 UNRESPONSIVE_AFTER_SECONDS = 5.0
 
+# The phases a rank's progress evidence names (fsdpmon_train_phase's `phase` label): the
+# monitor's own phase names, and "other" for anything else (between phases, a loop's own name).
+PROGRESS_PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other")
+OTHER_PHASE = PROGRESS_PHASES[-1]
+
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).
 ENV_PREFIX = "FSDPMON_"
 # Where the generated alerts' runbook_url points (`python -m dashboards`, `fsdpmon manifests`).

@@ -106,10 +106,12 @@ class Webhook:
 
 
 @contextlib.contextmanager
-def alertmanager(workdir: Path, webhook_url: str) -> Iterator[str]:
-    """Alertmanager with one webhook receiver, grouping by alert and job, 1 s group timers."""
+def alertmanager(workdir: Path, webhook_url: str,
+                 config: dict[str, Any] | None = None) -> Iterator[str]:
+    """Alertmanager with ``config`` (default: one webhook receiver, grouping by alert and job,
+    1 s group timers)."""
     port = free_port()
-    config = {
+    config = config or {
         "route": {"receiver": "test", "group_by": ["alertname", "job_name"],
                   "group_wait": "1s", "group_interval": "1s", "repeat_interval": "1h"},
         "receivers": [{"name": "test",
@@ -216,16 +218,19 @@ def _targets_tried(prom: Prometheus) -> int:
 
 @contextlib.contextmanager
 def prometheus(workdir: Path, targets: dict[str, str], rule_file: Path,
-               alertmanager_url: str) -> Iterator[Prometheus]:
-    """Prometheus scraping ``{job: "host:port"}`` every second, evaluating rules every second."""
+               alertmanager_url: str,
+               labels: dict[str, dict[str, str]] | None = None) -> Iterator[Prometheus]:
+    """Prometheus scraping ``{job: "host:port"}`` every second, evaluating rules every second;
+    ``labels``: a job's target labels (what Kubernetes discovery adds: pod, node)."""
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                    "evaluation_interval": "1s"},
         "rule_files": [str(rule_file)],
         "alerting": {"alertmanagers": [{"static_configs": [
             {"targets": [alertmanager_url.removeprefix("http://")]}]}]},
-        "scrape_configs": [{"job_name": job, "static_configs": [{"targets": [target]}]}
-                           for job, target in targets.items()],
+        "scrape_configs": [{"job_name": job, "static_configs": [
+            {"targets": [target], "labels": (labels or {}).get(job, {})}]}
+            for job, target in targets.items()],
     }
     with run_prometheus(workdir, config, args=["--rules.alert.resend-delay=1s"]) as prom:
         yield prom

@@ -29,7 +29,7 @@ from fsdpmon import catalog
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMETHEUS_OWN = {"ALERTS"}
+PROMETHEUS_OWN = {"ALERTS", "ALERTS_FOR_STATE"}
 
 
 def allowed_names() -> set[str]:

@@ -11,8 +11,11 @@ Healthy run:
 1. Every query of every dashboard panel, after variable substitution, returns at least one series
    (panels made only of device-only metrics must be empty, and only because a CPU run has no
    device); every variable other than ``namespace`` (no Kubernetes here) has values.
-2. A non-serving rank is frozen with SIGSTOP: FsdpmonTrainingStalled fires in Prometheus, reaches
-   Alertmanager and is delivered to the webhook; the "Firing alerts" panel now has data.
+   Until then the webhook got no notification at all.
+2. A non-serving rank is frozen with SIGSTOP: FsdpmonRankUnresponsive names it (its pod and node,
+   cause rank_unresponsive) in Prometheus, reaches Alertmanager and is delivered to the webhook;
+   the waiting rank is never named, the stall alert stays quiet; the "Firing alerts" panel and
+   the "Now" row have data.
 3. After SIGCONT the alert resolves and the resolved notification is delivered. Over the whole
    run, with straggler scores published, FsdpmonRankStraggling never fired.
 
@@ -25,13 +28,20 @@ at the first step past HANG_AT that is HANG_AFTER_S past its first step:
    the threshold for a second, the serving rank doing more; the alert's ``for`` rides that out:
    a pending alert is not a page.) The job overview's Diagnosis row shows rank 1 under the
    threshold, busiest, and rank 0 waiting most.
-5. FsdpmonTrainingStalled reaches Alertmanager for the hung rank (cause hang), not before the
-   hang.
+5. FsdpmonTrainingStalled reaches Alertmanager for the hung rank (cause hang, reason behind, its
+   pod and node), not before the hang, in exactly one notification group for (job, hang) that
+   never names the rank that waits; `fsdpmon diagnose --prometheus` names the same culprit as
+   `fsdpmon diagnose` on the pods' endpoints.
+
+Alertmanager runs the route `fsdpmon manifests` ships (grouped by namespace, job_name, cause),
+its timers shortened; the training targets carry the pod and node labels Kubernetes discovery
+adds.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -59,6 +69,7 @@ from dashboards.panels import substitute as render
 from dashboards.promql import metric_names
 from dashboards.rulebase import DEFAULT_RUNBOOK_URL, RuleBounds
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.manifests.alerting import alertmanager_config
 from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
 pytestmark = [
@@ -72,6 +83,7 @@ JOB_NAME = "e2e-alerting"
 FAULTY_JOB = "e2e-alerting-faults"
 NODE = "e2e-alerting-node"
 STALL = "FsdpmonTrainingStalled"
+UNRESPONSIVE = "FsdpmonRankUnresponsive"
 STRAGGLING = "FsdpmonRankStraggling"
 # Fast alerting for the test; the shipped defaults (RuleBounds()) suit real jobs. The straggler
 # alert's `for` is 15m shipped, 5 s here: the rule also needs the monitor's flag (a low score in
@@ -203,6 +215,34 @@ def panel_values(prom: Prometheus, title: str, job: str) -> dict[tuple[str, str]
             for s in prom.query(render(t["expr"], {**VARIABLES, "job": job}))}
 
 
+def pod_of(scrape_job: str) -> str:
+    """The pod label a training target carries (both ranks of a run share its one endpoint)."""
+    return f"{scrape_job}-pod-0"
+
+
+def groups(hook: Webhook, job: str, cause: str) -> dict[str, list[dict]]:
+    """Notifications for (job, cause), by Alertmanager's group key."""
+    out: dict[str, list[dict]] = {}
+    for n in hook.received():
+        if n["groupLabels"].get("job_name") == job and n["groupLabels"].get("cause") == cause:
+            out.setdefault(n["groupKey"], []).append(n)
+    return out
+
+
+def diagnose_json(*source: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "fsdpmon.cli", "diagnose", *source, "--json",
+                             "--for", "12s", "--interval", "1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def verdicts(proc: subprocess.Popen) -> list[tuple[str, int | None]]:
+    out, err = proc.communicate(timeout=90)
+    try:
+        return [(f["cause"], f.get("rank")) for f in json.loads(out)["findings"]]
+    except (ValueError, KeyError) as exc:
+        raise AssertionError(f"diagnose exited {proc.returncode} ({exc}): {err[-2000:]}") from None
+
+
 def scores_published(prom: Prometheus, job: str) -> bool:
     return len(prom.query(f'{SCORE}{{job_name="{job}"}}')) == 2
 
@@ -228,10 +268,14 @@ def infra(tmp_path_factory):
     with contextlib.ExitStack() as stack:
         stack.enter_context(launched(exporter, env, tmp / "exporter.log"))
         hook = stack.enter_context(Webhook())
-        am_url = stack.enter_context(alertmanager(tmp, hook.url))
+        route = alertmanager_config(hook.url, group_wait="1s", group_interval="1s",
+                                    repeat_interval="1h")
+        am_url = stack.enter_context(alertmanager(tmp, hook.url, route))
         targets = {job: f"127.0.0.1:{port}" for job, port in ports.items()}
+        labels = {job: {"pod": pod_of(job), "node": NODE} for job in ports}
         prom = stack.enter_context(prometheus(
-            tmp, {**targets, "fsdpmon-exporter": f"127.0.0.1:{exporter_port}"}, rules, am_url))
+            tmp, {**targets, "fsdpmon-exporter": f"127.0.0.1:{exporter_port}"}, rules, am_url,
+            labels))
         yield {"prom": prom, "am": am_url, "hook": hook, "env": env, "ports": ports}
 
 
@@ -269,34 +313,40 @@ def test_dashboards_and_stall_alert_against_real_prometheus(stack):
     problems = check_panels(prom, only_alerts=False)
     assert not problems, "\n".join(problems)
     check_variables(prom)
+    assert hook.received() == [], f"notifications on a healthy run: {received(hook)}"
 
     frozen, rank = non_serving_rank(trainer, stack["port"])
     frozen.suspend()  # SIGSTOP
     try:
-        fired = wait_for("stall alert firing in Prometheus",
-                         lambda: [a for a in prom.alerts(STALL) if a["labels"]["rank"] == rank],
-                         timeout=60)
+        fired = wait_for("unresponsive alert firing in Prometheus", lambda: [
+            a for a in prom.alerts(UNRESPONSIVE) if a["labels"]["rank"] == rank], timeout=60)
         stalled_at = step_of(prom, rank)
-        assert fired[0]["labels"]["severity"] == "critical"
-        assert fired[0]["labels"]["job_name"] == JOB_NAME
-        wait_for("stall alert in Alertmanager", lambda: [
+        labels = fired[0]["labels"]
+        assert (labels["severity"], labels["cause"], labels["job_name"], labels["pod"],
+                labels["node"]) == ("critical", "rank_unresponsive", JOB_NAME,
+                                    pod_of("fsdpmon-train"), NODE), labels
+        wait_for("unresponsive alert in Alertmanager", lambda: [
             a for a in get_json(f"{stack['am']}/api/v2/alerts")
-            if a["labels"]["alertname"] == STALL and a["labels"]["rank"] == rank], timeout=30)
-        note = wait_for("firing notification at the webhook",
-                        lambda: firing_notifications(hook, rank, "firing"), timeout=30)[0]
+            if a["labels"]["alertname"] == UNRESPONSIVE and a["labels"]["rank"] == rank],
+            timeout=30)
+        note = wait_for("firing notification at the webhook", lambda: firing_notifications(
+            hook, rank, "firing", UNRESPONSIVE), timeout=30)[0]
         alert = next(a for a in note["alerts"] if a["labels"]["rank"] == rank)
         assert JOB_NAME in alert["annotations"]["summary"] and alert["annotations"]["hint"]
+        assert "1 ranks wait for it" in alert["annotations"]["description"], alert["annotations"]
         problems = check_panels(prom, only_alerts=True)
         assert not problems, "\n".join(problems)
+        named = {(a["labels"]["alertname"], a["labels"].get("rank")) for n in hook.received()
+                 for a in n["alerts"]}
+        assert named == {(UNRESPONSIVE, rank)}, f"only the frozen rank is named: {named}"
     finally:
         frozen.resume()  # SIGCONT
 
-    wait_for("stall alert resolved in Prometheus",
-             lambda: not [a for a in prom.alerts(STALL) if a["labels"]["rank"] == rank],
-             timeout=60)
+    wait_for("unresponsive alert resolved in Prometheus", lambda: not [
+        a for a in prom.alerts(UNRESPONSIVE) if a["labels"]["rank"] == rank], timeout=60)
     try:
         wait_for("resolved notification at the webhook",
-                 lambda: firing_notifications(hook, rank, "resolved"), timeout=60)
+                 lambda: firing_notifications(hook, rank, "resolved", UNRESPONSIVE), timeout=60)
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the webhook got {received(hook)}") from None
     assert trainer.poll() is None, "training must still run: the alert resolved by progress"
@@ -311,6 +361,7 @@ def test_dashboards_and_stall_alert_against_real_prometheus(stack):
     assert scores_published(prom, JOB_NAME)
 
 
+@pytest.mark.timeout(240)
 def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
     """The faulty run: the straggler named by the score, then the hang, both in Alertmanager."""
     prom, hook, am = infra["prom"], infra["hook"], infra["am"]
@@ -345,9 +396,15 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
         assert split[("B", "0")] > split[("B", "1")], f"rank 0 not waiting most: {split}"
 
         stalled = wait_for(f"{STALL} for {FAULTY_JOB} rank 0 in Alertmanager", lambda: [
-            a for a in in_alertmanager(am, STALL, FAULTY_JOB) if a["labels"]["rank"] == "0"],
+            a for a in in_alertmanager(am, STALL, FAULTY_JOB) if a["labels"].get("rank") == "0"],
             timeout=60)
+        # both verdicts at once, while the job hangs: from the pods and from Prometheus
+        direct = diagnose_json("--targets", f"127.0.0.1:{port}")
+        big = diagnose_json("--prometheus", prom.url, "--job", FAULTY_JOB)
         assert stalled[0]["annotations"]["cause"] == "hang", stalled[0]["annotations"]
+        culprit = stalled[0]["labels"]
+        assert (culprit["cause"], culprit["reason"], culprit["pod"], culprit["node"]) == (
+            "hang", "behind", pod_of("fsdpmon-train-faulty"), NODE), culprit
         assert stalled[0]["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_URL}#hang"
         assert FAULTY_JOB in stalled[0]["annotations"]["summary"]
         hung_at = step_of(prom, "0", FAULTY_JOB)
@@ -355,6 +412,17 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
         assert trainer.poll() is None, training_log()
         assert not [a for a in in_alertmanager(am, STRAGGLING, FAULTY_JOB)
                     if a["labels"]["rank"] != "1"], "only the slowed rank is a straggler"
+        by_pods, by_prometheus = verdicts(direct), verdicts(big)
+        wait_for("the hang's notification", lambda: groups(hook, FAULTY_JOB, "hang"), timeout=30)
+        hang_groups = groups(hook, FAULTY_JOB, "hang")
+        assert len(hang_groups) == 1, f"one incident, one group: {list(hang_groups)}"
+        named = {(a["labels"]["alertname"], a["labels"].get("rank"), a["labels"].get("pod"))
+                 for notes in hang_groups.values() for n in notes for a in n["alerts"]}
+        assert named == {(STALL, "0", pod_of("fsdpmon-train-faulty"))}, (
+            f"the hang names rank 0 only, never the rank that waits: {named}")
+        assert ("hang", 0) in by_pods, f"diagnose on the pods: {by_pods}"
+        assert ("hang", 0) in by_prometheus, f"diagnose --prometheus: {by_prometheus}"
+        assert ("hang", 1) not in by_pods + by_prometheus, (by_pods, by_prometheus)
 
     # When each state began, from Prometheus' own record (1 s evaluations).
     now = time.time()

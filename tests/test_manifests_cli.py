@@ -64,7 +64,8 @@ def test_out_dir_is_a_kustomization(tmp_path):
     kust = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert kust["kind"] == "Kustomization"
     assert sorted(kust["resources"]) == sorted(
-        p.name for p in out.iterdir() if p.name != "kustomization.yaml")
+        p.name for p in out.iterdir() if p.name not in ("kustomization.yaml", "alertmanager.yml"))
+    assert (out / "alertmanager.yml").is_file()  # beside them: the cluster's Alertmanager's
     assert set(kust["resources"]) == {"training.yaml", "rbac.yaml", "exporter.yaml",
                                       "monitoring.yaml", "dashboards.yaml"}
     job = load_stream((out / "training.yaml").read_text())

@@ -119,8 +119,13 @@ def test_recorded_names_follow_level_metric_operations():
 
 
 def test_each_catalogued_recorded_series_has_exactly_one_rule():
-    """The catalog names them, the rules define them: neither side may drift from the other."""
-    records = [r["record"] for g in rule_groups() for r in g["rules"] if "record" in r]
+    """The catalog names them, the rules define them: neither side may drift from the other.
+    One series may take several rules when each adds labels of its own (the stall culprits,
+    one rule per reason): one rule per (name, labels)."""
+    rules = [r for g in rule_groups() for r in g["rules"] if "record" in r]
+    keyed = [(r["record"], tuple(sorted(r.get("labels", {}).items()))) for r in rules]
+    assert len(keyed) == len(set(keyed)), sorted(k for k in keyed if keyed.count(k) > 1)
+    records = sorted({r["record"] for r in rules})
     ours = [n for n in records if n not in catalog.BY_NAME]
     catalogued = sorted(r.name for r in catalog.RECORDED)
     assert sorted(ours) == catalogued, (

@@ -39,7 +39,7 @@ from fsdpmon.diagnose.observe import Observations, Places, observe
 from fsdpmon.diagnose.stacks import RankStack, StackClass, merge
 from fsdpmon.diagnose.straggler_rules import stragglers
 from fsdpmon.diagnose.window import Window
-from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.job.snapshot import JobSnapshot, RankRow
 
 
 def judge(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
@@ -169,6 +169,9 @@ def _hang_culprit(obs: Observations, places: Places,
     steps; ([], reason) when the ranks cannot be told apart."""
     if len(classes) > 1:
         return list(classes[0].ranks), "odd stack class"
+    culprits, why = progress_culprits([r for r in places.ranks.values() if not r.down])
+    if culprits:
+        return culprits, why
     live = [r for r in places.ranks.values() if not r.down and r.step is not None]
     steps = sorted({r.step for r in live})
     if len(steps) > 1:
@@ -176,6 +179,25 @@ def _hang_culprit(obs: Observations, places: Places,
         if len(behind) < len(live) / 2:
             return behind, f"behind at step {steps[0]} (others at {steps[-1]})"
     return [], "every rank stalled alike"
+
+
+def progress_culprits(live: Sequence[RankRow]) -> tuple[list[int], str]:
+    """From the progress evidence (what Prometheus holds too, where stacks are not): the ranks
+    whose last collective is below the others' (each collective waits for every rank, so the
+    others cannot go on without them), else the ranks outside a collective while others wait
+    inside one. A rank that only waits is never named."""
+    entered = [r.collective_entered for r in live if r.collective_entered is not None]
+    if entered and min(entered) < max(entered):
+        low, high = min(entered), max(entered)
+        behind = [r.rank for r in live if r.collective_entered is not None
+                  and r.collective_entered < high]
+        return sorted(behind), f"behind in collectives: at #{low}, others at #{high}"
+    inside = [r.rank for r in live if r.in_collective]
+    outside = [r.rank for r in live if r.in_collective is False]
+    if inside and outside:
+        return sorted(outside), (f"outside a collective while {len(inside)} "
+                                 f"rank{'s' if len(inside) > 1 else ''} wait inside one")
+    return [], ""
 
 
 def _hang(obs: Observations, places: Places, stacks: Sequence[RankStack]) -> list[Finding]:

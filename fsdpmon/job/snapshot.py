@@ -69,6 +69,11 @@ class RankRow:
     descheduled_ratio: float | None = None  # share of its step waiting for a CPU
     cpu_throttled_ratio: float | None = None  # share of its cgroup's CFS periods throttled
     unresponsive: bool = False  # its monitor thread stopped: the rank that hangs
+    # Progress evidence (None: not published): the last collective it entered, and whether it
+    # is inside one now; a stalled job's rank behind the others', or outside while they wait
+    # inside, is the one they wait for.
+    collective_entered: int | None = None
+    in_collective: bool | None = None
     loss_nonfinite: bool = False
     # the first step its loss / grad norm was NaN or infinite (None: not yet)
     loss_first_nonfinite_step: int | None = None

@@ -13,7 +13,7 @@ import yaml
 
 from fsdpmon import __version__
 from fsdpmon.errors import InputError
-from fsdpmon.manifests import exporter, monitoring, rbac, training
+from fsdpmon.manifests import alerting, exporter, monitoring, rbac, training
 from fsdpmon.manifests.config import ManifestConfig
 from fsdpmon.manifests.meta import Obj
 
@@ -107,6 +107,8 @@ def write_dir(bundle: Bundle, out: Path) -> list[Path]:
     rendered = {name: HEADER + dump(objs) for name, objs in bundle.files.items()}
     rendered["kustomization.yaml"] = HEADER + yaml.dump(
         kustomization(list(bundle.files)), Dumper=_Dumper, sort_keys=False)
+    if "monitoring.yaml" in bundle.files:  # beside the manifests, not a Kubernetes object
+        rendered[alerting.FILE] = alerting.alertmanager_yaml()
     try:
         out.mkdir(parents=True, exist_ok=True)
         written = []

@@ -205,14 +205,16 @@ class CollectiveTimer:
 
 
 class _Calls:
-    """This process's collectives: the last one entered and its number, how deep the wrapper
-    is nested now, and the timer it feeds (None: nothing is timed)."""
+    """This process's collectives: the last one entered and its number, the number of the last
+    one completed, how deep the wrapper is nested now, and the timer it feeds (None: nothing is
+    timed)."""
 
-    __slots__ = ("depth", "op", "seq", "timer")
+    __slots__ = ("depth", "done", "op", "seq", "timer")
 
     def __init__(self) -> None:
         self.op: str | None = None
         self.seq = 0
+        self.done = 0
         self.depth = 0
         self.timer: CollectiveTimer | None = None
 
@@ -237,6 +239,14 @@ def last_entered() -> tuple[str, int] | None:
     return None if op is None else (op, seq)
 
 
+def progress() -> tuple[int, int, bool]:
+    """(last entered seq, last completed seq, inside a collective now): the progress evidence
+    the heartbeat publishes (read on another thread: each field is one store, a torn pair only
+    says a call was entered or left in between)."""
+    calls = _calls
+    return calls.seq, calls.done, calls.depth > 0
+
+
 def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` numbered as collective ``name`` (None: not numbered) and timed while armed."""
 
@@ -245,8 +255,10 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         calls = _calls
         if calls.depth:  # only the outermost call: all_gather_object calls all_gather
             return fn(*args, **kwargs)
+        seq = calls.seq
         if name is not None:
-            calls.op, calls.seq = name, calls.seq + 1
+            seq += 1
+            calls.op, calls.seq = name, seq
         timer = calls.timer
         calls.depth = 1
         try:
@@ -259,6 +271,7 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
                 timer.leave(start)
         finally:
             calls.depth = 0
+            calls.done = seq  # left, returned or raised: no longer waited for here
 
     setattr(wrapper, _WRAPPED, True)
     return wrapper

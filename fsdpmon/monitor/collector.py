@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME, Kind
-from fsdpmon.conventions import EXIT_HOWS, UNRESPONSIVE_AFTER_SECONDS
+from fsdpmon.conventions import EXIT_HOWS, PROGRESS_PHASES, UNRESPONSIVE_AFTER_SECONDS
 from fsdpmon.families import Families
 from fsdpmon.monitor.heartbeat import Heartbeat, stopped
 from fsdpmon.monitor.state import RankState, read_job_states
@@ -94,12 +94,29 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
                       ("badput_totals", catalog.TRAIN_BADPUT_SECONDS_TOTAL.name)):
         for phase, value in _mapping(snap.get(key)).items():
             _add(builder, name, (*labels, str(phase)), value)
+    _position(builder, labels, hb)
     how = snap.get("previous_exit")
     if how in EXIT_HOWS:  # a bounded label: anything else in the file is not served
         _add(builder, catalog.TRAIN_PREVIOUS_EXIT.name, (*labels, how), 1.0)
     hist = snap.get("histogram")
     if isinstance(hist, dict):
         _histogram(builder, labels, hist)
+
+
+def _position(builder: Families, labels: tuple[str, ...], hb: Heartbeat) -> None:
+    """The progress evidence (only once the rank publishes it: an older monitor's record, or
+    a rank that has not beaten yet, has no phase)."""
+    phase = int(hb.phase) if math.isfinite(hb.phase) else -1
+    if not 0 <= phase < len(PROGRESS_PHASES) or hb.position_since_unix <= 0:
+        return
+    for name, value in ((catalog.TRAIN_COLLECTIVE_ENTERED_SEQ, hb.collective_entered),
+                        (catalog.TRAIN_COLLECTIVE_COMPLETED_SEQ, hb.collective_completed),
+                        (catalog.TRAIN_IN_COLLECTIVE, 1.0 if hb.in_collective else 0.0),
+                        (catalog.TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS,
+                         hb.position_since_unix)):
+        builder.add(name, labels, value)
+    for i, name in enumerate(PROGRESS_PHASES):
+        builder.add(catalog.TRAIN_PHASE, (*labels, name), 1.0 if i == phase else 0.0)
 
 
 def _unresponsive(hb: Heartbeat, started: float, now: float) -> float:

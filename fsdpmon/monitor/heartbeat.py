@@ -12,7 +12,14 @@ from pathlib import Path
 # seq, pid, last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
 # watchdog_unix, seq
 HB_RECORD = struct.Struct("<qqddddddd q")
+# Then, at HB_RECORD.size: collective_entered, collective_completed, in_collective, phase (an
+# index of conventions.PROGRESS_PHASES), position_since_unix, seq. After the record rather than
+# in it, so that a reader of the record alone (an older fsdpmon on the same host, tidying
+# /dev/shm) still finds it whole instead of torn, and does not take a live job's files for a
+# dead one's; a position whose seq is 0 was never written (an older writer).
+HB_POSITION = struct.Struct("<ddddd q")
 HB_SIZE = 128  # room to grow without changing the file size
+assert HB_RECORD.size + HB_POSITION.size <= HB_SIZE
 
 
 @dataclass(frozen=True)
@@ -25,6 +32,12 @@ class Heartbeat:
     stalled: float
     stall_threshold: float
     watchdog_unix: float = 0.0  # last tick of the rank's watchdog thread: is the process alive?
+    # Progress evidence (collectives.progress and the phase), and since when it is unchanged.
+    collective_entered: float = 0.0
+    collective_completed: float = 0.0
+    in_collective: float = 0.0
+    phase: float = -1.0  # an index of conventions.PROGRESS_PHASES; -1: not published
+    position_since_unix: float = 0.0
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:
@@ -37,8 +50,15 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
         if len(raw) < HB_RECORD.size:
             return None
         seq, pid, *values, seq_end = HB_RECORD.unpack_from(raw)
+        position: list[float] = []
+        if len(raw) >= HB_RECORD.size + HB_POSITION.size:
+            *position, seq_position = HB_POSITION.unpack_from(raw, HB_RECORD.size)
+            if seq_position == 0:
+                position = []  # an older writer: no position
+            elif seq_position != seq:
+                seq_end = seq - 1  # torn between the two parts: read again
         if seq == seq_end:
-            return Heartbeat(pid, *values)
+            return Heartbeat(pid, *values, *position)
         try:
             raw = path.read_bytes()
         except OSError:

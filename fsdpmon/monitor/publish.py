@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon import catalog
-from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM
+from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM, PROGRESS_PHASES
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import collectives, exit_cleanup, exit_record, statedir
@@ -35,6 +35,8 @@ from fsdpmon.webconfig import load_web_config
 log = logging.getLogger(__name__)
 
 STEP_BUCKETS = catalog.TRAIN_STEP_DURATION_SECONDS.buckets
+_PHASE_INDEX = {name: i for i, name in enumerate(PROGRESS_PHASES)}
+_OTHER = len(PROGRESS_PHASES) - 1
 INFO_KEYS = ("model", "world_size", "nodes", "dtype", "torch_version", "node", "device")
 
 FailHandler = Callable[[str, BaseException], None]
@@ -55,6 +57,8 @@ class Publication:
         self.phase = ""  # the phase the training thread is in ("" between phases)
         self.flight: FlightRecorder | None = None  # the monitor's, for a stall's evidence
         self.previous: exit_record.PreviousExit | None = None  # how the last incarnation ended
+        self._position: tuple[Any, ...] = ()  # where the rank was at the last heartbeat ...
+        self._position_since = 0.0  # ... and since when (unix)
         self._training_thread = threading.get_ident()  # the monitor is made on it
         self.snapshot: dict[str, Any] = {
             "pid": os.getpid(), "rank": topo.rank, "local_rank": topo.local_rank,
@@ -158,7 +162,23 @@ class Publication:
     def _beat(self) -> None:
         with self._lock:
             if self.writer is not None:
-                self.writer.heartbeat(*self._progress, *self._stall, self._watchdog_seen)
+                self.writer.heartbeat(*self._progress, *self._stall, self._watchdog_seen,
+                                      self._where())
+
+    def _where(self) -> tuple[float, float, float, float, float]:
+        """The progress evidence, stamped with the time it was first seen unchanged: a stuck
+        rank's stays put, to the watchdog's tick (no clock read on the training thread: a step's
+        heartbeat always moves the step, and takes the step's own time)."""
+        entered, completed, inside = collectives.progress()
+        phase = _PHASE_INDEX.get(self.phase, _OTHER)
+        where = (self._progress[1], phase, entered, completed, inside)
+        if where != self._position:
+            stepped = (bool(self._position) and where[0] != self._position[0]
+                       and self._progress[0] > 0)
+            self._position = where
+            self._position_since = self._progress[0] if stepped else time.time()
+        return (float(entered), float(completed), float(inside), float(phase),
+                self._position_since)
 
     def _watchdog_tick(self) -> None:
         self._watchdog_seen = time.time()

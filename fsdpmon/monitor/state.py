@@ -31,7 +31,17 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon.monitor import exit_record, statedir
-from fsdpmon.monitor.heartbeat import HB_RECORD, HB_SIZE, Heartbeat, pid_alive, read_heartbeat
+from fsdpmon.monitor.heartbeat import (
+    HB_POSITION,
+    HB_RECORD,
+    HB_SIZE,
+    Heartbeat,
+    pid_alive,
+    read_heartbeat,
+)
+
+# No progress evidence published (yet): no collective, no phase (-1), no time.
+NO_POSITION = (0.0, 0.0, 0.0, -1.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -77,20 +87,25 @@ class RankStateWriter:
         # clean-up on any thread; reentrant, as the handler may interrupt a heartbeat.
         self._lock = threading.RLock()
         self._closed = False
-        self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)  # owned (pid set) from the start
+        self._pack(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, *NO_POSITION)  # owned from the start
 
     def heartbeat(self, last_step_unix: float, step: float, steps_total: float,
                   tokens_total: float, stalled: float, stall_threshold: float,
-                  watchdog_unix: float = 0.0) -> None:
+                  watchdog_unix: float = 0.0,
+                  position: tuple[float, float, float, float, float] = NO_POSITION) -> None:
+        """``position``: the progress evidence (collective entered and completed, inside one,
+        the phase's index, since when all of it is unchanged)."""
         self._pack(last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
-                   watchdog_unix)
+                   watchdog_unix, *position)
 
     def _pack(self, *values: float) -> None:
         with self._lock:
             if self._closed:
                 return  # a SIGTERM's clean-up got here first: nothing more to publish
             self._seq += 1
-            HB_RECORD.pack_into(self._map, 0, self._seq, self.pid, *values, self._seq)
+            record, position = values[:-len(NO_POSITION)], values[-len(NO_POSITION):]
+            HB_RECORD.pack_into(self._map, 0, self._seq, self.pid, *record, self._seq)
+            HB_POSITION.pack_into(self._map, HB_RECORD.size, *position, self._seq)
 
     def snapshot(self, data: dict[str, Any]) -> None:
         with self._lock:

@@ -55,13 +55,15 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
     stalled = get("stalled") == 1.0 or (
         age is not None and threshold is not None and threshold > 0 and age > threshold  # type: ignore[operator]
     )
-    straggling = get("straggling")
+    straggling, inside = get("straggling"), get("in_collective")
     return new_rank_row(
         d, rank=rank, step=opt_int(get("step")), stalled=stalled,
         peak_memory_bytes=get("peak_memory_bytes", get("rss_bytes")),
         straggling=None if straggling is None else straggling == 1.0,
         unresponsive=get("unresponsive") == 1.0, loss_nonfinite=get("loss_nonfinite") == 1.0,
         restarts=opt_int(get("restarts")), seen_at=now, gpus=gpus,
+        collective_entered=opt_int(get("collective_entered")),
+        in_collective=None if inside is None else inside == 1.0,
         previous_exit_step=opt_int(get("previous_exit_step")),
         loss_first_nonfinite_step=opt_int(get("loss_first_nonfinite_step")),
         grad_norm_first_nonfinite_step=opt_int(get("grad_norm_first_nonfinite_step")),

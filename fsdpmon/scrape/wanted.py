@@ -39,6 +39,8 @@ RANK_METRICS = {
     catalog.TRAIN_DESCHEDULED_RATIO.name: "descheduled_ratio",
     catalog.TRAIN_CPU_THROTTLED_RATIO.name: "cpu_throttled_ratio",
     catalog.TRAIN_UNRESPONSIVE.name: "unresponsive",
+    catalog.TRAIN_COLLECTIVE_ENTERED_SEQ.name: "collective_entered",
+    catalog.TRAIN_IN_COLLECTIVE.name: "in_collective",
     catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
     catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
     catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",

@@ -1,0 +1,91 @@
+"""`--prometheus` refresh on a large job, this tree against a base revision, in one run.
+
+Each version backfills its own synthetic job (tests/synthetic_job.py as that version has it:
+every per-rank series of its catalog, the progress evidence included in this one) into a real
+Prometheus and times PrometheusSource refreshes (benchmarks/top_prometheus.py's ``measure``),
+the two versions in alternating rounds so that machine drift hits both alike. Prints each
+round's p50 and the ratio of the medians (this tree / base): the progress series may cost a
+--prometheus refresh at most 1.5x.
+
+Run: ``.venv/bin/python benchmarks/top_prometheus_side.py [--base REF] [NODES GPUS]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PROBE = r"""
+import json, sys
+sys.path.insert(0, "benchmarks")
+import top_prometheus
+r = top_prometheus.measure("llama2-7b", int(sys.argv[1]), int(sys.argv[2]))
+print("RESULT " + json.dumps(r))
+"""
+
+
+def extract(ref: str, into: Path) -> Path:
+    """The base revision's files (git archive: no checkout changes), with this tree's built C
+    halves where the base's sources are the same (else the base runs its pure Python)."""
+    archive = into / "base.tar"
+    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), ref], cwd=REPO,
+                   check=True)
+    tree = into / "base"
+    tree.mkdir()
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    scrape = REPO / "fsdpmon" / "scrape"
+    same = all((scrape / name).read_bytes() == (tree / "fsdpmon/scrape" / name).read_bytes()
+               for name in ("_filing.c", "_filing_rows.h", "_lines.c", "_rows.c"))
+    if same:
+        for built in scrape.glob("*.so"):
+            shutil.copy2(built, tree / "fsdpmon" / "scrape" / built.name)
+    return tree
+
+
+def probe(tree: Path, nodes: int, gpus: int) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(gpus)], cwd=tree, env=env,
+                         check=True, capture_output=True, text=True, timeout=1800).stdout
+    return json.loads(next(x for x in out.splitlines() if x.startswith("RESULT ")).split(" ", 1)[1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--base", default="integ")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("nodes", type=int, nargs="?", default=256)
+    p.add_argument("gpus", type=int, nargs="?", default=8)
+    args = p.parse_args()
+    load = os.getloadavg()[0]
+    rows: dict[str, list[dict]] = {"base": [], "head": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = extract(args.base, Path(tmp))
+        for _ in range(args.rounds):
+            for name, tree in (("base", base), ("head", REPO)):
+                rows[name].append(probe(tree, args.nodes, args.gpus))
+    print(f"--prometheus refresh, {args.nodes} x {args.gpus} ranks, {args.rounds} alternating "
+          f"rounds, base {args.base} vs this tree; load {load:.1f} at start, "
+          f"{os.getloadavg()[0]:.1f} at end, {os.cpu_count()} CPUs")
+    med = {}
+    for name, results in rows.items():
+        med[name] = statistics.median(r["p50_s"] for r in results)
+        r = results[-1]
+        per_round = ", ".join(f"{x['p50_s'] * 1e3:.0f}" for x in results)
+        print(f"  {name}: refresh p50 per round {per_round} ms; {r['ranks']} ranks, "
+              f"{r['series']} series, {r['queries']:.0f} queries answering {r['answered']:.0f} "
+              f"series; slowest query {r['slowest_query_s'] * 1e3:.0f} ms: {r['slowest_query']}")
+    print(f"  ratio this tree / base (medians): {med['head'] / med['base']:.3f} (bound 1.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""Who a stalled job waits for, from the ranks' progress evidence: the recording rules that name
+each job's culprit ranks, and the stall alerts that page once per incident with the culprit in
+their labels.
+
+In synchronous training every collective waits for every rank, so when one rank stops the others
+stop too, a collective later: each of them is "stalled", but only the rank they wait for is the
+cause. Which one it is, in the order the rules check it (the first that names a rank wins):
+- unresponsive: its process runs no Python (stopped, or hung holding the GIL);
+- behind: its last collective's number is below the job's highest (the others went on into
+  the next one and wait there for it);
+- outside: it is outside a collective while other ranks of the job wait inside one.
+A rank that vanished is FsdpmonTrainingRankMissing's (it names the rank): the stall alert stays
+quiet for that job, so one incident is one page. When every rank waits alike (a network or NCCL
+hang) the stall alert names the job only, never a waiting rank.
+"""
+
+from __future__ import annotations
+
+from dashboards.promql import JOB_KEYS, m
+from dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert
+from fsdpmon import catalog
+from fsdpmon.conventions import Severity
+
+RANK_KEYS = f"{JOB_KEYS}, rank"
+CULPRIT = m(catalog.REC_RANK_STALL_CULPRIT_SECONDS)
+ENTERED = m(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ)
+INSIDE = m(catalog.TRAIN_IN_COLLECTIVE)
+SINCE = m(catalog.TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS)
+STALLED_JOB = m(catalog.REC_JOB_STALLED_RANKS_COUNT)
+MISSING_ALERT = 'ALERTS{alertname="FsdpmonTrainingRankMissing"}'
+# Seconds the rank has been where it is (its progress evidence unchanged); a rank that never
+# published it, since its last step.
+HELD = f"((time() - {SINCE}) or (time() - {HEARTBEAT}) or {AGE})"
+
+
+def stalled_ranks(b: RuleBounds) -> str:
+    """Ranks past their stall bound (no step for max(factor x mean step time, floor)); the
+    value is the seconds since their last step (before the first one: since the monitor's
+    start)."""
+    floor = f"{b.stall_floor_seconds:g}"
+    bound = (f"clamp_min({b.stall_factor:g} * {STEP_TIME}, {floor})"
+             f" or ({AGE} * 0 + {floor})")  # before the first log window: the floor only
+    return f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})"
+
+
+def _culprit(reason: str, cause: str, expr: str) -> Rule:
+    return {"record": catalog.REC_RANK_STALL_CULPRIT_SECONDS.name, "expr": expr,
+            "labels": {"cause": cause, "reason": reason}}
+
+
+def culprit_records(b: RuleBounds) -> list[Rule]:
+    """Per job: how many ranks are stalled and how many wait inside a collective; per culprit
+    rank, how long it has been where it is (one series per rank, the reason in `reason`)."""
+    by = f"by ({JOB_KEYS})"
+    stalled_job = f"on ({JOB_KEYS}) {STALLED_JOB}"
+    unresponsive = f"({m(catalog.TRAIN_UNRESPONSIVE)} == 1)"
+    highest = m(catalog.REC_JOB_COLLECTIVE_ENTERED_SEQ_MAX)
+    behind = f"({ENTERED} < on ({JOB_KEYS}) group_left {highest})"
+    waiting = m(catalog.REC_JOB_WAITING_RANKS_COUNT)
+    outside = f"({INSIDE} == 0)\n  and on ({JOB_KEYS}) ({waiting} > 0)"
+    return [
+        {"record": catalog.REC_JOB_STALLED_RANKS_COUNT.name,
+         "expr": f"count {by} (\n  {stalled_ranks(b)}\n)"},
+        {"record": catalog.REC_JOB_COLLECTIVE_ENTERED_SEQ_MAX.name,
+         "expr": f"max {by} ({ENTERED})"},
+        {"record": catalog.REC_JOB_WAITING_RANKS_COUNT.name,
+         "expr": f"count {by} ({INSIDE} == 1) and {stalled_job}"},
+        _culprit("unresponsive", "rank_unresponsive",
+                 f"{HELD}\n  and on ({RANK_KEYS}) {unresponsive}\n  and {stalled_job}"),
+        _culprit("behind", "hang",
+                 f"{HELD}\n  and on ({RANK_KEYS}) {behind}\n  and {stalled_job}\n"
+                 f"  unless on ({RANK_KEYS}) {unresponsive}"),
+        _culprit("outside", "hang",
+                 f"{HELD}\n  and on ({RANK_KEYS}) {outside}\n  and {stalled_job}\n"
+                 f"  unless on ({RANK_KEYS}) {unresponsive}\n"
+                 f"  unless on ({RANK_KEYS}) {behind}"),
+    ]
+
+
+def _phase() -> str:
+    """Go template: the culprit's phase now, read from Prometheus when the alert is sent."""
+    phase = m(catalog.TRAIN_PHASE)
+    return ('{{ with printf "' + phase + '{job_name=%q,rank=%q} == 1" $labels.job_name '
+            '$labels.rank | query }}{{ range . }}{{ .Labels.phase }}{{ end }}'
+            '{{ else }}an unknown phase{{ end }}')
+
+
+def _waiting() -> str:
+    waiting = m(catalog.REC_JOB_WAITING_RANKS_COUNT)
+    return ('{{ with printf "' + waiting + '{job_name=%q}" $labels.job_name | query }}'
+            '{{ . | first | value | printf "%.0f" }}{{ else }}0{{ end }}')
+
+
+_WHERE = ('{{ if eq $labels.reason "behind" }}behind the others in collectives (they went on '
+          'into the next one)'
+          '{{ else if eq $labels.reason "outside" }}outside a collective while the others wait '
+          'inside one'
+          '{{ else }}unresponsive: its process runs no Python (stopped, or hung holding the '
+          'GIL){{ end }}')
+_PLACE = ('{{ if $labels.pod }} (pod {{ $labels.pod }}{{ if $labels.node }} on node '
+          '{{ $labels.node }}{{ end }}){{ end }}')
+
+
+def culprit_alerts(b: RuleBounds) -> list[Rule]:
+    hang = (f"{CULPRIT}{{cause=\"hang\"}}\n"
+            f"  unless on ({JOB_KEYS}) {CULPRIT}{{cause=\"rank_unresponsive\"}}\n"
+            f"or\n(max by ({JOB_KEYS}) (\n  {stalled_ranks(b)}\n)\n"
+            f"  unless on ({JOB_KEYS}) {CULPRIT}\n"
+            f"  unless on ({JOB_KEYS}) {MISSING_ALERT})")
+    return [
+        alert(
+            "FsdpmonTrainingStalled", hang, b.stall_for, Severity.CRITICAL,
+            "{{ if $labels.rank }}Training job {{ $labels.job_name }} is stalled: rank "
+            "{{ $labels.rank }} holds it up{{ else }}Training job {{ $labels.job_name }} is "
+            "stalled: every rank waits alike{{ end }}",
+            "{{ if $labels.rank }}Rank {{ $labels.rank }}" + _PLACE + " has been " + _WHERE
+            + " for {{ $value | humanizeDuration }}, in phase " + _phase() + "; "
+            + _waiting() + " ranks wait for it.{{ else }}No rank of {{ $labels.job_name }} "
+            "completed a step for {{ $value | humanizeDuration }} (more than max("
+            + f"{b.stall_factor:g} x the mean step time, {b.stall_floor_seconds:g}s)), and "
+            "none is behind the others: they all wait in the same collective.{{ end }}",
+            "With a culprit: look at that rank only (`kubectl logs POD`, `py-spy dump` in its "
+            "pod, its GPU's XIDs); the others only wait for it. Without one: a collective that "
+            "never completes on every rank points at the network (NCCL/EFA) or a rank outside "
+            "the monitor's view; `fsdpmon diagnose --prometheus` says the same.",
+        ),
+        alert(
+            "FsdpmonRankUnresponsive", f"{CULPRIT}{{cause=\"rank_unresponsive\"}}",
+            b.stall_for, Severity.CRITICAL,
+            "Rank {{ $labels.rank }} of {{ $labels.job_name }} is unresponsive and the job "
+            "waits for it",
+            "Rank {{ $labels.rank }}" + _PLACE + " has been " + _WHERE + " for "
+            "{{ $value | humanizeDuration }}, in phase " + _phase() + "; " + _waiting()
+            + " ranks wait for it.",
+            "The process is stopped or holds the GIL: `py-spy dump --pid PID` in its pod (a "
+            "C call or a lock), `kubectl describe pod` for a debugger, SIGSTOP or eviction.",
+        ),
+    ]

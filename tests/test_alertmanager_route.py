@@ -1,0 +1,44 @@
+"""The Alertmanager route `fsdpmon manifests` writes: valid for amtool, grouped by job and cause
+(one incident, one notification), fsdpmon's alerts routed to its receiver."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from fsdpmon.cli import main
+from fsdpmon.manifests import alerting
+
+pytestmark = pytest.mark.skipif(shutil.which("amtool") is None, reason="amtool missing")
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory):
+    out = tmp_path_factory.mktemp("manifests")
+    assert main(["manifests", "--job-name", "llama", "--image", "registry.example/trainer:1",
+                 "--components", "monitoring", "--out", str(out)]) == 0
+    return out
+
+
+def test_amtool_accepts_the_written_configuration(written):
+    path = written / alerting.FILE
+    run = subprocess.run(["amtool", "check-config", str(path)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 receivers" in run.stdout, run.stdout
+    kustomization = yaml.safe_load((written / "kustomization.yaml").read_text())
+    assert alerting.FILE not in kustomization["resources"]  # not a Kubernetes object
+
+
+def test_it_groups_by_job_and_cause_and_routes_fsdpmon_alerts_to_its_receiver(written):
+    config = yaml.safe_load((written / alerting.FILE).read_text())
+    assert config["route"]["group_by"] == ["namespace", "job_name", "cause"]
+    run = subprocess.run(["amtool", "config", "routes", "test",
+                          f"--config.file={written / alerting.FILE}", "--verify.receivers",
+                          alerting.RECEIVER, "alertname=FsdpmonTrainingStalled", "job_name=llama",
+                          "cause=hang", "rank=1"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == alerting.RECEIVER, run.stdout
