@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from fsdpmon.monitor import MonitorConfig  # noqa: E402
 from fsdpmon.monitor.hf import FsdpmonCallback  # noqa: E402
 
 SEQ, BATCH, STEPS, LOG_EVERY = 32, 2, 6, 2
+SERVER_START_S = 60  # a Python process importing fsdpmon, on a 2-core machine under a full suite
 
 
 class _Tokens(torch.utils.data.Dataset):
@@ -79,9 +81,19 @@ class _ScrapeOnLog(transformers.TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
+            # The pod's server is a process of its own (monitor/spawn.py): on a loaded machine
+            # it may still be starting at the first log step, so poll until it answers.
             url = f"http://127.0.0.1:{self.port}/metrics"
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                self.out.append(resp.read().decode())
+            deadline = time.monotonic() + SERVER_START_S
+            while True:
+                try:
+                    with urllib.request.urlopen(url, timeout=5) as resp:
+                        self.out.append(resp.read().decode())
+                    return
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.05)
 
 
 @pytest.mark.slow
