@@ -424,6 +424,16 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
         assert ("hang", 0) in by_prometheus, f"diagnose --prometheus: {by_prometheus}"
         assert ("hang", 1) not in by_pods + by_prometheus, (by_pods, by_prometheus)
 
+    # After the job is gone, its history names the same culprit (issue 42's incidents, judged
+    # by the same progress rule): the hang on rank 0, never the waiting rank.
+    told = subprocess.run([sys.executable, "-m", "fsdpmon.cli", "incidents", "--prometheus",
+                           prom.url, "--job", FAULTY_JOB, "--since", "15m", "--step", "1",
+                           "--json"], capture_output=True, text=True, timeout=120)
+    assert told.returncode == 0, told.stderr[-2000:]
+    hangs = [(i["cause"], i["rank"]) for i in json.loads(told.stdout)["incidents"]
+             if i["cause"] in ("hang", "rank_unresponsive")]
+    assert hangs == [("hang", 0)], f"incidents --prometheus after the job: {told.stdout[-2000:]}"
+
     # When each state began, from Prometheus' own record (1 s evaluations).
     now = time.time()
 

@@ -4,7 +4,9 @@ module that knows which series tell them, so that it can be pointed at new culpr
 
 From the per-rank series the monitor serves:
 - a stall: ``fsdpmon_train_stalled`` at 1 on any rank; its culprit the rank the pod's server
-  found ``fsdpmon_train_unresponsive`` meanwhile (``rank_unresponsive``), else a ``hang``;
+  found ``fsdpmon_train_unresponsive`` meanwhile (``rank_unresponsive``), else a ``hang`` whose
+  culprit the progress series name (``fsdpmon_train_collective_entered_seq`` and
+  ``fsdpmon_train_in_collective``, judged as diagnose --prometheus judges them);
 - a restart: a rank's ``fsdpmon_train_previous_exit{how="killed"}`` (the diagnosis'
   ``exits.died`` over every rank's ending names who brought the group down);
 - a straggler: ``fsdpmon_train_straggling`` at 1, named compute or data by
@@ -24,6 +26,7 @@ from typing import Any
 
 from fsdpmon import catalog
 from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, CRASH_LOOP_RESTARTS, EXIT_HOWS
+from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.incidents.incidents import (
     MIN_LOST_SECONDS,
@@ -94,6 +97,21 @@ def spans(samples: Samples, test: Callable[[float], bool], gap: float) -> list[t
     return [(a, b) for a, b in out]
 
 
+def stall_culprits(progress: tuple[Series, Series], ranks: list[int], start: float,
+                   end: float) -> tuple[list[int], str]:
+    """A stall's culprit from the progress series as they stood at its end, judged by the
+    diagnosis' own rule (engine.progress_culprits: behind in collectives, else outside one
+    while others wait inside); ([], "") where the series were not served."""
+    entered, inside = progress
+    rows = []
+    for rank in ranks:
+        seq = _at([x for x in entered.get(rank, []) if x[0] >= start], end)
+        flag = _at([x for x in inside.get(rank, []) if x[0] >= start], end)
+        rows.append(RankRow(rank=rank, collective_entered=None if seq is None else int(seq),
+                            in_collective=None if flag is None else flag >= 1))
+    return progress_culprits(rows)
+
+
 def _at(samples: Samples, t: float) -> float | None:
     """The last value at or before ``t``."""
     found = [v for s, v in samples if s <= t]
@@ -122,6 +140,7 @@ class HistoryJudge:
         stalled = self.h.series(catalog.TRAIN_STALLED)
         unresponsive = self.h.series(catalog.TRAIN_UNRESPONSIVE)
         threshold = self.h.series(catalog.TRAIN_STALL_THRESHOLD_SECONDS)
+        progress = self._progress()
         found: list[tuple[float, float]] = []
         for samples in stalled.values():
             found += spans(samples, lambda v: v >= 1, self.gap)
@@ -140,10 +159,20 @@ class HistoryJudge:
                                 f"holding the GIL)")
                 out.append(self._incident(start - lead, end, "rank_unresponsive", quiet[0],
                                           evidence, end - start + lead))
-            else:
-                out.append(self._incident(start - lead, end, "hang", None, evidence,
-                                          end - start + lead))
+                continue
+            culprits, why = stall_culprits(progress, sorted(set(victims) | set(progress[0])),
+                                           start, end)
+            if culprits:
+                evidence.insert(0, f"culprit: rank{'s' if len(culprits) > 1 else ''} "
+                                   f"{', '.join(map(str, culprits))} ({why})")
+            rank = culprits[0] if len(culprits) == 1 else None
+            out.append(self._incident(start - lead, end, "hang", rank, evidence,
+                                      end - start + lead))
         return out
+
+    def _progress(self) -> tuple[Series, Series]:
+        return (self.h.series(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ),
+                self.h.series(catalog.TRAIN_IN_COLLECTIVE))
 
     def restarts_found(self) -> list[Incident]:
         exits: dict[int, tuple[str, int | None]] = {}
