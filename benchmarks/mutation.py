@@ -67,10 +67,10 @@ AREAS = {
     "fsdpmon/diagnose/loss_rules.py": "diagnose_nonfinite diagnose nonfinite",
     "fsdpmon/monitor/cpustat.py": "cpustat monitor_stats",
     "fsdpmon/monitor/nonfinite.py": "monitor_nonfinite monitor_jsonl",
-    "fsdpmon/job/goodput.py": "goodput",
-    "fsdpmon/job/run_goodput.py": "goodput incidents",
+    "fsdpmon/job/goodput.py": "goodput goodput_units",
+    "fsdpmon/job/run_goodput.py": "goodput goodput_units incidents",
     "fsdpmon/incidents/incidents.py": "incidents",
-    "fsdpmon/monitor/goodput_meter.py": "goodput",
+    "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
     "fsdpmon/monitor/flight.py": "incidents",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
