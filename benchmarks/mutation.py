@@ -68,7 +68,7 @@ AREAS = {
     "fsdpmon/monitor/cpustat.py": "cpustat monitor_stats",
     "fsdpmon/monitor/nonfinite.py": "monitor_nonfinite monitor_jsonl",
     "fsdpmon/job/goodput.py": "goodput goodput_units",
-    "fsdpmon/job/run_goodput.py": "goodput goodput_units incidents",
+    "fsdpmon/job/run_goodput.py": "goodput goodput_run incidents",
     "fsdpmon/incidents/incidents.py": "incidents",
     "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
     "fsdpmon/monitor/flight.py": "incidents",
