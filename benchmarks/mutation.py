@@ -69,7 +69,7 @@ AREAS = {
     "fsdpmon/monitor/nonfinite.py": "monitor_nonfinite monitor_jsonl",
     "fsdpmon/job/goodput.py": "goodput goodput_units",
     "fsdpmon/job/run_goodput.py": "goodput goodput_run incidents",
-    "fsdpmon/incidents/incidents.py": "incidents",
+    "fsdpmon/incidents/incidents.py": "incidents incidents_units",
     "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
     "fsdpmon/monitor/flight.py": "incidents",
 }
