@@ -71,7 +71,7 @@ AREAS = {
     "fsdpmon/job/run_goodput.py": "goodput goodput_run incidents",
     "fsdpmon/incidents/incidents.py": "incidents incidents_units",
     "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
-    "fsdpmon/monitor/flight.py": "incidents",
+    "fsdpmon/monitor/flight.py": "incidents incidents_flight",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 _COPY_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*_cache",
