@@ -104,6 +104,7 @@ def test_straggling_needs_two_ranks_with_busy_times_and_names_the_slowest():
     (three,) = straggling(rows(0.5, 1.0, 0.5))
     assert three[3] == 1, three
     assert straggling(rows(0.75, 1.0, 0.75)) == [], "a score of exactly the threshold"
+    assert [h[3] for h in straggling(rows(1.0, 2.0))] == [1], "a score of 0.5"
 
 
 def spans_of(found: list[tuple], lost: dict, gap: float = 2) -> list[tuple]:
@@ -235,6 +236,10 @@ def test_stall_records_group_by_their_last_progress_within_a_threshold():
     assert groups(100.0, 101.5, threshold=0.5) == [[100.0], [101.5]]
     assert groups(100.0, 101.5, threshold=1.5) == [[100.0, 101.5]]
     assert groups(100.0, 100.5, 101.25) == [[100.0, 100.5], [101.25]], "from the group's first"
+    # an end record tells no threshold: the group's is its start records' (0.5 s here)
+    mixed = [end(0, since=100.0), start(1, 1.0, since=100.0, threshold=0.5),
+             start(2, 1.0, since=100.75, threshold=0.5)]
+    assert [len(g) for g in inc_mod._stall_groups(life(0, {}, {}, mixed))] == [2, 1]
 
 
 # ---- checkpoints --------------------------------------------------------------------------
@@ -300,6 +305,18 @@ def test_a_slow_save_costing_exactly_a_second_beyond_the_fastest_is_named():
     assert checkpoint(saving_run(1.125, 0.5)) == [], "0.875 s beyond the fastest: noise"
     (untold,) = checkpoint(saving_run(1.25, None))
     assert "rank 0 spent 0.0 s of it" in untold.evidence[0], untold.evidence
+
+
+def test_slow_saves_after_under_a_second_of_steps_are_judged_by_their_share():
+    # save A (0.5 s) after 0.5 s of steps: half the time since the first step began; B and C
+    # as slow after it; the fastest 0.125 s: 3 x 0.375 s lost
+    runs = {0: run_rec(0), 1: run_rec(1)}
+    steps = {r: [step(r, 1, 100.5, 0.5), step(r, 5, 114.0)] for r in (0, 1)}
+    events = [{"kind": "checkpoint", "rank": 0, "time": t, "step": n, "seconds": took}
+              for n, t, took in ((1, 101.0, 0.5), (2, 105.0, 0.5), (3, 109.0, 0.5),
+                                 (4, 113.0, 0.125))]
+    (slow,) = checkpoint(run_of(life(0, runs, steps, events)))
+    assert (slow.start, slow.end, slow.lost_gpu_seconds) == (100.5, 109.0, 2 * 1.125), slow
 
 
 def test_a_save_ending_as_the_first_step_begins_has_no_share_to_judge():
