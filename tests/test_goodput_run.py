@@ -128,3 +128,18 @@ def test_endings_without_a_step_say_step_zero():
     assert endings(prev, nxt) == {0: ("sigterm", 0), 1: ("killed", 4)}
     nxt.events.append({"kind": "exit", "rank": 1, "how": "killed"})
     assert endings(prev, nxt) == {1: ("killed", 0)}
+
+
+def test_a_first_life_s_restore_and_a_save_after_the_last_step_are_no_startup_or_restart():
+    """Life 0 starts at 100 from a checkpoint (0.25 s restore), first step begins 101; steps 3
+    and 4; a 0.5 s save after step 4 (103.5), then it dies. Life 1 starts at 104, restores
+    step 4 (0.25 s), its first step begins 105."""
+    first = life(0, 100.0, {0: [step(0, 3, 102.0, 1.0, 1.0), step(0, 4, 103.0, 1.0, 1.0)]},
+                 [{"kind": "restore", "rank": 0, "time": 100.5, "step": 2, "seconds": 0.25},
+                  {"kind": "checkpoint", "rank": 0, "time": 103.5, "step": 4, "seconds": 0.5}])
+    second = life(1, 104.0, {0: [step(0, 5, 106.0, 1.0, 1.0)]},
+                  [{"kind": "restore", "rank": 0, "time": 104.5, "step": 4, "seconds": 0.25}])
+    gp = goodput(run_of(first, second))
+    assert (gp.wall_seconds, gp.productive_seconds) == (6.0, 3.0), gp.as_json()
+    assert bad(gp) == {"startup": 0.75, "checkpoint_save": 0.5, "checkpoint_restore": 0.5,
+                       "restart": 1.25}, bad(gp)
