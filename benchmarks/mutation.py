@@ -69,11 +69,11 @@ AREAS = {
     "fsdpmon/diagnose/loss_rules.py": "diagnose_nonfinite diagnose nonfinite",
     "fsdpmon/monitor/cpustat.py": "cpustat monitor_stats",
     "fsdpmon/monitor/nonfinite.py": "monitor_nonfinite monitor_jsonl",
-    "fsdpmon/job/goodput.py": "goodput",
-    "fsdpmon/job/run_goodput.py": "goodput incidents",
-    "fsdpmon/incidents/incidents.py": "incidents",
-    "fsdpmon/monitor/goodput_meter.py": "goodput",
-    "fsdpmon/monitor/flight.py": "incidents",
+    "fsdpmon/job/goodput.py": "goodput goodput_units",
+    "fsdpmon/job/run_goodput.py": "goodput goodput_run incidents",
+    "fsdpmon/incidents/incidents.py": "incidents incidents_units",
+    "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
+    "fsdpmon/monitor/flight.py": "incidents incidents_flight",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 _COPY_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*_cache",

@@ -21,7 +21,7 @@ from fsdpmon.conventions import (
 )
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.straggler_rules import straggler_cause
-from fsdpmon.job.run_goodput import Goodput, endings, saves, window_of
+from fsdpmon.job.run_goodput import Goodput, endings, restore_of, saves, window_of
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 from fsdpmon.job.snapshot import RankRow
 
@@ -147,12 +147,10 @@ def _stall_groups(inc: Incarnation) -> list[list[dict[str, Any]]]:
     """Every rank's stall records, grouped by the stall they belong to (the same last
     progress, within one threshold)."""
     groups: list[list[dict[str, Any]]] = []
-    for rec in sorted(inc.of_kind("stall"), key=lambda r: number(r.get("since")) or 0.0):
-        since = number(rec.get("since"))
-        if since is None:
-            continue
+    timed = [r for r in inc.of_kind("stall") if number(r.get("since")) is not None]
+    for rec in sorted(timed, key=lambda r: r["since"]):
         for group in groups:
-            if abs((number(group[0].get("since")) or 0.0) - since) <= _threshold(group):
+            if abs(group[0]["since"] - rec["since"]) <= _threshold(group):
                 group.append(rec)
                 break
         else:
@@ -271,16 +269,11 @@ def _restart_incident(run: RunLog, prev: Incarnation, inc: Incarnation,
     cause = "crash_loop" if restarts >= CRASH_LOOP_RESTARTS else "rank_missing"
     evidence = exit_evidence(exits) or ["how the ranks ended is not known"]
     evidence.append(f"restarted (restart {restarts}) after step {last[1]}; resumed at step "
-                    f"{_restored(inc)}")
+                    f"{restore_of(inc)[0]}")
     rank = culprits[0] if len(culprits) == 1 else None
     lost = sum(gp.by_rank.get(c, {}).get(rank, 0.0) for c in ("restart", "recompute")
                ) if rank is not None else 0.0
     return _incident(run, last[0], begin, cause, rank, evidence, lost or begin - last[0])
-
-
-def _restored(inc: Incarnation) -> int:
-    recs = inc.of_kind("restore")
-    return int(number(recs[0].get("step")) or 0) if recs else 0
 
 
 def _nonfinite_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:

@@ -49,7 +49,8 @@ class RankWindow:
 
 
 def rank_window(rank: int, row: list[float]) -> RankWindow:
-    step, data, wait, steps = row[:4]
+    """From a rank's ``window_row``: [step seconds, data seconds, wait seconds, steps]."""
+    step, data, wait, steps = row
     return RankWindow(rank, int(steps), step, data, wait)
 
 
@@ -61,7 +62,7 @@ class WindowSplit:
     straggler_wait: float
     stall: float  # in the steps and between them
     critical_rank: int
-    stall_between: float = 0.0  # of which between the steps (not in step_seconds)
+    stall_between: float  # of which between the steps (not in step_seconds)
 
 
 def _without_stall(window: RankWindow, stall: float) -> RankWindow:
@@ -95,8 +96,9 @@ def split_window(windows: list[RankWindow], stall: float = 0.0,
     usual = statistics.median(others) if others else core.own_seconds
     # Only a straggler by the diagnosis' own measure (the others' median own work below
     # STRAGGLER_SCORE_THRESHOLD of its own) costs straggler time; a smaller lead is the jitter
-    # of who arrives last at each collective, part of every synchronous step.
-    straggling = core.own_seconds > 0 and usual < STRAGGLER_SCORE_THRESHOLD * core.own_seconds
+    # of who arrives last at each collective, part of every synchronous step. (Own work is
+    # never below zero, so a rank without any is never a straggler.)
+    straggling = usual < STRAGGLER_SCORE_THRESHOLD * core.own_seconds
     straggler = core.own_seconds - usual if straggling else 0.0
     # a data phase longer than the step (clocks read apart) is capped; own work, and so the
     # straggler's excess, is never more than what is left of the step
