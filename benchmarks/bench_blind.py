@@ -42,9 +42,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-import psutil  # noqa: E402
 from cpu_starve import QuotaUnavailable, cpu_quota, neighbours  # noqa: E402
-from diagnose_job import REPO, Job, faulty_job, named, stepping  # noqa: E402
+from diagnose_job import REPO, Job, faulty_job, named, stepping, workers  # noqa: E402
 from trainer_outside_faults import NAN_LOGITS  # noqa: E402
 
 from fsdpmon.monitor import podserver  # noqa: E402
@@ -54,16 +53,6 @@ S = 60  # step faults start at: after the job has settled
 DEADLINE_S = 150.0
 ENTRY = (str(REPO / "tests" / "trainer_outside_faults.py"),)
 Fault = Callable[[Job, dict[int, int]], contextlib.AbstractContextManager[None]]
-
-
-def workers(job: Job) -> dict[int, int]:
-    out = {}
-    for proc in psutil.Process(job.train.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            rank = proc.environ().get("RANK")
-            if rank is not None and "trainer_outside_faults" in " ".join(proc.cmdline()):
-                out[int(rank)] = proc.pid
-    return out
 
 
 @contextlib.contextmanager

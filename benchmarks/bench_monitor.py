@@ -83,6 +83,22 @@ class NullSpans:
         pass
 
 
+def tiny_step(m: Monitor | NullSpans, model: torch.nn.Module, opt: torch.optim.Optimizer,
+              data: torch.Tensor) -> None:
+    """One training step of the tiny Llama, its phases and loss told to ``m``."""
+    with m.step():
+        with m.phase("data"):
+            x, y = data[:, :-1], data[:, 1:]
+        with m.phase("forward"):
+            loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        with m.phase("backward"):
+            loss.backward()
+        with m.phase("optimizer"):
+            opt.step()
+            opt.zero_grad()
+        m.record(loss=loss.detach(), lr=1e-4)
+
+
 def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None:
     torch.manual_seed(0)
     model = Transformer(FLAVOURS["tiny"])
@@ -93,17 +109,7 @@ def training_comparison(workdir: Path, steps: int, batch: int, seq: int) -> None
 
     def one_step(m: Monitor | NullSpans) -> float:
         start = time.perf_counter()
-        with m.step():
-            with m.phase("data"):
-                x, y = data[:, :-1], data[:, 1:]
-            with m.phase("forward"):
-                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            with m.phase("backward"):
-                loss.backward()
-            with m.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
-            m.record(loss=loss.detach(), lr=1e-4)
+        tiny_step(m, model, opt, data)
         return time.perf_counter() - start
 
     for _ in range(10):  # warm-up, both paths
@@ -326,17 +332,7 @@ def serving_comparison(workdir: Path, steps: int, batch: int, seq: int, rate: fl
     server_cpu, now_wall = 0.0, 0.0
 
     def one_step(m: Monitor | NullSpans) -> None:
-        with m.step():
-            with m.phase("data"):
-                x, y = data[:, :-1], data[:, 1:]
-            with m.phase("forward"):
-                loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-            with m.phase("backward"):
-                loss.backward()
-            with m.phase("optimizer"):
-                opt.step()
-                opt.zero_grad()
-            m.record(loss=loss.detach(), lr=1e-4)
+        tiny_step(m, model, opt, data)
 
     try:
         names = list(variants)

@@ -29,6 +29,7 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+BEFORE_PROGRESS = "750adef"  # main just before issue 41's progress evidence
 
 # Runs inside one tree (its own fsdpmon and benchmarks on sys.path); prints one JSON line.
 PROBE = r"""
@@ -99,7 +100,7 @@ def probe(tree: Path, code: str, *args: str) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--base", default="integ", help="the revision to compare with")
+    p.add_argument("--base", default=BEFORE_PROGRESS, help="the revision to compare with")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--host-steps", type=int, default=20000)
     p.add_argument("--repeats", type=int, default=5)

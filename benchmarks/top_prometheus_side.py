@@ -19,9 +19,11 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 from pathlib import Path
+
+from bench_progress_cost import BEFORE_PROGRESS
+from bench_progress_cost import extract as base_tree
 
 REPO = Path(__file__).resolve().parents[1]
 PROBE = r"""
@@ -36,13 +38,7 @@ print("RESULT " + json.dumps(r))
 def extract(ref: str, into: Path) -> Path:
     """The base revision's files (git archive: no checkout changes), with this tree's built C
     halves where the base's sources are the same (else the base runs its pure Python)."""
-    archive = into / "base.tar"
-    subprocess.run(["git", "archive", "--format=tar", "-o", str(archive), ref], cwd=REPO,
-                   check=True)
-    tree = into / "base"
-    tree.mkdir()
-    with tarfile.open(archive) as tar:
-        tar.extractall(tree, filter="data")
+    tree = base_tree(ref, into)
     scrape = REPO / "fsdpmon" / "scrape"
     same = all((scrape / name).read_bytes() == (tree / "fsdpmon/scrape" / name).read_bytes()
                for name in ("_filing.c", "_filing_rows.h", "_lines.c", "_rows.c"))
@@ -61,7 +57,7 @@ def probe(tree: Path, nodes: int, gpus: int) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--base", default="integ")
+    p.add_argument("--base", default=BEFORE_PROGRESS)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("nodes", type=int, nargs="?", default=256)
     p.add_argument("gpus", type=int, nargs="?", default=8)

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
 from proc_tree import kill_tree
 from support import free_port
 
@@ -158,3 +159,14 @@ def named(findings: tuple[Finding, ...], cause: str, rank: int | None = None,
     """The finding of ``cause`` naming that rank / GPU (None: any), if any."""
     return next((f for f in findings if f.cause == cause
                  and (rank is None or f.rank == rank) and (gpu is None or f.gpu == gpu)), None)
+
+
+def workers(job: Job, script: str = "trainer_outside_faults") -> dict[int, int]:
+    """rank -> PID of the job's training processes (torchrun's children running ``script``)."""
+    out = {}
+    for proc in psutil.Process(job.train.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            rank = proc.environ().get("RANK")
+            if rank is not None and script in " ".join(proc.cmdline()):
+                out[int(rank)] = proc.pid
+    return out

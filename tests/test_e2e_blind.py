@@ -14,17 +14,15 @@ trainer, the engine of `fsdpmon diagnose` fed from the pod's endpoint as it is f
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from cpu_starve import QuotaUnavailable, cpu_quota, neighbours
-from diagnose_job import REPO, Job, faulty_job, named, stepping
+from diagnose_job import REPO, Job, faulty_job, named, stepping, workers
 from trainer_outside_faults import NAN_INPUTS, NAN_LOGITS
 
 from trainer.config import TrainConfig
@@ -34,16 +32,6 @@ NAN_STEP = 30
 QUOTA_PERCENT = 25
 DEADLINE_S = 90.0  # generous: a loaded 2-core host took 18-27 s to name each (bench_blind.py)
 CPU_CAUSES = ("host_cpu_contention", "cpu_throttled")
-
-
-def workers(job: Job) -> dict[int, int]:
-    out = {}
-    for proc in psutil.Process(job.train.pid).children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            rank = proc.environ().get("RANK")
-            if rank is not None and "trainer_outside_faults" in " ".join(proc.cmdline()):
-                out[int(rank)] = proc.pid
-    return out
 
 
 def watch(job: Job, done, forbidden, what: str) -> tuple[float, list]:
