@@ -175,3 +175,19 @@ def test_an_older_reader_finds_the_record_whole_and_an_older_writer_has_no_posit
     HB_POSITION.pack_into(torn, HB_RECORD.size, 1.0, 1.0, 0.0, 0.0, NOW - 9, seq - 1)
     (tmp_path / "torn.hb").write_bytes(bytes(torn))
     assert read_heartbeat(tmp_path / "torn.hb") is None
+
+
+def test_one_rank_waiting_inside_is_said_in_the_singular():
+    from fsdpmon.diagnose.engine import progress_culprits
+
+    assert progress_culprits([_row(0, 12, True), _row(1, 12, False)]) == (
+        [1], "outside a collective while 1 rank wait inside one")
+
+
+def test_a_verdict_says_how_much_history_it_was_drawn_from():
+    from fsdpmon.diagnose.engine import judge
+    from fsdpmon.job.snapshot import JobSnapshot
+
+    history = [JobSnapshot(time=t, source="targets") for t in (100.0, 107.5, 130.25)]
+    assert judge(history).seconds == 30.25, judge(history)
+    assert judge(history[:1]).seconds == 0.0
