@@ -191,3 +191,29 @@ def test_a_verdict_says_how_much_history_it_was_drawn_from():
     history = [JobSnapshot(time=t, source="targets") for t in (100.0, 107.5, 130.25)]
     assert judge(history).seconds == 30.25, judge(history)
     assert judge(history[:1]).seconds == 0.0
+
+
+def test_a_hang_without_stacks_is_named_from_the_progress_of_the_live_ranks():
+    """What --prometheus has: no stacks, every rank at the same step, rank 1 a collective
+    behind. It is the culprit; a down rank's stale numbers are no evidence."""
+    import dataclasses
+
+    from top_snapshots import REFRESH_S, diagnosis_history
+
+    from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
+    from fsdpmon.diagnose import diagnose
+
+    stalled = {f"r{r}": {"stalled": True, "heartbeat_age_s": 40.0} for r in range(4)}
+    snaps = diagnosis_history(lambda i: {"specs": stalled},
+                              int(DIAGNOSIS_EVIDENCE_SECONDS // REFRESH_S) + 2)
+
+    def at(entered: dict[int, int]) -> list:
+        return [dataclasses.replace(s, ranks=tuple(
+            dataclasses.replace(r, collective_entered=entered[r.rank], in_collective=True)
+            for r in s.ranks)) for s in snaps]
+
+    hangs = [f for f in diagnose(at({0: 42, 1: 41, 2: 42, 3: 42})) if f.cause == "hang"]
+    assert [(f.rank, f.evidence[0]) for f in hangs] == [
+        (1, "culprit: rank 1 (behind in collectives: at #41, others at #42)")], hangs
+    alike = [f for f in diagnose(at({0: 42, 1: 42, 2: 42, 3: 42})) if f.cause == "hang"]
+    assert [f.rank for f in alike] == [None], alike
