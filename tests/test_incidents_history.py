@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fsdpmon.incidents.history import stall_culprits
+from fsdpmon.incidents.history import restart_stall, stall_culprits
+from fsdpmon.incidents.incidents import Incident
 
 START, END = 100.0, 160.0
 
@@ -51,3 +52,26 @@ def test_outside_a_collective_while_others_wait_inside(flags, named):
 
 def test_no_progress_series_names_nobody():
     assert stall_culprits(({}, {}), [0, 1, 2], START, END) == ([], "")
+
+
+def _span(cause: str, start: float, end: float) -> Incident:
+    return Incident(start, end, cause, 1, "", "node-a", "", (), 0.0)
+
+
+RESTART = _span("rank_missing", 100.0, 108.0)  # last step at 100 s, back at 108 s
+
+
+@pytest.mark.parametrize(("start", "explained"), [
+    (90.0, False),   # a stop that began before the kill: its own fault ...
+    (96.9, False),   # ... up to the scrape's slack (3 s) before the restart's last step
+    (97.0, True),
+    (104.0, True),   # the group standing still while the agent restarts it
+    (108.0, True),
+    (108.1, False),  # after the group came back: a stall of the new incarnation
+])
+def test_a_stall_is_the_restarts_own_only_when_it_began_with_it(start, explained):
+    # each ends after the restart's last step: the stalled gauge lags the resumed steps (the
+    # stop in test_e2e_goodput ended 2 s before the kill and its last stalled sample came later)
+    stall = _span("rank_unresponsive", start, max(start, 101.0))
+    assert restart_stall(stall, [RESTART], slack=3.0) is explained, (start, explained)
+    assert not restart_stall(stall, [], slack=3.0)

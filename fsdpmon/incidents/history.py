@@ -258,11 +258,18 @@ class HistoryJudge:
 
     def incidents(self) -> list[Incident]:
         restarts = self.restarts_found()
-        # While the agent restarts the group, no rank steps: the restart explains that stall.
-        stalls = [s for s in self.stalls()
-                  if not any(s.start <= r.end and r.start <= s.end for r in restarts)]
+        stalls = [s for s in self.stalls() if not restart_stall(s, restarts, self.gap)]
         found = [*stalls, *restarts, *self.stragglers(), *self.checkpoints(), *self.nonfinite()]
         return sorted(found, key=lambda i: (i.start, i.cause))
+
+
+def restart_stall(stall: Incident, restarts: list[Incident], slack: float) -> bool:
+    """Whether ``stall`` is a restart's own: while the agent restarts the group no rank steps,
+    so a stall that began (give or take ``slack``, the scrape's resolution) between a
+    restart's last step and its return is explained by it. One that began earlier is a fault
+    of its own even when its last stalled sample comes after the restart's last step (the
+    stalled gauge lags the resumed steps by up to a scrape)."""
+    return any(r.start - slack <= stall.start <= r.end for r in restarts)
 
 
 def _increase(samples: Samples, start: float, end: float) -> float:
