@@ -74,7 +74,7 @@ AREAS = {
     "fsdpmon/incidents/incidents.py": "incidents incidents_units",
     "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
     "fsdpmon/monitor/flight.py": "incidents incidents_flight",
-    "fsdpmon/incidents/history.py": "incidents_history incidents",
+    "fsdpmon/incidents/history.py": "incidents_history_judge incidents_history incidents",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 _COPY_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*_cache",

@@ -1,0 +1,250 @@
+"""Incidents from Prometheus history, judged from series the test writes (the e2e proof with a
+real Prometheus is tests/test_e2e_goodput.py): each kind's culprit, times and lost GPU-seconds,
+and each boundary with a case on either side.
+
+The range API here answers as Prometheus answers a range query whose step is the scrape
+interval: the samples of every series whose labels match the selector's equality matchers,
+between start and end, values as strings, a "NaN" among them as a stale scrape would serve.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from fsdpmon import catalog
+from fsdpmon.conventions import CRASH_LOOP_RESTARTS
+from fsdpmon.incidents.history import History, HistoryJudge
+
+JOB, STEP = "llama-ft", 1.0  # a 1 s step: the judge's gap is 3 s
+MATCHER = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+class RangeAPI:
+    def __init__(self) -> None:
+        self.series: list[tuple[dict[str, str], list[tuple[float, float]]]] = []
+
+    def add(self, metric: catalog.Metric, rank: int, samples: list[tuple[float, float]],
+            job: str = JOB, **labels: str) -> None:
+        self.series.append(({"__name__": metric.name, "job_name": job, "rank": str(rank),
+                             **labels}, samples))
+
+    def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
+        name, selector = promql.split("{", 1)
+        wanted = dict(MATCHER.findall(selector), __name__=name)
+        return [{"metric": labels, "values": [[t, str(v)] for t, v in samples
+                                              if start <= t <= end]}
+                for labels, samples in self.series
+                if all(labels.get(k) == v for k, v in wanted.items())]
+
+
+def _judge(api: RangeAPI, nodes: tuple[str, ...] = ("node-a", "node-b")) -> HistoryJudge:
+    for rank, node in enumerate(nodes):
+        api.add(catalog.TRAIN_INFO, rank, [(90.0, 1.0)], node=node)
+    return HistoryJudge(History(JOB, 0.0, 1000.0, STEP, api))
+
+
+def _flag(on: range | list[float], span: range = range(100, 121)) -> list[tuple[float, float]]:
+    return [(float(t), 1.0 if t in on else 0.0) for t in span]
+
+
+def _stall(api: RangeAPI, on=range(110, 116)) -> None:
+    api.add(catalog.TRAIN_STALLED, 0, _flag(on))
+    api.add(catalog.TRAIN_STALL_THRESHOLD_SECONDS, 0, [(100.0, 3.0)])
+    api.add(catalog.TRAIN_STALL_THRESHOLD_SECONDS, 1, [(100.0, 2.0)])  # the larger one leads
+
+
+# ---- stalls ---------------------------------------------------------------------------------
+
+def test_a_stall_with_one_unresponsive_rank_names_it_from_the_threshold_before():
+    api = RangeAPI()
+    _stall(api)
+    api.add(catalog.TRAIN_UNRESPONSIVE, 1, _flag(range(111, 115)))
+    (found,) = _judge(api).stalls()
+    # stalled seen 110-115, 3 s after its last step: began at 107; two ranks idle 8 s each
+    assert (found.cause, found.rank, found.node) == ("rank_unresponsive", 1, "node-b"), found
+    assert (found.start, found.end, found.lost_gpu_seconds) == (107.0, 115.0, 16.0), found
+    assert found.evidence == ("ranks [0] reported stalled from 110 to 115 (threshold 3.0 s)",
+                              "rank 1 was unresponsive meanwhile (stopped, or holding the GIL)")
+
+
+@pytest.mark.parametrize(("seen", "named"), [
+    (106.9, None),  # before the stall, beyond the gap: not its evidence
+    (107.0, 1),     # the gap (3 steps) before the first stalled sample
+    (115.0, 1),     # its last stalled sample
+    (115.1, None),  # after it
+])
+def test_unresponsive_counts_from_a_gap_before_the_stall_to_its_end(seen, named):
+    api = RangeAPI()
+    _stall(api)
+    api.add(catalog.TRAIN_UNRESPONSIVE, 1, [(seen, 1.0)])
+    (found,) = _judge(api).stalls()
+    assert (found.cause, found.rank) == (
+        ("rank_unresponsive", 1) if named is not None else ("hang", None)), (seen, found)
+
+
+def test_a_value_below_one_is_not_a_flag():
+    api = RangeAPI()
+    api.add(catalog.TRAIN_STALLED, 0, [(110.0, 0.99)])
+    assert _judge(api).stalls() == []
+    api.add(catalog.TRAIN_UNRESPONSIVE, 1, [(111.0, 0.99)])
+    _stall(api)
+    assert [f.cause for f in _judge(api).stalls()] == ["hang"]
+
+
+@pytest.mark.parametrize(("second", "spans"), [(113.0, 1), (113.1, 2)])
+def test_stalled_samples_more_than_the_gap_apart_are_two_stalls(second, spans):
+    api = RangeAPI()  # missing scrapes between the samples, not a sample that says 0
+    api.add(catalog.TRAIN_STALLED, 0, [(110.0, 1.0), (second, 1.0)])
+    assert len(_judge(api).stalls()) == spans, second
+
+
+def test_two_unresponsive_ranks_leave_the_culprit_to_the_progress_series():
+    api = RangeAPI()
+    _stall(api)
+    api.add(catalog.TRAIN_STALLED, 2, _flag(range(110, 116)))
+    for rank in (1, 2):
+        api.add(catalog.TRAIN_UNRESPONSIVE, rank, _flag(range(111, 115)))
+    (found,) = _judge(api, ("node-a", "node-b", "node-c")).stalls()
+    assert (found.cause, found.rank, found.lost_gpu_seconds) == ("hang", None, 24.0), found
+
+
+def test_a_hang_is_named_by_the_rank_behind_in_collectives():
+    api = RangeAPI()
+    _stall(api)
+    api.add(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ, 0, [(105.0, 41.0), (112.0, 42.0)])
+    api.add(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ, 1, [(105.0, 41.0), (112.0, 41.0)])
+    api.add(catalog.TRAIN_IN_COLLECTIVE, 0, [(112.0, 1.0)])
+    (found,) = _judge(api).stalls()
+    assert (found.cause, found.rank, found.node) == ("hang", 1, "node-b"), found
+    assert found.evidence[0] == "culprit: rank 1 (behind in collectives: at #41, others at #42)"
+
+
+def test_a_hang_without_progress_series_names_nobody():
+    api = RangeAPI()
+    _stall(api)
+    (found,) = _judge(api).stalls()
+    assert (found.cause, found.rank, found.node) == ("hang", None, ""), found
+    assert not found.evidence[0].startswith("culprit"), found.evidence
+
+
+# ---- restarts -------------------------------------------------------------------------------
+
+def _restart(api: RangeAPI, restarts: int) -> None:
+    api.add(catalog.TRAIN_PREVIOUS_EXIT, 1, [(150.0, 1.0), (151.0, 1.0)], how="killed")
+    api.add(catalog.TRAIN_PREVIOUS_EXIT, 0, [(150.5, 1.0)], how="sigterm")
+    for rank in (0, 1):
+        api.add(catalog.TRAIN_RESTARTS, rank, [(150.0, float(restarts))])
+    # the last step before the kill, scraped at 145; the sample at 150 is the new incarnation
+    api.add(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS, 0,
+            [(140.0, 139.5), (145.0, 144.2), (150.0, 149.9)])
+
+
+@pytest.mark.parametrize(("restarts", "cause"), [
+    (CRASH_LOOP_RESTARTS - 1, "rank_missing"), (CRASH_LOOP_RESTARTS, "crash_loop")])
+def test_a_restart_names_the_killed_rank_from_its_last_step_to_its_return(restarts, cause):
+    api = RangeAPI()
+    _restart(api, restarts)
+    (found,) = _judge(api).restarts_found()
+    assert (found.cause, found.rank, found.node) == (cause, 1, "node-b"), found
+    assert (found.start, found.end) == (144.2, 150.0), found
+    assert found.lost_gpu_seconds == pytest.approx(2 * 5.8, abs=1e-9), found  # two ranks
+    assert found.evidence[0].startswith("rank 1 died without exiting"), found.evidence
+
+
+def test_ranks_that_all_exited_normally_are_no_restart():
+    api = RangeAPI()
+    for rank in (0, 1):
+        api.add(catalog.TRAIN_PREVIOUS_EXIT, rank, [(150.0, 1.0)], how="exit")
+    api.add(catalog.TRAIN_PREVIOUS_EXIT, 0, [(150.0, 1.0)], how="not-a-way-of-ending")
+    assert _judge(api).restarts_found() == []
+
+
+# ---- stragglers -----------------------------------------------------------------------------
+
+def _straggler(api: RangeAPI, data_ratio: float, times: range, badput_step: float) -> None:
+    for rank, wait in ((0, 0.5), (1, 0.0)):  # rank 0 waits half its step for rank 1
+        api.add(catalog.TRAIN_STEP_TIME_SECONDS, rank, [(float(t), 1.0) for t in times])
+        api.add(catalog.TRAIN_COLLECTIVE_WAIT_RATIO, rank, [(float(t), wait) for t in times])
+    api.add(catalog.TRAIN_DATA_WAIT_RATIO, 1, [(float(t), data_ratio) for t in times])
+    api.add(catalog.TRAIN_DATA_WAIT_RATIO, 0, [(float(t), 0.0) for t in times])
+    api.add(catalog.TRAIN_BADPUT_SECONDS_TOTAL, 0,
+            [(float(t), badput_step * i) for i, t in enumerate(times)], cause="data_wait")
+
+
+@pytest.mark.parametrize(("data_ratio", "cause"), [
+    (0.5, "straggler_data"), (0.0, "straggler_compute")])
+def test_a_straggler_is_named_with_its_cause_and_the_badput_meanwhile(data_ratio, cause):
+    api = RangeAPI()
+    _straggler(api, data_ratio, range(100, 106), 0.5)
+    (found,) = _judge(api).stragglers()
+    assert (found.cause, found.rank, found.start, found.end) == (cause, 1, 100.0, 105.0), found
+    # the data-wait counter rose 2.5 s over the six windows; two GPUs
+    assert found.lost_gpu_seconds == 5.0, found
+
+
+@pytest.mark.parametrize(("badput_step", "named"), [(0.19, 0), (0.2, 1)])
+def test_a_straggler_that_cost_less_than_a_second_is_noise(badput_step, named):
+    api = RangeAPI()
+    _straggler(api, 0.5, range(100, 106), badput_step)  # 5 rises: 0.95 s, then 1.0 s
+    assert len(_judge(api).stragglers()) == named, badput_step
+
+
+# ---- checkpoints ----------------------------------------------------------------------------
+
+def _saves(api: RangeAPI, saves: list[tuple[float, float, float]]) -> None:
+    """(time, seconds, share) of rank 0's saves, each scraped twice; rank 1 the slow writer."""
+    seconds, ratio, own = [], [], []
+    for t, took, share in saves:
+        seconds += [(t, took), (t + 1, took)]
+        ratio += [(t, share), (t + 1, share)]
+        own += [(t, took - 0.1)]
+    api.add(catalog.TRAIN_CHECKPOINT_SECONDS, 0, seconds)
+    api.add(catalog.TRAIN_CHECKPOINT_TIME_RATIO, 0, ratio)
+    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 1, own)
+    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 0, [(t, 0.2) for t, _, _ in saves])
+
+
+def test_slow_saves_are_one_incident_named_by_the_slowest_writer():
+    api = RangeAPI()
+    _saves(api, [(100.0, 0.5, 0.1), (120.0, 2.5, 0.4), (140.0, 2.6, 0.2), (160.0, 0.5, 0.1)])
+    (found,) = _judge(api).checkpoints()
+    assert (found.cause, found.rank, found.start, found.end) == (
+        "checkpoint_slow", 1, 117.5, 140.0), found
+    # beyond the fastest save: 2.0 s and 2.1 s, two GPUs
+    assert found.lost_gpu_seconds == pytest.approx(2 * 4.1, abs=1e-9), found
+    assert found.evidence[0] == "a save took 2.5 s, 40% of the time since the previous (limit 25%)"
+
+
+@pytest.mark.parametrize(("took", "named"), [(1.49, 0), (1.5, 1)])
+def test_slow_saves_that_cost_less_than_a_second_are_noise(took, named):
+    api = RangeAPI()
+    _saves(api, [(100.0, 0.5, 0.1), (120.0, took, 0.3)])
+    assert len(_judge(api).checkpoints()) == named, took
+
+
+# ---- non-finite loss, and the whole ---------------------------------------------------------
+
+@pytest.mark.parametrize(("steps", "rank"), [((57.0, 55.0), 1), ((55.0, 55.0), 0)])
+def test_the_first_nonfinite_loss_is_the_earliest_step_then_the_lowest_rank(steps, rank):
+    api = RangeAPI()
+    for r, step in enumerate(steps):
+        api.add(catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP, r, [(130.0 - r, step)])
+    (found,) = _judge(api).nonfinite()
+    assert (found.cause, found.rank, found.start) == ("loss_nonfinite", rank, 130.0 - rank), found
+    assert found.evidence == (f"rank {rank}: first non-finite loss at step 55",)
+
+
+def test_the_restarts_own_stall_goes_and_an_earlier_stop_stays():
+    api = RangeAPI()
+    _restart(api, 1)  # last step 144.2, back at 150
+    # a stop seen stalled 140-145: its last stalled sample lags past the restart's last step
+    api.add(catalog.TRAIN_STALLED, 0, _flag(range(140, 146), range(135, 147)))
+    api.add(catalog.TRAIN_UNRESPONSIVE, 1, _flag(range(139, 144), range(135, 147)))
+    # the group standing still after the kill, flagged 3 s after a step past the last seen
+    api.add(catalog.TRAIN_STALLED, 1, [(148.5, 1.0), (149.0, 1.0)])
+    api.add(catalog.TRAIN_STALL_THRESHOLD_SECONDS, 0, [(100.0, 3.0)])
+    found = _judge(api).incidents()
+    assert [(i.cause, i.rank, i.start) for i in found] == [
+        ("rank_unresponsive", 1, 137.0), ("rank_missing", 1, 144.2)], found
