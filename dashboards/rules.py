@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.alerts import gpu_alerts, target_alerts, training_alerts
+from dashboards.alerts import target_alerts, training_alerts
 from dashboards.culprits import culprit_alerts, culprit_records
 from dashboards.dcgm import dcgm_rules
+from dashboards.gpu_alerts import gpu_alerts
 from dashboards.promql import JOB_KEYS, m
 from dashboards.rulebase import (
     AGE,

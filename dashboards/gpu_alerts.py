@@ -1,0 +1,113 @@
+"""Alerting rules for the GPUs under an FSDP job: their use (idle, throttled) and their faults
+(lost, XID, ECC), each named with the training rank whose process uses the GPU where known.
+Every threshold and ``for`` is a field of :class:`dashboards.rulebase.RuleBounds`."""
+
+from __future__ import annotations
+
+from dashboards.promql import m
+from dashboards.rulebase import Rule, RuleBounds, alert, rose
+from fsdpmon import catalog
+from fsdpmon.conventions import Severity
+
+
+def gpu_alerts(b: RuleBounds) -> list[Rule]:
+    return [*_gpu_use_alerts(b), *_gpu_fault_alerts(b)]
+
+
+def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
+    # Power capping (sw_power_cap) is routine under full load; these reasons cost clock speed
+    # because something is wrong with cooling or power delivery.
+    hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
+    throttled = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'reason=~"{hot}"')
+    held = m(catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL, f'reason=~"{hot}"')
+    share = f"{b.throttle_share:.0%}"
+    return [
+        alert(
+            "FsdpmonGPULowUtilization",
+            f"{m(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG)} < {b.low_util_ratio:g}\n"
+            f"  and on (node) group by (node) ({m(catalog.TRAIN_INFO)})",
+            b.low_util_for, Severity.WARNING,
+            "GPUs of node {{ $labels.node }} are mostly idle while training runs there",
+            "Average GPU utilisation on {{ $labels.node }} is {{ $value | humanizePercentage }} "
+            "while a training rank runs on the node.",
+            "Check data wait and step phases on the Ranks dashboard (input pipeline, CPU "
+            "offload, checkpointing), and whether the job is stalled.",
+        ),
+        alert(
+            "FsdpmonGPUThrottling",
+            with_rank(f"{throttled} == 1\nor\n"
+                      f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}", b),
+            b.throttle_for, Severity.WARNING,
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
+            "Clock-event reason {{ $labels.reason }} has held the clocks down for "
+            + b.throttle_for + f" (active, or over {share} of the time); a throttled GPU makes "
+            "its rank a straggler.",
+            "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
+            "and power supply; hw_slowdown with normal temperature can mean a failing board.",
+        ),
+    ]
+
+
+def _gpu_owner(b: RuleBounds) -> str:
+    """Per GPU, one training rank whose worker process uses it (the exporter reads the worker's
+    RANK), valued 0: added to a GPU alert's expression, it names the rank the GPU fault hits.
+    One per GPU (topk): a GPU two ranks share names one of them rather than failing the join."""
+    info = m(catalog.PROCESS_INFO, 'rank!=""')
+    workers = f"last_over_time({info}[{b.gpu_owner_window}])"
+    # over a window: a lost GPU serves no process samples, but its rank is still the one
+    used = (f"last_over_time({m(catalog.GPU_PROCESS_MEMORY_USED_BYTES)}"
+            f"[{b.gpu_owner_window}]) * 0\n    + on (node, pid) group_left (rank) {workers}")
+    return f"topk by (node, gpu) (1, max by (node, gpu, rank) (\n    {used}))"
+
+
+def with_rank(expr: str, b: RuleBounds) -> str:
+    """A GPU alert's ``expr`` with the ``rank`` of the GPU's training process where known, as
+    it is where not."""
+    owner = _gpu_owner(b)
+    return (f"(\n{expr}\n) + on (node, gpu) group_left (rank) {owner}\nor\n"
+            f"(\n{expr}\n) unless on (node, gpu) {owner}")
+
+
+def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
+    w = b.error_window
+    uncorrected = m(catalog.GPU_ECC_ERRORS_TOTAL, 'type="uncorrected"')
+    failed_remap = m(catalog.GPU_REMAPPED_ROWS, 'cause="failure"')
+    lost = f"{m(catalog.GPU_UP)} == 0"
+    # an XID that comes with uncorrectable ECC errors on its GPU (48, 63, 94/95) pages as ECC
+    ecc = f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0"
+    return [
+        alert(
+            "FsdpmonGPULost", with_rank(lost, b), b.gpu_lost_for, Severity.CRITICAL,
+            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is lost"
+            "{{ if $labels.rank }} under rank {{ $labels.rank }}{{ end }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) stopped answering NVML (fallen off the "
+            "bus, or the driver lost it){{ if $labels.rank }}; rank {{ $labels.rank }} ran on "
+            "it{{ end }}.",
+            "Cordon and drain the node and replace the instance; the job restarts elsewhere "
+            "from its last checkpoint.",
+        ),
+        alert(
+            "FsdpmonGPUXidErrors",
+            with_rank(f"({rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
+                      f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0)\n"
+                      f"unless on (node, gpu) ({lost})\nunless on (node, gpu) ({ecc})", b),
+            "", Severity.CRITICAL,
+            "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
+            "{{ with $labels.xid }}XID {{ . }}{{ else }}XID errors{{ end }} in the "
+            f"last {w}.",
+            "Look the XID code up in NVIDIA's XID catalogue: 79 (fallen off the bus), 48/63/64 "
+            "(ECC) and 94/95 (contained/uncontained memory errors) usually mean draining the "
+            "node and a GPU reset or RMA; 13/31/43 often come from the application.",
+        ),
+        alert(
+            "FsdpmonGPUEccErrors",
+            with_rank(ecc, b),
+            "", Severity.CRITICAL,
+            "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "
+            "failed row remapping.",
+            "Drain the node; the GPU needs a reset to remap rows, or replacement if remapping "
+            "failed.",
+        ),
+    ]
