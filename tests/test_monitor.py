@@ -16,6 +16,7 @@ from support import free_port, rounded
 
 from fsdpmon.monitor import Monitor, MonitorConfig
 from fsdpmon.monitor import gather as gather_mod
+from fsdpmon.monitor import log_window as log_window_mod
 from fsdpmon.monitor import memory as memory_mod
 from fsdpmon.monitor import monitor as monitor_mod
 from fsdpmon.monitor import state as state_mod
@@ -228,7 +229,7 @@ def test_internals_that_throw_never_reach_training(tmp_path, baseline, monkeypat
 
     monkeypatch.setattr(state_mod.RankStateWriter, "heartbeat", boom)
     monkeypatch.setattr(memory_mod.MemoryReader, "read", boom)
-    monkeypatch.setattr(monitor_mod, "gather_rows", boom)
+    monkeypatch.setattr(log_window_mod, "gather_rows", boom)
     monkeypatch.setattr(JsonlSink, "write", boom)
     monkeypatch.setattr(monitor_mod.StepTimer, "begin_phase", boom)
     mon = monitor(config(tmp_path, port=free_port()))
@@ -266,7 +267,7 @@ def test_gather_failure_stays_off(tmp_path, monkeypatch):
         calls.append(values)
         raise RuntimeError("collective broke")
 
-    monkeypatch.setattr(monitor_mod, "gather_rows", broken)
+    monkeypatch.setattr(log_window_mod, "gather_rows", broken)
     mon = monitor(config(tmp_path, jsonl_path=None))
     train(mon)
     mon.close()

@@ -11,7 +11,6 @@ once and counts it in ``fsdpmon_monitor_internal_errors_total``.
 
 from __future__ import annotations
 
-import logging
 import math
 import sys
 import threading
@@ -34,50 +33,23 @@ from fsdpmon.monitor.collectives import CollectiveTimer
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.cpustat import CgroupThrottling
 from fsdpmon.monitor.device import intended_syncs, uses_cuda
+from fsdpmon.monitor.failures import Failures
 from fsdpmon.monitor.flight import FlightRecorder, process_start_unix
 from fsdpmon.monitor.flops import model_flops_per_token, peak_flops_for
-from fsdpmon.monitor.gather import gather_rows, is_distributed, topology
+from fsdpmon.monitor.gather import is_distributed, topology
 from fsdpmon.monitor.goodput_meter import GoodputMeter, window_row
 from fsdpmon.monitor.jsonl import JsonlSink
+from fsdpmon.monitor.log_window import ROW_AT, LogWindow, local_row, own_scores
 from fsdpmon.monitor.memory import MemoryReader
 from fsdpmon.monitor.nonfinite import WATCHED, NonfiniteWatch
 from fsdpmon.monitor.publish import Publication
 from fsdpmon.monitor.records import CpuFigures, as_float, run_record, step_record
-from fsdpmon.monitor.stats import (
-    BUSY_MIN_STEPS,
-    BusyHistory,
-    WaitHistory,
-    WindowStats,
-    job_figures,
-    window_stats,
-)
-from fsdpmon.monitor.straggling import StragglingFlag, straggler_scores
-from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer, WindowTimes
-
-log = logging.getLogger("fsdpmon.monitor")
-ROW_AT = 5  # where the goodput window's figures start in a rank's gathered row
+from fsdpmon.monitor.span import Span
+from fsdpmon.monitor.stats import BUSY_MIN_STEPS, WindowStats, job_figures
+from fsdpmon.monitor.straggling import StragglingFlag
+from fsdpmon.monitor.timing import CudaClock, HostClock, StepTimer
 
 LogListener = Callable[[dict[str, Any]], None]
-
-
-class _Span:
-    """A reusable context manager (no allocation per step)."""
-
-    __slots__ = ("_abort", "_enter", "_exit")
-
-    def __init__(self, enter: Callable[[], None], exit_: Callable[[], None],
-                 abort: Callable[[], None] | None = None) -> None:
-        self._enter, self._exit, self._abort = enter, exit_, abort or exit_
-
-    def __enter__(self) -> None:
-        self._enter()
-
-    def __exit__(self, exc_type: object, *exc: object) -> bool:
-        if exc_type is None:
-            self._exit()
-        else:
-            self._abort()  # e.g. an OOM the loop catches and skips: not a completed step
-        return False  # never swallow the training loop's own exceptions
 
 
 class Monitor:
@@ -86,12 +58,10 @@ class Monitor:
                  tokens_per_step: int = 0, total_steps: int | None = None, start_step: int = 0,
                  run_info: dict[str, Any] | None = None) -> None:
         self.config = config or MonitorConfig.from_env()
-        self.internal_errors = 0
-        self._logged_failures: set[str] = set()
+        self.failures = Failures(self._serve_error_count)
+        self._guarded, self._fail = self.failures.guarded, self.failures.fail
         self._listeners: list[LogListener] = []
         self._closed = False
-        self._gather_ok = True  # a collective that failed once stays off
-        self._timer_window: WindowTimes | None = None
         self.tokens_per_step = int(tokens_per_step)
         self.total_steps = total_steps
         self.step_number = int(start_step)
@@ -99,9 +69,8 @@ class Monitor:
         self._pending: dict[str, Any] = {}
         self._this_step: dict[str, Any] = {}  # what record() was given during this step
         self._nonfinite = NonfiniteWatch()
-        self._window_tokens = self._window_calls = 0
-        self._window_start: float | None = None
-        self._spans: dict[str, _Span] = {}
+        self._window = LogWindow()
+        self._spans: dict[str, Span] = {}
         self.auto_log = True  # log every config.log_interval steps; off when the loop decides
         self.pub: Publication | None = None
         self.jsonl: JsonlSink | None = None
@@ -110,8 +79,6 @@ class Monitor:
         self._timer = StepTimer(HostClock())
         self._collectives: CollectiveTimer | None = None
         self._saves = checkpoint_time.CheckpointClock(distributed=False)
-        self._busy = BusyHistory()
-        self._waits = WaitHistory()
         self._throttling: CgroupThrottling | None = None
         self._straggling = StragglingFlag(span=BUSY_MIN_STEPS)
         self.device, self.peak_flops = "cpu", None
@@ -135,7 +102,7 @@ class Monitor:
             raise
         except Exception as exc:
             self._fail("publication", exc)
-        self._step_span = _Span(self.begin_step, self.end_step, self.abort_step)
+        self._step_span = Span(self.begin_step, self.end_step, self.abort_step)
 
     # ---- set-up -------------------------------------------------------------------------
 
@@ -194,15 +161,15 @@ class Monitor:
     def add_log_listener(self, fn: LogListener) -> None:
         self._listeners.append(fn)
 
-    def step(self) -> _Span:
+    def step(self) -> Span:
         """``with mon.step():`` around one optimiser step (all micro-batches)."""
         return self._step_span
 
-    def phase(self, name: str) -> _Span:
+    def phase(self, name: str) -> Span:
         """``with mon.phase("data"):`` — data, forward, backward, optimizer, checkpoint, ..."""
         span = self._spans.get(name)
         if span is None:
-            span = self._spans[name] = _Span(lambda: self._phase(name, True),
+            span = self._spans[name] = Span(lambda: self._phase(name, True),
                                              lambda: self._phase(name, False))
         return span
 
@@ -233,8 +200,8 @@ class Monitor:
 
     def begin_step(self) -> None:
         try:
-            if self._window_start is None:
-                self._window_start = time.perf_counter()
+            if self._window.start is None:
+                self._window.start = time.perf_counter()
                 self.goodput.first_step()
                 self._saves.training_started()
                 if self.pub is not None:
@@ -267,7 +234,7 @@ class Monitor:
             self.steps_done += 1
             self.step_number += 1
             self.tokens_done += tokens
-            self._window_tokens += tokens
+            self._window.tokens += tokens
             if self._this_step:
                 self._nonfinite.step_done(self.step_number, self._this_step)
                 self._this_step.clear()
@@ -344,28 +311,22 @@ class Monitor:
         peak_memory = memory.peak_bytes if memory else math.nan
         loss = quality.get("loss")
         # one rank alone waits for nobody: no waited-for view (and no run-queue reads)
-        held, descheduled = self._waits.figures() if self._collectives else (None, None)
+        held, descheduled = self._window.waits.figures() if self._collectives else (None, None)
         window = self._guarded("goodput window", lambda: window_row(stats))
-        local = [stats.step_time_s if stats else math.nan,
-                 stats.busy_s if stats and self._busy.known else math.nan,
-                 peak_memory, math.nan if loss is None else loss,
-                 math.nan if held is None else held, *(window or [0.0] * 4)]
-        rows = self._gather(local)  # every rank, every log step, whatever failed above
+        local = local_row(stats, self._window.busy.known, peak_memory, loss, held, window)
+        rows = self._window.gather(local, self.topo, self._fail)  # every rank, every log step
         job = self._guarded("job figures", lambda: job_figures(rows)
                             if rows is not None and self.topo.rank == 0 else None)
-        # Our row: by rank, unless only ours came back (RANK set but no process group).
-        own = self.topo.rank if rows is not None and len(rows) > 1 else 0
-        score = self._guarded("straggler score", lambda: straggler_scores(
-            [r[1] for r in rows])[own] if rows is not None else None)
-        waited = self._guarded("waited-for score", lambda: straggler_scores(
-            [r[4] for r in rows])[own] if rows is not None else None)
+        scores = self._guarded("straggler scores", lambda: own_scores(
+            rows, self.topo.rank)) if rows is not None else None
+        score, waited = scores or (None, None)
         straggling = self._straggling.update(score, self.step_number, time.monotonic())
         cpu = CpuFigures(waited, descheduled, self._guarded(
             "cpu throttling", self._throttling.ratio) if self._throttling else None)
         record = self._guarded("record", lambda: step_record(
-            self.topo, self.step_number, stats, quality, busy_known=self._busy.known,
+            self.topo, self.step_number, stats, quality, busy_known=self._window.busy.known,
             peak_memory=peak_memory, job=job, score=score, straggling=straggling,
-            collective_calls=self._window_calls, tokens_total=self.tokens_done, cpu=cpu,
+            collective_calls=self._window.calls, tokens_total=self.tokens_done, cpu=cpu,
             first_nonfinite={w: self._nonfinite.first_step(w) for w in WATCHED}))
         if record is None:
             return
@@ -374,7 +335,7 @@ class Monitor:
                           step_seconds=window[0], data_seconds=window[1],
                           wait_seconds=window[2], steps=int(window[3]))
         self._guarded("goodput", lambda: self._count_goodput(rows, stats))
-        pub, times = self.pub, self._timer_window
+        pub, times = self.pub, self._window.times
         if pub is not None and stats is not None and times is not None:
             self._guarded("publish", lambda: pub.log_step(
                 stats, record, memory.values if memory else {}, times, self.internal_errors, job))
@@ -391,37 +352,12 @@ class Monitor:
                              self.goodput.ratio())
 
     def _measure_window(self) -> WindowStats:
-        times = self._timer.drain()  # on CUDA: the window's one sync, so the collective
-        waits = self._collectives.drain() if self._collectives is not None else None  # events
-        self._window_calls = self._collectives.take_calls() if self._collectives else 0
-        # recorded before the timer's last event are complete here
-        now = time.perf_counter()
-        start = self._window_start if self._window_start is not None else now
-        self._window_start = now
-        tokens, self._window_tokens = self._window_tokens, 0
-        self._timer_window = times
-        stats = window_stats(times, tokens, now - start, self.flops_per_token, self.peak_flops,
-                             waits.collective if waits else (), self._busy.steps,
-                             waits.descheduled if waits else (),
-                             waits.descheduled_inside if waits else ())
-        self._busy.add(stats)
-        if self._collectives is not None:
-            self._waits.add(stats)
-        return stats
+        return self._window.measure(self._timer, self._collectives, self.flops_per_token,
+                                    self.peak_flops)
 
     def _read_values(self) -> dict[str, float | None]:
         pending, self._pending = self._pending, {}
         return {k: as_float(v) for k, v in pending.items() if k != "tokens"}
-
-    def _gather(self, local: list[float]) -> list[list[float]] | None:
-        if not self._gather_ok:
-            return None
-        try:
-            return gather_rows(local, self.topo)
-        except Exception as exc:
-            self._gather_ok = False  # a broken collective stays off: never retried per step
-            self._fail("gather", exc)
-            return None
 
     def _write_jsonl(self, record: dict[str, Any]) -> None:
         if self.jsonl is not None:
@@ -440,23 +376,13 @@ class Monitor:
 
     # ---- failures and shutdown ----------------------------------------------------------
 
-    def _guarded(self, where: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except Exception as exc:
-            self._fail(where, exc)
-            return None
+    @property
+    def internal_errors(self) -> int:
+        return self.failures.count
 
-    def _fail(self, where: str, exc: BaseException) -> None:
-        """Log a failure kind once, count every occurrence, never re-raise."""
-        self.internal_errors += 1
-        if where not in self._logged_failures:
-            self._logged_failures.add(where)
-            log.warning("fsdpmon monitor: internal error in %s (training continues; further "
-                        "errors of this kind are only counted): %r", where, exc,
-                        exc_info=exc)
+    def _serve_error_count(self, count: int) -> None:
         if self.pub is not None:
-            self.pub.count_errors(self.internal_errors)
+            self.pub.count_errors(count)
 
     def close(self, error: BaseException | None = None) -> None:
         """``error``: the exception that ended training; by default the one propagating where
@@ -476,16 +402,11 @@ class Monitor:
         if self.jsonl is not None:
             exit_cleanup.unregister(self._record_end)
             self._guarded("end record", lambda: self._record_end(error))
-        for part in (self.pub, self.jsonl):
-            if part is None:
-                continue
-            try:
-                if isinstance(part, Publication):
-                    part.close(error)
-                else:
-                    part.close()
-            except Exception as exc:
-                self._fail("close", exc)
+        pub, jsonl = self.pub, self.jsonl
+        if pub is not None:
+            self._guarded("close", lambda: pub.close(error))
+        if jsonl is not None:
+            self._guarded("close", jsonl.close)
 
     def __enter__(self) -> Monitor:
         return self
