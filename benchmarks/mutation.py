@@ -59,7 +59,7 @@ AREAS = {
     "fsdpmon/monitor/flops.py": "flops monitor",
     "fsdpmon/diagnose/engine.py": "diagnose diagnose_crash diagnose_cli progress",
     "fsdpmon/monitor/collector.py": "monitor_collector monitor_collector_bounds progress",
-    "fsdpmon/monitor/publish.py": "progress monitor",
+    "fsdpmon/monitor/publish.py": "publish_units progress monitor",
     "fsdpmon/diagnose/observe.py": "diagnose diagnose_crash diagnose_cli",
     "fsdpmon/diagnose/window.py": "diagnose diagnose_crash",
     "exporters/nvml_fields.py": "nvml exporter_collector",
