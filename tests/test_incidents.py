@@ -199,9 +199,12 @@ def test_history_spans_and_counter_increase():
     # a sample saying otherwise ends a stretch; so does a gap longer than ``gap`` (no samples)
     assert spans(samples, lambda v: v >= 1, gap=3) == [(1, 2), (4, 4), (9, 9)]
     assert spans(samples, lambda v: v >= 1, gap=5) == [(1, 2), (4, 9)]
+    # a stretch longer than the gap, sampled within it, stays one
+    assert spans([(t, 1) for t in range(6)], lambda v: v >= 1, gap=3) == [(0, 5)]
     # a counter reset (the restarted process) counts from zero
     assert _increase([(0, 1.0), (1, 3.0), (2, 0.5), (3, 2.0)], 0, 3) == 2.0 + 0.5 + 1.5
     assert _increase([(0, 1.0), (1, 3.0)], 1, 3) == 0.0
+    assert _increase([(0, 2.0), (1, 2.0), (2, 2.5)], 0, 2) == 0.5  # flat is no rise, no reset
 
 
 def test_the_flight_recorder_writes_a_stall_once_bounded_and_its_end():

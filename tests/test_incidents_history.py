@@ -34,6 +34,12 @@ def test_samples_from_before_the_stall_are_not_its_evidence():
     assert stall_culprits((entered, {}), [0, 1], START, END) == ([], "")
     entered[1] = [(99.0, 41.0), (100.0, 41.0)]  # at the start itself: evidence
     assert stall_culprits((entered, {}), [0, 1], START, END)[0] == [1]
+    # the same for the inside-a-collective flags
+    entered = {0: [(150.0, 42.0)], 1: [(150.0, 42.0)]}
+    inside = {0: [(150.0, 1.0)], 1: [(99.0, 0.0)]}
+    assert stall_culprits((entered, inside), [0, 1], START, END) == ([], "")
+    inside[1] = [(100.0, 0.0)]
+    assert stall_culprits((entered, inside), [0, 1], START, END)[0] == [1]
 
 
 @pytest.mark.parametrize(("flags", "named"), [

@@ -9,6 +9,7 @@ between start and end, values as strings, a "NaN" among them as a stale scrape w
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
@@ -98,6 +99,24 @@ def test_stalled_samples_more_than_the_gap_apart_are_two_stalls(second, spans):
     api = RangeAPI()  # missing scrapes between the samples, not a sample that says 0
     api.add(catalog.TRAIN_STALLED, 0, [(110.0, 1.0), (second, 1.0)])
     assert len(_judge(api).stalls()) == spans, second
+
+
+@pytest.mark.parametrize(("second", "spans"), [(113.0, 1), (113.1, 2)])
+def test_two_ranks_stalled_within_the_gap_of_each_other_are_one_stall(second, spans):
+    api = RangeAPI()
+    api.add(catalog.TRAIN_STALLED, 0, [(110.0, 1.0)])
+    api.add(catalog.TRAIN_STALLED, 1, [(second, 1.0)])
+    assert len(_judge(api).stalls()) == spans, second
+
+
+def test_stalls_overlapping_or_within_the_gap_merge_into_the_last_one_only():
+    api = RangeAPI()
+    api.add(catalog.TRAIN_STALLED, 2, [(100.0, 1.0), (101.0, 1.0), (120.0, 1.0), (121.0, 1.0)])
+    api.add(catalog.TRAIN_STALLED, 0, [(float(t), 1.0) for t in range(110, 119)])
+    api.add(catalog.TRAIN_STALLED, 1, [(111.0, 1.0), (112.0, 1.0)])  # inside rank 0's
+    found = _judge(api, ("a", "b", "c")).stalls()
+    # 100-101 alone; 110-118 holds 111-112, and 120-121 begins 2 s after its end
+    assert [(f.start, f.end) for f in found] == [(100.0, 101.0), (110.0, 121.0)], found
 
 
 def test_two_unresponsive_ranks_leave_the_culprit_to_the_progress_series():
@@ -202,8 +221,8 @@ def _saves(api: RangeAPI, saves: list[tuple[float, float, float]]) -> None:
         own += [(t, took - 0.1)]
     api.add(catalog.TRAIN_CHECKPOINT_SECONDS, 0, seconds)
     api.add(catalog.TRAIN_CHECKPOINT_TIME_RATIO, 0, ratio)
-    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 1, own)
     api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 0, [(t, 0.2) for t, _, _ in saves])
+    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 1, own)
 
 
 def test_slow_saves_are_one_incident_named_by_the_slowest_writer():
@@ -233,6 +252,7 @@ def test_the_first_nonfinite_loss_is_the_earliest_step_then_the_lowest_rank(step
         api.add(catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP, r, [(130.0 - r, step)])
     (found,) = _judge(api).nonfinite()
     assert (found.cause, found.rank, found.start) == ("loss_nonfinite", rank, 130.0 - rank), found
+    assert found.lost_gpu_seconds == 0.0, found  # the steps after it are the goodput's to judge
     assert found.evidence == (f"rank {rank}: first non-finite loss at step 55",)
 
 
@@ -248,3 +268,91 @@ def test_the_restarts_own_stall_goes_and_an_earlier_stop_stays():
     found = _judge(api).incidents()
     assert [(i.cause, i.rank, i.start) for i in found] == [
         ("rank_unresponsive", 1, 137.0), ("rank_missing", 1, 144.2)], found
+
+
+def test_the_slow_writer_is_the_rank_with_the_most_own_time_at_the_save():
+    api = RangeAPI()
+    api.add(catalog.TRAIN_CHECKPOINT_SECONDS, 0, [(100.0, 0.5), (120.0, 2.5)])
+    api.add(catalog.TRAIN_CHECKPOINT_TIME_RATIO, 0, [(100.0, 0.1), (120.0, 0.4)])
+    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 0, [(100.0, 0.3), (120.0, 0.3)])
+    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 1, [(100.0, 0.4), (120.0, 0.9)])
+    api.add(catalog.TRAIN_CHECKPOINT_OWN_SECONDS, 2, [(500.0, 0.1)])  # nothing yet at 120 s
+    (found,) = _judge(api, ("node-a", "node-b", "node-c")).checkpoints()
+    assert found.rank == 1, found
+
+
+# ---- what the judge reads, and its resolution -------------------------------------------
+
+def test_values_that_are_not_numbers_are_skipped():
+    api = RangeAPI()
+    api.series.append(({"__name__": catalog.TRAIN_STALLED.name, "job_name": JOB, "rank": "0"},
+                       [(110.0, "x"), (111.0, 1.0), (112.0, None)]))
+    api.add(catalog.TRAIN_STALLED, 1, [(111.0, math.inf), (112.0, math.nan)])
+    assert History(JOB, 0.0, 1000.0, STEP, api).series(catalog.TRAIN_STALLED) == {
+        0: [(111.0, 1.0)], 1: []}
+
+
+@pytest.mark.parametrize(("step", "stalls"), [(2.0, 1), (0.5, 2)])
+def test_the_gap_that_splits_two_stalls_is_three_query_steps(step, stalls):
+    api = RangeAPI()
+    api.add(catalog.TRAIN_STALLED, 0, [(110.0, 1.0), (114.0, 1.0)])  # 4 s apart
+    judge = HistoryJudge(History(JOB, 0.0, 1000.0, step, api))
+    assert len(judge.stalls()) == stalls, (step, judge.gap)
+
+
+@pytest.mark.parametrize(("nodes", "lost"), [((), 8.0), (("node-a",), 8.0),
+                                              (("node-a", "node-b", "node-c"), 24.0)])
+def test_lost_gpu_seconds_are_the_stall_times_every_rank_of_the_job(nodes, lost):
+    api = RangeAPI()
+    _stall(api)
+    (found,) = _judge(api, nodes).stalls()  # stalled 110-115, 3 s after the last step
+    assert found.lost_gpu_seconds == lost, (nodes, found)
+
+
+@pytest.mark.parametrize("threshold", [None, [(112.0, 3.0)], [(100.0, 0.0)]])
+def test_without_a_threshold_served_by_then_the_stall_starts_at_its_first_sample(threshold):
+    api = RangeAPI()
+    api.add(catalog.TRAIN_STALLED, 0, _flag(range(110, 116)))
+    if threshold:
+        api.add(catalog.TRAIN_STALL_THRESHOLD_SECONDS, 0, threshold)
+    (found,) = _judge(api).stalls()
+    assert (found.start, found.lost_gpu_seconds) == (110.0, 10.0), found
+
+
+def test_the_stalled_ranks_are_those_flagged_within_the_stall():
+    api = RangeAPI()
+    _stall(api)  # rank 0: 110-115
+    api.add(catalog.TRAIN_STALLED, 1, [(110.0, 1.0)])  # at its start
+    api.add(catalog.TRAIN_STALLED, 2, [(115.0, 1.0)])  # at its end
+    api.add(catalog.TRAIN_STALLED, 3, _flag([]))  # never
+    (found,) = _judge(api, ("a", "b", "c", "d")).stalls()
+    assert found.evidence[0] == "ranks [0, 1, 2] reported stalled from 110 to 115 (threshold " \
+                                "3.0 s)", found.evidence
+
+
+def test_two_ranks_behind_are_both_named_and_neither_is_the_culprit_alone():
+    api = RangeAPI()
+    _stall(api)
+    for rank, seq in ((0, 42.0), (1, 41.0), (2, 41.0)):
+        api.add(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ, rank, [(112.0, seq)])
+    (found,) = _judge(api, ("a", "b", "c")).stalls()
+    assert (found.rank, found.evidence[0]) == (
+        None, "culprit: ranks 1, 2 (behind in collectives: at #41, others at #42)"), found
+
+
+def test_an_unknown_way_of_ending_is_no_evidence_of_the_restart():
+    api = RangeAPI()
+    _restart(api, 1)
+    api.add(catalog.TRAIN_PREVIOUS_EXIT, 2, [(140.0, 1.0)], how="bogus")  # before the return
+    # a last-step timestamp at the return itself is the new incarnation's
+    api.add(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS, 1, [(149.0, 150.0)])
+    (found,) = _judge(api, ("a", "b", "c")).restarts_found()
+    assert (found.start, found.end) == (144.2, 150.0), found
+
+
+def test_a_rank_without_its_wait_ratio_is_no_window_of_a_straggler():
+    api = RangeAPI()
+    _straggler(api, 0.5, range(100, 106), 0.5)
+    api.add(catalog.TRAIN_STEP_TIME_SECONDS, 2, [(float(t), 3.0) for t in range(100, 106)])
+    (found,) = _judge(api, ("a", "b", "c")).stragglers()
+    assert (found.cause, found.rank) == ("straggler_data", 1), found
