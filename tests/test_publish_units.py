@@ -7,9 +7,11 @@ exit record is ended."""
 from __future__ import annotations
 
 import math
+import time
 from types import SimpleNamespace
 
 import pytest
+from support import free_port
 
 from fsdpmon import catalog
 from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM, PROGRESS_PHASES
@@ -165,6 +167,9 @@ class Stacks:
     def __init__(self) -> None:
         self.said: list[str] = []
 
+    def due(self) -> bool:
+        return True  # a refresh is due at every tick here
+
     def publish(self) -> None:
         self.said.append("publish")
 
@@ -183,11 +188,12 @@ class Flight:
 def test_stacks_and_one_flight_record_on_entering_a_stall_and_cleared_on_leaving(calls):
     pub = _pub()
     pub.stacks, pub.flight = Stacks(), Flight()
+    pub._progress = (100.0, 12.0, 5.0, 0.0)  # step 12 of a resumed run, done at 100 s
     pub._stall_changed(True, 30.0)
     pub._stall_changed(True, 30.0)  # still stalled: nothing again
     assert pub._stall == (1.0, 30.0)
     assert (pub.stacks.said, len(pub.flight.stalls)) == (["publish"], 1)
-    assert pub.flight.stalls[0][1] == 30.0  # the threshold crossed
+    assert pub.flight.stalls[0][1:3] == (30.0, 12.0)  # the threshold crossed, at step 12
     pub._stall_changed(False, 30.0)
     assert (pub._stall, pub.stacks.said, len(pub.flight.stalls)) == (
         (0.0, 30.0), ["publish", "clear"], 1)
@@ -220,6 +226,103 @@ class Record:
 def test_the_exit_record_says_how_the_rank_ended(monkeypatch, sigterm, error, ended):
     monkeypatch.setattr(exit_cleanup, "ending", lambda: "sigterm" if sigterm else None)
     pub, record = _pub(), Record()
-    pub._progress = (1.0, 12.0, 12.0, 0.0)
+    pub._progress = (1.0, 12.0, 5.0, 0.0)  # step 12 of a resumed run, its 5th step here
     pub._end_record(record, error)
     assert record.ended == [ended]
+
+
+def test_closing_ends_the_exit_record_once():
+    pub, record = _pub(), Record()
+    pub.exit_record = record
+    pub._progress = (1.0, 12.0, 5.0, 0.0)
+    pub.close()
+    pub.close()
+    assert record.ended == [(EXIT_NORMAL, 12.0, "")]
+
+
+# ---- the heartbeat, each step and each watchdog tick --------------------------------------
+
+class Writer:
+    def __init__(self) -> None:
+        self.beats: list[tuple] = []
+
+    def heartbeat(self, *args: float) -> None:
+        self.beats.append(args)
+
+    def snapshot(self, doc: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_the_heartbeat_before_any_step_says_nothing_happened_yet(calls):
+    pub = _pub()
+    pub.writer = Writer()
+    pub._beat()
+    (beat,) = pub.writer.beats
+    floor = MonitorConfig().stall_floor_seconds
+    assert beat[:7] == (0.0, 0.0, 0.0, 0.0, 0.0, floor, 0.0), beat
+
+
+def test_each_step_beats_with_its_number_the_steps_and_tokens(calls):
+    pub = _pub()
+    pub.writer = Writer()
+    before = time.time()
+    pub.step_done(12, 5, 640, 0.1)
+    (beat,) = pub.writer.beats
+    assert beat[1:4] == (12.0, 5.0, 640.0), beat
+    assert before <= beat[0] <= time.time(), (before, beat[0])
+
+
+def test_a_watchdog_tick_beats_and_refreshes_the_stacks_only_while_stalled(calls):
+    pub = _pub()
+    pub.writer, pub.stacks = Writer(), Stacks()
+    before = time.time()
+    pub._watchdog_tick()
+    assert pub.stacks.said == [], pub.stacks.said  # not stalled: no stacks
+    assert before <= pub.writer.beats[-1][6] <= time.time(), pub.writer.beats
+    pub._stall = (1.0, 30.0)
+    pub._watchdog_tick()
+    assert pub.stacks.said == ["publish"], pub.stacks.said
+
+
+def test_a_log_step_moves_the_exit_records_step():
+    class Progress(Record):
+        def progress(self, step: float) -> None:
+            self.ended.append(("progress", step, ""))
+
+    pub = _pub()
+    pub.exit_record = Progress()
+    pub._progress = (100.0, 12.0, 5.0, 0.0)
+    _log(pub)
+    assert pub.exit_record.ended == [("progress", 12.0, "")]
+
+
+# ---- the pod's server ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("local_rank", "delay"), [(0, 0.0), (1, 0.7), (2, 0.7)])
+def test_local_rank_0_starts_the_pods_server_at_once_the_others_a_retry_later(
+        tmp_path, monkeypatch, local_rank, delay):
+    started: list[float] = []
+
+    class Keeper:
+        def __init__(self, directory, config, first_check_delay: float) -> None:
+            started.append(first_check_delay)
+
+        def start(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(publish_mod, "ServerKeeper", Keeper)
+    config = MonitorConfig(port=free_port(), job_name="j", state_dir=str(tmp_path),
+                           server_retry_seconds=0.7, listen_address="127.0.0.1")
+    topo = DistEnv(rank=local_rank, local_rank=local_rank, world_size=3, local_world_size=3)
+    pub = Publication(config, topo, {}, lambda *a: None)
+    try:
+        pub._start_serving(config, topo)
+        assert started == [delay], (local_rank, started)
+    finally:
+        pub.close()
