@@ -63,8 +63,11 @@ def culprit_records(b: RuleBounds) -> list[Rule]:
          "expr": f"count {by} (\n  {stalled_ranks(b)}\n)"},
         {"record": catalog.REC_JOB_COLLECTIVE_ENTERED_SEQ_MAX.name,
          "expr": f"max {by} ({ENTERED})"},
+        # a rank stopped inside a collective (SIGSTOP mid-step) still says so: it waits for
+        # nobody, it is the one waited for
         {"record": catalog.REC_JOB_WAITING_RANKS_COUNT.name,
-         "expr": f"count {by} ({INSIDE} == 1) and {stalled_job}"},
+         "expr": f"count {by} (\n  ({INSIDE} == 1)\n  unless on ({RANK_KEYS}) {unresponsive}\n)"
+                 f" and {stalled_job}"},
         _culprit("unresponsive", "rank_unresponsive",
                  f"{HELD}\n  and on ({RANK_KEYS}) {unresponsive}\n  and {stalled_job}"),
         _culprit("behind", "hang",

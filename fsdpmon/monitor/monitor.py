@@ -170,7 +170,7 @@ class Monitor:
         span = self._spans.get(name)
         if span is None:
             span = self._spans[name] = Span(lambda: self._phase(name, True),
-                                             lambda: self._phase(name, False))
+                                            lambda: self._phase(name, False))
         return span
 
     def record(self, *, loss: Any = None, lr: Any = None, grad_norm: Any = None,
