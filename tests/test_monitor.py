@@ -331,3 +331,21 @@ def test_topology_from_torchrun_variables(monkeypatch):
     topo = gather_mod.topology()
     assert (topo.rank, topo.local_rank, topo.world_size, topo.nodes) == (5, 1, 16, 2)
     assert not gather_mod.is_distributed(topo)  # no process group: no collective attempted
+
+
+def test_the_goodput_counters_are_served_from_zero_before_the_first_step(tmp_path):
+    # Prometheus' increase() counts a counter's rise from its first sample: a series that first
+    # appeared at the first log step, already holding the startup's seconds, would lose them
+    port = free_port()
+    mon = monitor(config(tmp_path, port=port))
+    try:
+        body = scrape_when_up(port, "fsdpmon_train_badput_seconds_total{")
+    finally:
+        mon.close()
+    served = {line.split('cause="')[1].split('"')[0]: float(line.split()[-1])
+              for line in body.splitlines()
+              if line.startswith("fsdpmon_train_badput_seconds_total{")}
+    assert served == dict.fromkeys(
+        ["startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
+         "recompute", "stall", "straggler_wait"], 0.0), served
+    assert "fsdpmon_train_productive_seconds_total{" in body, body[-2000:]

@@ -138,6 +138,9 @@ class Monitor:
     def _start_publication(self) -> None:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
         if self.pub is not None:
+            if self.topo.rank == 0:  # every goodput counter served from 0 before its first
+                # rise (the startup's is at the first step): increase() then counts all of it
+                self.pub.goodput(self.goodput.productive, self.goodput.served(), None)
             self.pub.static_values(self._static_values())
             self.pub.flight = self.flight
             previous = self.pub.previous
