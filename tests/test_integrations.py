@@ -80,10 +80,7 @@ def test_every_example_is_monitored_and_its_faults_named(tmp_path):
         for lib, job in jobs.items():
             job.wait(f"{lib}: rank 1's score below the line",
                      lambda s: (score_of(s, 1) or 1.0) < STRAGGLER_SCORE_THRESHOLD, 90)
-        verdicts = _diagnose_all(jobs)
-        for lib, (_code, findings) in verdicts.items():
-            said = [(f["cause"], f["rank"]) for f in findings]
-            assert said == [("straggler_compute", 1)], f"{lib} slowed rank 1: {findings}"
+        _named_in_time(jobs, [("straggler_compute", 1)], 90)
         marks["slowed named"] = time.monotonic() - t0
 
         for job in jobs.values():
@@ -100,6 +97,22 @@ def test_every_example_is_monitored_and_its_faults_named(tmp_path):
                 f"({served / truth - 1:+.3%}, bound {bound:.3%})")
     print(f"{', '.join(libraries)} side by side; seconds from start: "
           f"{ {k: round(v, 1) for k, v in marks.items()} }")
+
+
+def _named_in_time(jobs: dict, named: list[tuple[str, int]], within: float) -> None:
+    """Diagnose each job until it says exactly ``named``, within ``within`` seconds: a score
+    below the line is not yet the monitor's straggling flag (it holds for a span of windows),
+    so one verdict may still say nothing; none may ever name anything else."""
+    deadline = time.monotonic() + within
+    pending, last = dict(jobs), {}
+    while pending and time.monotonic() < deadline:
+        for lib, (_code, findings) in _diagnose_all(pending).items():
+            said = [(f["cause"], f["rank"]) for f in findings]
+            assert said in ([], named), f"{lib}: diagnose said {findings}"
+            last[lib] = findings
+            if said == named:
+                del pending[lib]
+    assert not pending, f"not named in {within:.0f} s: { {lib: last[lib] for lib in pending} }"
 
 
 def _diagnose_all(jobs: dict) -> dict[str, tuple[int, list[dict]]]:
