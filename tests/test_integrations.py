@@ -91,7 +91,9 @@ def test_every_example_is_monitored_and_its_faults_named(tmp_path):
         _check_hang(lib, doc)
         for rank in (0, 1):
             served, truth, bound = tokens_per_second_check(records(jobs[lib], rank))
-            assert bound <= 0.01, f"{lib}: span too short for a 1% check (bound {bound:.2%})"
+            # the bound is the longest step over the span (the slowed steps count): under 2% a
+            # rate off by a unit, a window or a token count is still far outside it
+            assert bound <= 0.02, f"{lib}: span too short for a 2% check (bound {bound:.2%})"
             assert served == pytest.approx(truth, rel=bound), (
                 f"{lib} rank {rank}: served {served:.1f} tok/s vs JSONL {truth:.1f} "
                 f"({served / truth - 1:+.3%}, bound {bound:.3%})")
