@@ -206,6 +206,13 @@ def truth(sc: Scenario, seen: Observed) -> dict[str, float]:
     return out
 
 
+def data_wait_after(sc: Scenario, seen: Observed, since: float) -> float:
+    """The slowed loader's seconds in steps whose lines came after ``since``: what a counter
+    first sampled at ``since`` can still show (``increase()`` counts from the first sample)."""
+    a, b = sc.data_steps
+    return sc.data_s * sum(1 for s in range(a, b + 1) if line_time(seen, s) > since)
+
+
 def tolerance(value: float) -> float:
     """The issue's bound: 5% of the truth or 1 s, whichever is larger."""
     return max(0.05 * abs(value), 1.0)

@@ -219,9 +219,11 @@ def _targets_tried(prom: Prometheus) -> int:
 @contextlib.contextmanager
 def prometheus(workdir: Path, targets: dict[str, str], rule_file: Path,
                alertmanager_url: str,
-               labels: dict[str, dict[str, str]] | None = None) -> Iterator[Prometheus]:
+               labels: dict[str, dict[str, str]] | None = None,
+               await_targets: bool = False) -> Iterator[Prometheus]:
     """Prometheus scraping ``{job: "host:port"}`` every second, evaluating rules every second;
-    ``labels``: a job's target labels (what Kubernetes discovery adds: pod, node)."""
+    ``labels``: a job's target labels (what Kubernetes discovery adds: pod, node);
+    ``await_targets``: see run_prometheus."""
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s",
                    "evaluation_interval": "1s"},
@@ -232,5 +234,6 @@ def prometheus(workdir: Path, targets: dict[str, str], rule_file: Path,
             {"targets": [target], "labels": (labels or {}).get(job, {})}]}
             for job, target in targets.items()],
     }
-    with run_prometheus(workdir, config, args=["--rules.alert.resend-delay=1s"]) as prom:
+    with run_prometheus(workdir, config, args=["--rules.alert.resend-delay=1s"],
+                        await_targets=await_targets) as prom:
         yield prom

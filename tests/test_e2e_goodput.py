@@ -9,7 +9,8 @@ After the job is gone:
   (whichever is larger), the parts summing to the wall;
 - `fsdpmon incidents --json` lists each fault once with its culprit, from the JSONL and from
   Prometheus' history (range queries);
-- the live badput counters, as Prometheus kept them, agree with the truth.
+- the live badput counters, as Prometheus kept them, agree with the truth of what came after
+  its first sample.
 The per-fault matrix (each fault alone, and a healthy run) is benchmarks/bench_goodput.py.
 """
 
@@ -21,7 +22,7 @@ import subprocess
 import sys
 
 import pytest
-from goodput_scenario import Scenario, run, tolerance, truth
+from goodput_scenario import Scenario, data_wait_after, run, tolerance, truth
 from prometheus_stack import PROMETHEUS, free_port, prometheus
 from trainer_launch import REPO
 
@@ -57,8 +58,10 @@ def test_goodput_and_incidents_of_four_faults_against_the_truth(tmp_path):
     sc = Scenario(port=port)
     rules = tmp_path / "rules.yaml"
     rules.write_text(rules_yaml())
+    # scraping before the job starts (Prometheus applies its targets only 5 s after its start):
+    # otherwise the first sample can come after the slowed loader's first steps
     with prometheus(tmp_path, {"fsdpmon-train": f"127.0.0.1:{port}"}, rules,
-                    f"http://127.0.0.1:{free_port()}") as prom:
+                    f"http://127.0.0.1:{free_port()}", await_targets=True) as prom:
         seen = run(sc, tmp_path)
         assert seen.code == 0, "".join(seen.output[-40:])
         known = truth(sc, seen)
@@ -101,9 +104,17 @@ def test_goodput_and_incidents_of_four_faults_against_the_truth(tmp_path):
                 known["stall"]) + 2, (hang, known["stall"])
 
         # -- the live counters, as Prometheus kept them (counters reset at the restart) -----
+        badput = f'{catalog.TRAIN_BADPUT_SECONDS_TOTAL.name}{{job_name="{sc.job}"}}'
         live = {s["metric"]["cause"]: float(s["value"][1]) for s in prom.query(
-            f"sum by (cause) (increase({catalog.TRAIN_BADPUT_SECONDS_TOTAL.name}"
-            f'{{job_name="{sc.job}"}}[10m]))')}
+            f"sum by (cause) (increase({badput}[10m]))")}
+        # the endpoint opens just before step 1, so the first scrape may follow a slowed step
+        # or two: the truth is what came after Prometheus' first sample
+        first = min(float(s["values"][0][0]) for s in prom.query(f"{badput}[10m]"))
+        can_see = {"data_wait": data_wait_after(sc, seen, first), "stall": known["stall"]}
+        assert can_see["data_wait"] >= known["data_wait"] / 2, (
+            f"Prometheus' first sample came {first - seen.worker_start:.2f} s after the "
+            f"workers' start: {can_see['data_wait']:.2f} s of {known['data_wait']:.2f} s of "
+            f"data wait left to see")
         misses = [m for k in ("data_wait", "stall")
-                  if (m := _check(f"live {k}", live.get(k, 0.0), known[k]))]
-        assert not misses, f"{misses}: live {live}"
+                  if (m := _check(f"live {k}", live.get(k, 0.0), can_see[k]))]
+        assert not misses, f"{misses}: live {live}, first sample at {first}"

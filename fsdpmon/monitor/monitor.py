@@ -139,7 +139,7 @@ class Monitor:
         self.pub = Publication.start(self.config, self.topo, self.run_record, self._fail)
         if self.pub is not None:
             if self.topo.rank == 0:  # every goodput counter served from 0 before its first
-                # rise (the startup's is at the first step): increase() then counts all of it
+                # rise: increase() counts only what rises after a series' first sample
                 self.pub.goodput(self.goodput.productive, self.goodput.served(), None)
             self.pub.static_values(self._static_values())
             self.pub.flight = self.flight
