@@ -12,6 +12,7 @@ import urllib.request
 import pytest
 import torch
 import torch.nn.functional as F
+from prometheus_client.parser import text_string_to_metric_families
 from support import free_port, rounded
 
 from fsdpmon.monitor import Monitor, MonitorConfig
@@ -335,16 +336,15 @@ def test_topology_from_torchrun_variables(monkeypatch):
 
 def test_the_goodput_counters_are_served_from_zero_before_the_first_step(tmp_path):
     # Prometheus' increase() counts a counter's rise from its first sample: a series that first
-    # appeared at the first log step, already holding the startup's seconds, would lose them
+    # appeared at the first log step would lose that step's rise
     port = free_port()
     mon = monitor(config(tmp_path, port=port))
     try:
         body = scrape_when_up(port, "fsdpmon_train_badput_seconds_total{")
     finally:
         mon.close()
-    served = {line.split('cause="')[1].split('"')[0]: float(line.split()[-1])
-              for line in body.splitlines()
-              if line.startswith("fsdpmon_train_badput_seconds_total{")}
+    served = {s.labels["cause"]: s.value for family in text_string_to_metric_families(body)
+              for s in family.samples if s.name == "fsdpmon_train_badput_seconds_total"}
     assert served == dict.fromkeys(
         ["startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
          "recompute", "stall", "straggler_wait"], 0.0), served
