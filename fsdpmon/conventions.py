@@ -48,6 +48,14 @@ DEFAULT_STALL_FLOOR_SECONDS = 120.0
 # monitor's unresponsive gauge and its catalog help text use it.
 UNRESPONSIVE_AFTER_SECONDS = 5.0
 
+# The pod's server (fsdpmon.monitor.podserver) leaves, freeing the port, when no rank of its
+# directory has published (a heartbeat's watchdog tick) for this long, even though their pids
+# still run (reused by other processes, or a pod whose every rank is frozen): long enough that
+# a pod whose ranks all hang stays served while the stall alert (its floor plus its `for`)
+# and the unresponsive one fire, short enough that no port is held for hours with nothing
+# behind it. Ranks that come back start a new server within their retry period.
+POD_SERVER_SILENCE_SECONDS = 5 * DEFAULT_STALL_FLOOR_SECONDS
+
 # The phases a rank's progress evidence names (fsdpmon_train_phase's `phase` label): the
 # monitor's own phase names, and "other" for anything else (between phases, a loop's own name).
 PROGRESS_PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other")
@@ -55,7 +63,8 @@ OTHER_PHASE = PROGRESS_PHASES[-1]
 
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).
 ENV_PREFIX = "FSDPMON_"
-# Where the generated alerts' runbook_url points (`python -m dashboards`, `fsdpmon manifests`).
+# Where the generated alerts' runbook_url points (`python -m fsdpmon.dashboards`,
+# `fsdpmon manifests`).
 RUNBOOK_URL_ENV = "FSDPMON_RUNBOOK_URL"
 
 
@@ -96,6 +105,21 @@ HOST_CPU_BUSY_RATIO = 0.95
 # periods (its pod's CPU limit) is cpu_throttled; kube-prometheus's CPUThrottlingHigh pages at
 # the same share of cAdvisor's container_cpu_cfs_throttled_periods_total.
 CPU_THROTTLED_RATIO = 0.25
+# Incidents (`fsdpmon incidents`, from the run's files or from Prometheus history) are the
+# judge's findings replayed over the run and merged into spans. Findings of one cause and rank
+# this many log steps apart (files) or query steps apart (Prometheus: a missed scrape or two)
+# are one incident; a stall's flags split alike.
+INCIDENT_MERGE_GAP_STEPS = 2
+INCIDENT_MERGE_GAP_QUERY_STEPS = 3
+# A straggling stretch or a run of slow saves that cost less than this is noise, no incident.
+INCIDENT_MIN_LOST_SECONDS = 1.0
+# A rank that saw a stall this much later than its threshold past the last progress was not
+# running Python meanwhile (the watchdog ticks at least once a second; one more for a loaded
+# host): stopped, or holding the GIL (the files' rank_unresponsive).
+STALL_SEEN_LATE_SECONDS = 2.0
+# Right after a slow save, a save still this many times the run's fastest is the same fault
+# (its share of the time can drop when a stall or a restart lengthened the time before it).
+SLOW_SAVE_FACTOR = 2.0
 # Restarts within the history that make a crash loop (one restart is a recovered crash).
 CRASH_LOOP_RESTARTS = 2
 # How a rank's previous incarnation ended (the `how` label of fsdpmon_train_previous_exit), as
@@ -134,3 +158,61 @@ GPU_POWER_CAP_REASON = "sw_power_cap"
 # XID codes that mean the GPU or its node must be drained (NVIDIA's XID catalogue: 79 fell
 # off the bus, 48/63/64/94/95 memory, 74 NVLink, 92 high single-bit ECC, 119/120 GSP).
 GPU_XID_CRITICAL = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+
+# How urgent each cause is: one table that the diagnosis' findings and the alert rules'
+# `severity` label both read (tests/test_rules_conventions.py fails on a generated rule that
+# differs). Three causes depend on what raised them, each through its own table below: an XID
+# by its code, throttling by its clock-event reason, a target that is down by its kind.
+CAUSE_SEVERITY = {
+    "hang": Severity.CRITICAL,
+    "rank_unresponsive": Severity.CRITICAL,
+    "rank_missing": Severity.CRITICAL,
+    "crash_loop": Severity.CRITICAL,
+    "gpu_lost": Severity.CRITICAL,
+    "gpu_xid": Severity.WARNING,  # the codes outside GPU_XID_CRITICAL (13, 31, 43: often the app)
+    "gpu_ecc": Severity.CRITICAL,
+    "loss_nonfinite": Severity.CRITICAL,
+    "gpu_throttled": Severity.WARNING,
+    "straggler_compute": Severity.WARNING,
+    "straggler_data": Severity.WARNING,
+    "host_cpu_contention": Severity.WARNING,
+    "cpu_throttled": Severity.WARNING,
+    "checkpoint_slow": Severity.WARNING,
+    "memory_pressure": Severity.WARNING,
+    "loss_spike": Severity.WARNING,
+    "target_down": Severity.WARNING,  # a target of unknown kind
+}
+# A clock-event reason's severity (the throttle reasons, and power capping on a straggler).
+THROTTLE_SEVERITY = {reason: Severity.WARNING
+                     for reason in (*GPU_THROTTLE_REASONS, GPU_POWER_CAP_REASON)}
+# A target that is down, by its kind: a training endpoint (its ranks unseen, the job may be
+# dead) or a node's exporter (its GPUs unseen, training goes on).
+TARGET_DOWN_SEVERITY = {"train": Severity.CRITICAL, "exporter": Severity.WARNING}
+
+
+def xid_severity(code: int | str) -> Severity:
+    """An XID's severity: critical for the GPU_XID_CRITICAL codes, else gpu_xid's."""
+    text = str(code).strip()
+    critical = text.isdigit() and int(text) in GPU_XID_CRITICAL
+    return Severity.CRITICAL if critical else CAUSE_SEVERITY["gpu_xid"]
+
+
+def cause_severity(cause: str, detail: int | str | None = None) -> Severity:
+    """The severity of a finding or alert of ``cause``; ``detail``: the XID code (gpu_xid), the
+    clock-event reason (gpu_throttled) or the target's kind (target_down), where known.
+    KeyError for a cause the table lacks."""
+    if detail is not None and cause == "gpu_xid":
+        return xid_severity(detail)
+    if detail is not None and cause == "gpu_throttled" and detail in THROTTLE_SEVERITY:
+        return THROTTLE_SEVERITY[str(detail)]
+    if detail is not None and cause == "target_down" and detail in TARGET_DOWN_SEVERITY:
+        return TARGET_DOWN_SEVERITY[str(detail)]
+    return CAUSE_SEVERITY[cause]
+
+
+def cause_severities(cause: str) -> set[Severity]:
+    """Every severity a finding of ``cause`` may have (one, but for those with details)."""
+    extra = {"gpu_xid": {xid_severity(code) for code in GPU_XID_CRITICAL},
+             "gpu_throttled": set(THROTTLE_SEVERITY.values()),
+             "target_down": set(TARGET_DOWN_SEVERITY.values())}.get(cause, set())
+    return {CAUSE_SEVERITY[cause], *extra}

@@ -3,15 +3,20 @@
 A normal exit and SIGINT (KeyboardInterrupt unwinds the stack) run ``atexit``. SIGTERM — what
 torchrun, kubelet and ``kill`` send — ends a Python process without running anything, so, when
 nobody else has claimed it, we handle SIGTERM: clean up, then die of the same signal with the
-default action, so the exit status stays what the parent expects. A Python handler only runs
-when the main thread returns to the interpreter, and a rank blocked inside a collective may not
-for many minutes, so the signal is also delivered through ``signal.set_wakeup_fd`` to a small
-thread that cleans up when the main thread has not begun to within a grace period. Never both
-at once: the handler interrupts the main thread between any two bytecodes, perhaps inside a
-lock a clean-up needs (the exit record's, being written), so a thread cleaning up alongside it
-would wait for that lock while the handler waited for the thread. Our locks are reentrant for
-the same reason. What a SIGKILL leaves behind is removed by the next job to start
-(``statedir.remove_stale``).
+default action, so the exit status stays what the parent expects.
+
+The clean-ups never run inside the signal handler. A handler runs on the main thread between
+any two bytecodes, perhaps inside a lock a clean-up needs (the exit record's, being written),
+and a second SIGTERM can enter it again while it runs (what deadlocked a handler that waited
+on an ``Event``). So the handler only records the signal and writes a byte; the signal also
+reaches ``signal.set_wakeup_fd``, written by the C-level handler even while the main thread is
+inside a collective and runs no Python for minutes. A small watcher thread wakes on that byte,
+runs the clean-ups (taking their locks as any thread does: the main thread, never blocked by
+us, lets go of them; each one bounded, for a lock held in a write that hangs), then signals the process again: the handler, seeing the clean-ups done,
+restores the default action and dies of SIGTERM. A main thread stuck in C never runs it, so
+after ``MAIN_THREAD_GRACE_SECONDS`` the watcher ends the process with 128 + SIGTERM. A second
+SIGTERM meanwhile is harmless; a third ends the process at once (``signals.FORCE_AFTER``).
+What a SIGKILL leaves behind is removed by the next job to start (``statedir.remove_stale``).
 """
 
 from __future__ import annotations
@@ -26,18 +31,24 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
+from fsdpmon.signals import FORCE_AFTER
+
 log = logging.getLogger(__name__)
 
-_lock = threading.RLock()  # reentrant: the handler may interrupt register() in this thread
+_lock = threading.RLock()  # never taken in a signal handler: only register, unregister, run_all
 _cleanups: list[Callable[[], None]] = []
 _installed = False
-_claim = threading.Lock()  # taken by whoever runs the SIGTERM clean-ups: handler or watcher
-_watcher_done = threading.Event()
+_received: list[int] = []  # SIGTERMs seen by the handler (list.append: whole under re-entry)
+_cleaned = False  # plain flag: the watcher ran the clean-ups, the handler may now end us
 _ending: str | None = None  # "sigterm" once the signal arrived (what the clean-ups report)
-# How long the watcher thread leaves the main thread to run the handler (clean up, then end
-# the process with the signal's own exit status) before it cleans up itself and ends the
-# process with 128 + SIGTERM. Kubelet and torchrun wait 30 s before SIGKILL.
+# How long the watcher thread, its clean-ups done, leaves the main thread to run the handler
+# (which ends the process with the signal's own exit status) before it ends the process with
+# 128 + SIGTERM itself. Kubelet and torchrun wait 30 s before SIGKILL.
 MAIN_THREAD_GRACE_SECONDS = 2.0
+# How long the watcher waits for one SIGTERM clean-up before it goes on to the next (the pod
+# server's stop, the longest, takes well under a second; a server not stopped in time leaves
+# by itself once no rank is alive).
+CLEANUP_STEP_SECONDS = 2.0
 
 
 def register(fn: Callable[[], None]) -> None:
@@ -56,14 +67,33 @@ def unregister(fn: Callable[[], None]) -> None:
 
 
 def run_all() -> None:
+    for fn in _take_all():
+        _run_one(fn)
+
+
+def _take_all() -> list[Callable[[], None]]:
     with _lock:
         todo = list(_cleanups)
         _cleanups.clear()
-    for fn in todo:
-        try:
-            fn()
-        except Exception:  # exiting anyway: one failure must not stop the rest
-            log.debug("fsdpmon: clean-up failed", exc_info=True)
+    return todo
+
+
+def _run_one(fn: Callable[[], None]) -> None:
+    try:
+        fn()
+    except Exception:  # exiting anyway: one failure must not stop the rest
+        log.debug("fsdpmon: clean-up failed", exc_info=True)
+
+
+def _run_all_bounded() -> None:
+    """The SIGTERM clean-ups, each given CLEANUP_STEP_SECONDS before the next starts without
+    it: one may wait for a lock the main thread holds in a write that hangs (a hung disk), and
+    the process must end anyway (that one's work is lost; a restart reads the rank as killed)."""
+    for fn in _take_all():
+        worker = threading.Thread(target=_run_one, args=(fn,), name="fsdpmon-cleanup",
+                                  daemon=True)
+        worker.start()
+        worker.join(CLEANUP_STEP_SECONDS)
 
 
 def ending() -> str | None:
@@ -71,46 +101,47 @@ def ending() -> str | None:
     return _ending
 
 
-def _cleanup_sigterm() -> None:
-    global _ending
-    _ending = "sigterm"
-    run_all()
-
-
 def _handler(signum: int, frame: FrameType | None) -> None:
-    """Main thread: clean up, then die of SIGTERM as if we had never handled it."""
-    if _claim.acquire(blocking=False):
-        _cleanup_sigterm()
-    else:
-        # The watcher took over while this thread was stuck. Bounded: its clean-up may wait for
-        # a lock held by the frame this handler interrupted.
-        _watcher_done.wait(MAIN_THREAD_GRACE_SECONDS)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
+    """Main thread: nothing that blocks or locks. Dies of SIGTERM once the watcher has cleaned
+    up; before that, records the signal (the wake-up byte is already written) and returns."""
+    global _ending
+    if _cleaned:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    _ending = "sigterm"
+    _received.append(signum)
+    if len(_received) >= FORCE_AFTER:
+        os._exit(128 + signum)
+    with contextlib.suppress(OSError):  # when another owns the wake-up fd (an event loop)
+        os.write(_wake_write, bytes([signum]))
+
+
+_wake_write = -1
 
 
 def _install_sigterm() -> None:
+    global _wake_write
     if threading.current_thread() is not threading.main_thread():
         return  # signal handlers can only be set from the main thread
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return  # the program handles SIGTERM itself (and will exit through atexit, or not)
-    signal.signal(signal.SIGTERM, _handler)
-    read_fd, write_fd = os.pipe()
-    os.set_blocking(write_fd, False)
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    os.set_blocking(read_fd, True)
+    _wake_write = write_fd
     try:
         previous = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
     except ValueError:
         previous = -1
-    if previous != -1:  # someone else (an event loop) listens: leave theirs in place
+    if previous != -1:  # someone else (an event loop) listens: leave theirs, we write our own
         signal.set_wakeup_fd(previous)
-        os.close(read_fd)
-        os.close(write_fd)
-        return
     threading.Thread(target=_watch, args=(read_fd,), name="fsdpmon-sigterm",
                      daemon=True).start()
+    signal.signal(signal.SIGTERM, _handler)
 
 
 def _watch(read_fd: int) -> None:
+    global _cleaned, _ending
     while True:
         try:
             data = os.read(read_fd, 64)
@@ -119,11 +150,12 @@ def _watch(read_fd: int) -> None:
         if not data:
             return
         if signal.SIGTERM in data:
-            # Only the main thread may reset a handler; if it is stuck in C (a collective),
-            # it never will, so this thread cleans up and ends the process after the grace.
-            time.sleep(MAIN_THREAD_GRACE_SECONDS)
-            if not _claim.acquire(blocking=False):
-                return  # the handler runs the clean-ups and ends the process
-            _cleanup_sigterm()
-            _watcher_done.set()
-            os._exit(128 + signal.SIGTERM)
+            break
+    _ending = "sigterm"
+    _run_all_bounded()
+    _cleaned = True
+    # The main thread's handler ends the process with the signal's own status; a main thread
+    # stuck in C never runs it, so this thread ends it after the grace.
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(MAIN_THREAD_GRACE_SECONDS)
+    os._exit(128 + signal.SIGTERM)

@@ -21,6 +21,12 @@ Its life:
   SIGTERM (the last rank to close sends it, so a normal end is not kept waiting): it tidies what
   the gone ranks left (as the last rank would), removes its lock, and the directory when that
   leaves it empty. Exit records of killed ranks stay for a restart to read (``exit_record``).
+- It cannot be orphaned: it also ends when its directory or its lock file is gone (removed by
+  someone else: nothing left to serve), or when no rank has published for
+  ``POD_SERVER_SILENCE_SECONDS`` (their pids taken by other processes). An orderly close that
+  takes longer than ``CLOSE_SECONDS`` ends in ``os._exit``: the port goes with the process.
+- Signals only set a flag and write a byte (``fsdpmon.signals``): the serving loop waits on
+  that pipe. A second SIGTERM or SIGINT changes nothing; a third ends the process at once.
 """
 
 from __future__ import annotations
@@ -36,10 +42,13 @@ import threading
 import time
 from pathlib import Path
 
+from fsdpmon.conventions import POD_SERVER_SILENCE_SECONDS
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import state, statedir
+from fsdpmon.monitor.heartbeat import read_heartbeat
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import stacks_app
+from fsdpmon.signals import Catcher
 from fsdpmon.webconfig import load_web_config
 
 log = logging.getLogger("fsdpmon.podserver")
@@ -50,6 +59,9 @@ MODULE = "fsdpmon.monitor.podserver"
 WATCH_SECONDS = 0.5
 # How long a new server waits for the lock (ranks hold it shared for an instant to check it).
 LOCK_WAIT_SECONDS = 2.0
+# How long the orderly close (stop serving, tidy, unlock) may take before the process ends with
+# os._exit regardless: a close stuck on a worker thread must not keep the port.
+CLOSE_SECONDS = 5.0
 
 
 # ---- the lock: who serves this directory ---------------------------------------------------
@@ -129,8 +141,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def serve(args: argparse.Namespace, stopping: threading.Event) -> int:
-    """Serve the directory until no rank is left in it (or ``stopping`` is set)."""
+def serve(args: argparse.Namespace, stop: Catcher) -> int:
+    """Serve the directory until nothing is left to serve (``orphaned``) or a signal came."""
     directory = args.dir
     try:
         statedir.check_private(directory)
@@ -145,14 +157,54 @@ def serve(args: argparse.Namespace, stopping: threading.Event) -> int:
                         max_per_second=args.max_per_second,
                         routes={"/stacks": stacks_app(directory, args.job_name)})
     keeper.start()
+    started = time.time()
     try:
-        while not stopping.wait(WATCH_SECONDS):
-            if not statedir.live_pids(directory):
-                break  # the last rank is gone
+        while not stop.wait(WATCH_SECONDS):
+            why = orphaned(directory, fd, started)
+            if why:
+                log.info("fsdpmon pod server for %s: ending, %s", directory.name, why)
+                break
     finally:
+        _close_within(CLOSE_SECONDS, keeper, directory, fd)
+    return 0
+
+
+def orphaned(directory: Path, fd: int, started: float, now: float | None = None) -> str:
+    """Why the server has nothing left to serve ("" while it has): its directory or lock file
+    gone or replaced, no live rank, or no rank publishing for POD_SERVER_SILENCE_SECONDS
+    (counted from ``started`` at the earliest: a rank may not have ticked yet)."""
+    try:
+        if os.stat(directory / LOCK_NAME).st_ino != os.fstat(fd).st_ino:
+            return "its lock file was replaced"
+    except OSError:
+        return "its state directory or lock file is gone"
+    if not statedir.live_pids(directory):
+        return "no rank is left"
+    last = started
+    for path in directory.glob("rank*.hb"):
+        hb = read_heartbeat(path)
+        if hb is not None:
+            last = max(last, hb.watchdog_unix, hb.last_step_unix)
+    silent = (time.time() if now is None else now) - last
+    if silent > POD_SERVER_SILENCE_SECONDS:
+        return f"no rank has published for {silent:.0f} s"
+    return ""
+
+
+def _close_within(bound_s: float, keeper: PortKeeper, directory: Path, fd: int) -> None:
+    """Close in order, or end the process when that takes longer than ``bound_s``: the kernel
+    then frees the port and drops the lock whatever the stuck thread holds."""
+    def force() -> None:
+        if not closed.wait(bound_s):
+            os._exit(3)
+
+    closed = threading.Event()  # set by this thread, never by a signal handler
+    threading.Thread(target=force, name="fsdpmon-close-bound", daemon=True).start()
+    try:
         keeper.close()
         _leave(directory, fd)
-    return 0
+    finally:
+        closed.set()
 
 
 def _leave(directory: Path, fd: int) -> None:
@@ -173,11 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(0)  # the rank that started us reaps this parent at once; we are nobody's child
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stopping = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stopping.set())
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal the job started from may go
-    return serve(args, stopping)
+    with Catcher((signal.SIGTERM, signal.SIGINT)) as stop:
+        return serve(args, stop)
 
 
 if __name__ == "__main__":
