@@ -11,22 +11,22 @@ import logging
 import os
 import signal
 import socket
-import threading
 from dataclasses import dataclass
 
-from exporters.exposition import CachedExposition
-from exporters.host import HostReader
-from exporters.nvml import NvmlReader
-from exporters.pods import PodIndex, api_from_config
-from exporters.procs import ProcessScanner
-from exporters.sampler import GpuSource, Sampler
-from exporters.simfaults import GpuFaults, exporter_faults
-from exporters.simulated import SimulatedReader
-from exporters.xid import XidWatcher
 from fsdpmon import __version__, faultspec, validate
 from fsdpmon.conventions import EXPORTER_PORT
 from fsdpmon.errors import ConfigError
+from fsdpmon.exporters.exposition import CachedExposition
+from fsdpmon.exporters.host import HostReader
+from fsdpmon.exporters.nvml import NvmlReader
+from fsdpmon.exporters.pods import PodIndex, api_from_config
+from fsdpmon.exporters.procs import ProcessScanner
+from fsdpmon.exporters.sampler import GpuSource, Sampler
+from fsdpmon.exporters.simfaults import GpuFaults, exporter_faults
+from fsdpmon.exporters.simulated import SimulatedReader
+from fsdpmon.exporters.xid import XidWatcher
 from fsdpmon.httpserve import Server, serve
+from fsdpmon.signals import Catcher
 from fsdpmon.webconfig import load_web_config
 
 log = logging.getLogger(__name__)
@@ -171,11 +171,11 @@ def run(args: argparse.Namespace) -> int:
     log.info("fsdpmon exporter on node %s serving %s://%s:%d/metrics (interval %.1fs%s)",
              cfg.node_name, scheme, cfg.listen_address, exporter.server.port, cfg.interval_s,
              f", {cfg.simulate_gpus} simulated GPUs" if cfg.simulate_gpus else "")
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    while not done.wait(3600):
-        pass
-    log.info("stopping")
-    exporter.stop()
+    # The handler only records the signal and wakes this wait (fsdpmon.signals): a second
+    # SIGTERM or SIGINT changes nothing, a third ends the process at once.
+    with Catcher((signal.SIGTERM, signal.SIGINT)) as stop:
+        while not stop.wait(3600):
+            pass
+        log.info("stopping")
+        exporter.stop()
     return 0

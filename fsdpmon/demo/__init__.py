@@ -1,7 +1,7 @@
 """`fsdpmon demo`: a monitored 2-rank FSDP training on this machine, with `top` watching it.
 
-Starts the per-node exporter and `torchrun -m trainer.train --model tiny` (CPU and gloo, or CUDA
-when there is a GPU per rank), waits until both serve metrics, then shows `fsdpmon top`'s live
+Starts the per-node exporter and `torchrun -m fsdpmon.trainer.train --model tiny` (CPU and gloo, or
+CUDA when there is a GPU per rank), waits until both serve metrics, then shows `fsdpmon top`'s live
 view of them. Ctrl-C, `q` or SIGTERM stops everything. ``--headless --duration S`` prints
 progress instead, then the final snapshot (``--json`` for top's JSON), for scripts and CI.
 """
@@ -16,12 +16,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from fsdpmon.demo.session import DemoConfig, Session, describe, make_plan, real_gpu_count
 from fsdpmon.diagnose import Verdict, judge
 from fsdpmon.errors import ConfigError, MissingExtraError
 from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.signals import Catcher
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -75,10 +75,6 @@ def say(message: str) -> None:
         print(f"fsdpmon demo: {message}", file=sys.stderr, flush=True)
 
 
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def fsdpmon_command() -> str:
     """How to type `fsdpmon` in another terminal: bare when it is on PATH, else its full path."""
     script = Path(sys.executable).parent / "fsdpmon"
@@ -96,9 +92,12 @@ def run(args: argparse.Namespace) -> int:
     for line in describe(plan, cfg):
         say(line)
     session = Session(plan, say)
-    # SIGTERM and SIGHUP end the demo like Ctrl-C: through the finally below.
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, _raise_interrupt)
+    # SIGTERM and SIGHUP end the demo like Ctrl-C: through the finally below. Only the first
+    # of them raises (fsdpmon.signals): a second one, or a second Ctrl-C, must not cut the
+    # clean-up short and leave the training behind. Never a forced exit, for the same reason:
+    # the clean-up is bounded (stop_all's grace, then SIGKILL).
+    Catcher((signal.SIGINT, signal.SIGTERM, signal.SIGHUP), force_after=None,
+            interrupt=True).install()
     try:
         session.start()
         ready = session.wait_ready(cfg.nproc, cfg.startup_timeout_s)

@@ -26,6 +26,7 @@ from fsdpmon.errors import FsdpmonError
 from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.scrape.gcpause import top_owns_this_process
 from fsdpmon.scrape.options import Source
+from fsdpmon.signals import Catcher
 from fsdpmon.top.ui_state import ViewState, handle_key
 from fsdpmon.top.views import frame, nav, shows_processes, waiting_frame
 
@@ -167,8 +168,9 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
     fd = sys.stdin.fileno()
     top_owns_this_process()  # what each refresh leaves is frozen (gcpause)
     refresher = Refresher(source, interval_s)
-    resized = threading.Event()
-    old_winch = signal.signal(signal.SIGWINCH, lambda *_: resized.set())
+    # A dragged window edge sends a burst of SIGWINCH: the handler only counts them
+    # (fsdpmon.signals; never a forced exit), and this loop redraws at its next turn.
+    resized = Catcher((signal.SIGWINCH,), force_after=None).install()
     refresher.start()
     state, shown = ViewState(), (-1, ViewState())
     try:
@@ -180,15 +182,14 @@ def run_live(source: Source, interval_s: float, console: Console | None = None) 
                 state = _press(state, keys, latest, console.size.height)
                 if keys:
                     _follow_logs(source, state, latest.snapshot)
-                if (latest.version, state) != shown or resized.is_set():
-                    resized.clear()
+                if resized.take() or (latest.version, state) != shown:
                     live.update(_render(console, latest, state, source.description),
                                 refresh=True)
                     shown = (latest.version, state)
                     _show(source, state, latest, console.size.height)
     finally:
         refresher.stop.set()
-        signal.signal(signal.SIGWINCH, old_winch)
+        resized.restore()
         refresher.join(timeout=5.0)  # let an in-flight refresh finish before closing its pool
         source.close()
     return 0
