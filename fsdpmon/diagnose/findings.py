@@ -24,6 +24,10 @@ CAUSES = (
     "host_cpu_contention", "cpu_throttled", "checkpoint_slow", "memory_pressure", "loss_spike",
     "target_down",
 )
+# The causes that name the rank the others wait for (a straggler, and why it is slow): the
+# stretches goodput charges straggler time to, and the straggler incidents.
+SLOWDOWN_CAUSES = ("gpu_throttled", "straggler_compute", "straggler_data", "host_cpu_contention",
+                   "cpu_throttled")
 
 NEXT_STEPS = {
     "hang": "look at the odd rank first: `kubectl logs {pod}`, then `py-spy dump --pid <pid>` "

@@ -9,8 +9,8 @@ From the per-rank series the monitor serves:
   ``fsdpmon_train_in_collective``, judged as diagnose --prometheus judges them);
 - a restart: a rank's ``fsdpmon_train_previous_exit{how="killed"}`` (the diagnosis'
   ``exits.died`` over every rank's ending names who brought the group down);
-- a straggler: ``fsdpmon_train_straggling`` at 1, named compute or data by
-  ``straggler_rules.straggler_cause`` over the ranks' figures then;
+- a straggler: the live judge (fsdpmon.diagnose.replay) over the snapshots `diagnose
+  --prometheus` would have built at each query step (history_reader), as it names one live;
 - a slow checkpoint: ``fsdpmon_train_checkpoint_time_ratio`` over its limit, the culprit the
   rank with the most ``fsdpmon_train_checkpoint_own_seconds``;
 - a non-finite loss: ``fsdpmon_train_loss_first_nonfinite_step``, the earliest rank.
@@ -25,17 +25,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from fsdpmon import catalog
-from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, CRASH_LOOP_RESTARTS, EXIT_HOWS
+from fsdpmon.conventions import (
+    CHECKPOINT_SHARE_LIMIT,
+    CRASH_LOOP_RESTARTS,
+    EXIT_HOWS,
+    INCIDENT_MERGE_GAP_QUERY_STEPS,
+    INCIDENT_MIN_LOST_SECONDS,
+)
 from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
-from fsdpmon.incidents.incidents import (
-    MIN_LOST_SECONDS,
-    Incident,
-    costly,
-    slow_save_groups,
-    straggler_spans,
-    straggling,
-)
+from fsdpmon.diagnose.replay import replay, slowdowns
+from fsdpmon.diagnose.replay import spans as finding_spans
+from fsdpmon.incidents.history_reader import snapshots
+from fsdpmon.incidents.incidents import Incident, slow_save_groups
 from fsdpmon.job.snapshot import RankRow
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
@@ -121,7 +123,7 @@ def _at(samples: Samples, t: float) -> float | None:
 class HistoryJudge:
     def __init__(self, history: History) -> None:
         self.h = history
-        self.gap = 3 * history.step
+        self.gap = INCIDENT_MERGE_GAP_QUERY_STEPS * history.step
         self.places: dict[int, dict[str, str]] = {}
         for (rank, node), _ in history.labelled(catalog.TRAIN_INFO, label="node").items():
             self.places.setdefault(int(rank), {"node": node, "pod": "", "gpu": ""})
@@ -194,29 +196,22 @@ class HistoryJudge:
         return [self._incident(start, back, cause, rank, exit_evidence(exits), back - start)]
 
     def stragglers(self) -> list[Incident]:
-        """The JSONL's rule over each sample time's window figures (the monitor's last log
-        window per rank); lost: the goodput counters' data and straggler badput meanwhile."""
-        step_time = self.h.series(catalog.TRAIN_STEP_TIME_SECONDS)
-        waits = self.h.series(catalog.TRAIN_COLLECTIVE_WAIT_RATIO)
-        data = self.h.series(catalog.TRAIN_DATA_WAIT_RATIO)
-        rows: dict[float, list[tuple[RankRow, float]]] = {}
-        for rank, samples in step_time.items():
-            for t, step in samples:
-                wait = _at(waits.get(rank, []), t)
-                if wait is None or step <= 0:
-                    continue
-                rows.setdefault(t, []).append((RankRow(
-                    rank=rank, step_time_s=step, busy_s=step * (1 - wait),
-                    data_wait_ratio=_at(data.get(rank, []), t)), t))
+        """The live judge replayed over the snapshots `diagnose --prometheus` would have built
+        at each query step (history_reader): each stretch it named a rank the others wait for;
+        lost: the goodput counters' data and straggler badput meanwhile."""
+        timed = slowdowns(replay(snapshots(self.h.api, self.h.job, self.h.start, self.h.end,
+                                           self.h.step)))
         badput = {cause: sorted(x for s in self.h.labelled(
             catalog.TRAIN_BADPUT_SECONDS_TOTAL, f',cause="{cause}"').values() for x in s)
             for cause in ("data_wait", "straggler_wait")}
-        spans = [(a, b, start, end, cause, rank, why,
-                  sum(_increase(badput[c], start - self.gap, end) for c in badput))
-                 for a, b, start, end, cause, rank, why, _ in straggler_spans(
-                     straggling(rows), {}, self.gap)]
-        return [self._incident(start, end, cause, rank, [why], lost)
-                for _a, _b, start, end, cause, rank, why, lost in costly(spans)]
+        out = []
+        for span in finding_spans(timed, self.gap):
+            lost = sum(_increase(b, span.start - self.gap, span.end) for b in badput.values())
+            if lost >= INCIDENT_MIN_LOST_SECONDS:
+                f = span.finding
+                out.append(self._incident(span.start, span.end, f.cause, f.rank,
+                                          [f.summary, *f.evidence], lost))
+        return out
 
     def checkpoints(self) -> list[Incident]:
         """Each save as rank 0's checkpoint series change; slow ones grouped as the JSONL's."""
@@ -237,7 +232,7 @@ class HistoryJudge:
         usual = min((s["seconds"] for s, _ in found), default=0.0)
         for group in slow_save_groups(found):
             lost = sum(s["seconds"] - usual for s, _ in group)
-            if lost < MIN_LOST_SECONDS:
+            if lost < INCIDENT_MIN_LOST_SECONDS:
                 continue  # as from the JSONL: a healthy save after a short stretch
             first, last = group[0][0], group[-1][0]
             evidence = [f"a save took {s['seconds']:.1f} s, {share:.0%} of the time since the "

@@ -1,9 +1,10 @@
 """A run's incidents from its files: each a span of time, a cause in diagnose's names
 (``fsdpmon.diagnose.findings.CAUSES``), the culprit's place, the evidence and what it cost.
 
-The verdicts are the diagnosis' own where it has one for the evidence: a straggling window is
-named by ``straggler_rules.straggler_cause`` over rank rows built from the window, the rank that
-brought a restart down by ``exits.died`` with ``exits.exit_evidence``. A stall's culprit is the
+The verdicts are the diagnosis' own where it has one for the evidence: a straggler is the live
+judge replayed over the figures each log step recorded (fsdpmon.diagnose.replay over
+run_reader's snapshots), the rank that brought a restart down is ``exits.died``'s with
+``exits.exit_evidence``. A stall's culprit is the
 rank that did not see it when the others did (its Python was not running: stopped, or holding
 the GIL), else the rank whose flight-recorder stack is outside the phase the others wait in.
 """
@@ -17,23 +18,16 @@ from typing import Any
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
-    STRAGGLER_SCORE_THRESHOLD,
+    INCIDENT_MIN_LOST_SECONDS,
+    SLOW_SAVE_FACTOR,
+    STALL_SEEN_LATE_SECONDS,
 )
 from fsdpmon.diagnose.exits import died, exit_evidence
-from fsdpmon.diagnose.straggler_rules import straggler_cause
-from fsdpmon.job.run_goodput import Goodput, endings, restore_of, saves, window_of
+from fsdpmon.incidents.run_reader import judged_slowdowns
+from fsdpmon.job.run_goodput import Goodput, endings, restore_of, saves
 from fsdpmon.job.runlog import Incarnation, RunLog, number
-from fsdpmon.job.snapshot import RankRow
 
-MERGE_GAP_STEPS = 2  # windows of one cause and rank this many steps apart are one incident
-MIN_WINDOWS = 3  # fewer straggling windows in a row are noise (a warm-up step, a GC pause)
-MIN_LOST_SECONDS = 1.0  # a straggling stretch or slow saves that cost less: noise, no incident
-MAX_EVIDENCE_FRAMES = 3
-# A rank that saw a stall this much later than its threshold past the last progress was not
-# running Python meanwhile (the watchdog ticks at least once a second; one more for a loaded
-# host): stopped, or holding the GIL.
-LATE_AFTER_S = 2.0
-SLOW_SAVE_FACTOR = 2.0
+MAX_EVIDENCE_FRAMES = 3  # the innermost frames of a stack an incident quotes
 
 
 @dataclass(frozen=True)
@@ -74,71 +68,23 @@ def _incident(run: RunLog, start: float, end: float, cause: str, rank: int | Non
                     **_place(run, rank))
 
 
-# ---- stragglers: windows where the others waited for one rank ----------------------------
-
-def _row(record: dict[str, Any], rank: int) -> RankRow | None:
-    window = window_of(record, rank)
-    if window is None or window.steps <= 0 or window.step_seconds <= 0:
-        return None
-    per = window.steps
-    step = window.step_seconds / per
-    return RankRow(rank=rank, step_time_s=step, busy_s=(window.step_seconds
-                                                         - window.wait_seconds) / per,
-                   data_wait_ratio=window.data_seconds / window.step_seconds)
-
-
-def straggling(rows: dict[float, list[tuple[RankRow, float]]]) -> list[tuple[float, float, str,
-                                                                            int, str]]:
-    """(key, time, cause, rank, why) of each window with a straggler: the rank the others wait
-    for, whose busy time the others' median is below STRAGGLER_SCORE_THRESHOLD of (the
-    monitor's score), named data or compute by the diagnosis' ``straggler_cause``. ``rows``:
-    per window key (a step, a sample time), each rank's row and when it was seen."""
-    out = []
-    for key, entries in sorted(rows.items()):
-        live = [r for r, _ in entries if r.busy_s]
-        if len(live) < 2:
-            continue
-        slow = max(live, key=lambda r: (r.busy_s or 0.0, -r.rank))
-        others = statistics.median(r.busy_s or 0.0 for r in live if r.rank != slow.rank)
-        if not slow.busy_s or others / slow.busy_s >= STRAGGLER_SCORE_THRESHOLD:
-            continue
-        cause, why = straggler_cause(slow, live)
-        out.append((key, max(t for _, t in entries), cause, slow.rank, why))
-    return out
-
-
-def straggler_spans(found: list[tuple[float, float, str, int, str]], lost: dict[float, float],
-                    gap: float) -> list[tuple[float, float, float, float, str, int, str, float]]:
-    """Windows of one cause and rank no more than ``gap`` keys apart merged, at least
-    MIN_WINDOWS of them: (first key, last key, start, end, cause, rank, why, lost seconds)."""
-    spans: list[list[Any]] = []
-    for key, at, cause, rank, why in found:
-        last = spans[-1] if spans else None
-        if last and last[4] == cause and last[5] == rank and key - last[1] <= gap:
-            last[1], last[3], last[7] = key, at, last[7] + lost.get(key, 0.0)
-            last[8] += 1
-        else:
-            spans.append([key, key, at, at, cause, rank, why, lost.get(key, 0.0), 1])
-    return [tuple(s[:8]) for s in spans if s[8] >= MIN_WINDOWS]  # type: ignore[misc]
-
-
-def costly(spans: list[tuple[float, float, float, float, str, int, str, float]]) -> list[
-        tuple[float, float, float, float, str, int, str, float]]:
-    return [s for s in spans if s[7] >= MIN_LOST_SECONDS]
-
+# ---- stragglers: where the judge named the rank the others wait for ------------------------
 
 def _straggler_incidents(run: RunLog, inc: Incarnation, gp: Goodput) -> list[Incident]:
-    rows: dict[float, list[tuple[RankRow, float]]] = {}
-    for rank, records in inc.steps.items():
-        for rec in records:
-            row = _row(rec, rank)
-            if row is not None:
-                rows.setdefault(int(rec["step"]), []).append((row, rec["time"]))
+    """The live judge replayed over the incarnation's log steps (run_reader); lost: the data
+    and straggler badput of the steps inside each span."""
+    step_time, found = judged_slowdowns(run, inc)
     lost = {step: s.data_wait + s.straggler_wait for i, step, s in gp.windows if i == inc.index}
-    return [_incident(run, start, end, cause, rank, [f"steps {first:.0f}–{last:.0f}: {why}"],
-                      seconds)
-            for first, last, start, end, cause, rank, why, seconds in costly(straggler_spans(
-                straggling(rows), lost, MERGE_GAP_STEPS))]
+    out = []
+    for span in found:
+        inside = [k for k, t in step_time.items() if span.start <= t <= span.end]
+        seconds = sum(lost.get(k, 0.0) for k in inside)
+        if inside and seconds >= INCIDENT_MIN_LOST_SECONDS:
+            f = span.finding
+            out.append(_incident(run, span.start, span.end, f.cause, f.rank,
+                                 [f"steps {min(inside)}–{max(inside)}: {f.summary}",
+                                  *f.evidence], seconds))
+    return out
 
 
 # ---- stalls ---------------------------------------------------------------------------------
@@ -171,7 +117,7 @@ def _innermost(rec: dict[str, Any]) -> str:
 def _stall_culprit(starts: list[dict[str, Any]], ranks: list[int]) -> tuple[int | None, str]:
     on_time = {int(r["rank"]) for r in starts
                if r["time"] - (number(r.get("since")) or r["time"])
-               <= (number(r.get("threshold")) or 0.0) + LATE_AFTER_S}
+               <= (number(r.get("threshold")) or 0.0) + STALL_SEEN_LATE_SECONDS}
     late = [r for r in ranks if r not in on_time]
     if len(late) == 1 and on_time:
         return late[0], "rank_unresponsive"
@@ -244,7 +190,7 @@ def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
     out = []
     for group in slow_save_groups(found):
         lost = sum(s["seconds"] - usual for s, _ in group)
-        if lost < MIN_LOST_SECONDS:
+        if lost < INCIDENT_MIN_LOST_SECONDS:
             continue  # a healthy save that happened to follow a short stretch of steps
         first, last = group[0][0], group[-1][0]
         evidence = [f"the save of step {s['step']} took {s['seconds']:.1f} s, {share:.0%} of "

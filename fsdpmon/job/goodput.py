@@ -10,8 +10,9 @@ least), and what that rank did with it is what the job did:
 
 - ``data_wait``: the critical rank's time in the data phase;
 - ``straggler_wait``: its own work beyond the other ranks' median own work (the time they
-  waited for it, beyond what a median rank takes), when it is a straggler by the diagnosis'
-  measure (their median below STRAGGLER_SCORE_THRESHOLD of its own);
+  waited for it, beyond what a median rank takes), when the judge names it a straggler (in
+  ``fsdpmon goodput``: the judge replayed over the run's records; live: the judge's score line,
+  fsdpmon.diagnose.score, over the window);
 - ``stall``: a stall's time beyond one ordinary step (from the stall records), taken out of the
   rank's own figures first, so that a rank stopped in its data phase is not also data-slow;
 - ``productive``: the rest of the step time.
@@ -23,9 +24,10 @@ from their own records (``fsdpmon.job.run_goodput``).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 
-from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.diagnose.score import below_line
 
 CATEGORIES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
               "recompute", "stall", "straggler_wait", "unaccounted")
@@ -77,9 +79,12 @@ def _without_stall(window: RankWindow, stall: float) -> RankWindow:
                       window.wait_seconds)
 
 
-def split_window(windows: list[RankWindow], stall: float = 0.0,
-                 between: float = 0.0) -> WindowSplit | None:
-    """The job's window from every rank's (None: no rank measured a step)."""
+def split_window(windows: list[RankWindow], stall: float = 0.0, between: float = 0.0,
+                 named: Collection[int] | None = None) -> WindowSplit | None:
+    """The job's window from every rank's (None: no rank measured a step). ``named``: the ranks
+    the judge, replayed over the run (``fsdpmon goodput``), named stragglers then; None where no
+    replay is at hand (the monitor's live meter), which asks the judge's line
+    (fsdpmon.diagnose.score) of this window's own work instead."""
     live = [w for w in windows if w.steps > 0]
     if not live:
         return None
@@ -94,11 +99,13 @@ def split_window(windows: list[RankWindow], stall: float = 0.0,
     core = next(w for w in trimmed if w.rank == critical.rank)
     others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
     usual = statistics.median(others) if others else core.own_seconds
-    # Only a straggler by the diagnosis' own measure (the others' median own work below
-    # STRAGGLER_SCORE_THRESHOLD of its own) costs straggler time; a smaller lead is the jitter
-    # of who arrives last at each collective, part of every synchronous step. (Own work is
-    # never below zero, so a rank without any is never a straggler.)
-    straggling = usual < STRAGGLER_SCORE_THRESHOLD * core.own_seconds
+    # Only a straggler in the judge's word costs straggler time; a smaller lead is the jitter
+    # of who arrives last at each collective, part of every synchronous step. (A rank without
+    # own work is never a straggler.)
+    if named is None:
+        straggling = core.own_seconds > 0 and below_line(usual / core.own_seconds)
+    else:
+        straggling = critical.rank in named and core.own_seconds > usual
     straggler = core.own_seconds - usual if straggling else 0.0
     # a data phase longer than the step (clocks read apart) is capped; own work, and so the
     # straggler's excess, is never more than what is left of the step

@@ -5,7 +5,9 @@ Wall: the first process start (incarnation 0) to the last step record. Then:
 
 - ``startup``: process start to the first step's begin, less a restore before it;
 - per log window, the job's split (``fsdpmon.job.goodput.split_window``): productive,
-  ``data_wait``, ``straggler_wait`` and ``stall`` (a stall's seconds from its end record);
+  ``data_wait``, ``straggler_wait`` (only in the spans where the judge, replayed over the
+  run's records, named the window's critical rank a straggler) and ``stall`` (a stall's
+  seconds from its end record);
 - ``checkpoint_save``: each save's wall time (the slowest rank's), saves inside the wall;
 - ``checkpoint_restore``: each restore's time (the slowest rank's);
 - ``restart``: from the last step of an incarnation to the first step's begin of the next,
@@ -23,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpmon.incidents.run_reader import judged_slowdowns, named_at
 from fsdpmon.job.goodput import CATEGORIES, RankWindow, WindowSplit, split_window
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 
@@ -71,7 +74,7 @@ def _stall_seconds(inc: Incarnation) -> dict[int, float]:
     return out
 
 
-def _windows(inc: Incarnation, gp: Goodput) -> None:
+def _windows(run: RunLog, inc: Incarnation, gp: Goodput) -> None:
     """Add the incarnation's step windows."""
     by_step: dict[int, list[RankWindow]] = {}
     between: dict[int, float] = {}  # the window's time outside its steps (least over ranks)
@@ -84,8 +87,11 @@ def _windows(inc: Incarnation, gp: Goodput) -> None:
                 gap = (number(rec.get("window_seconds")) or 0.0) - window.step_seconds
                 between[step] = min(between.get(step, gap), gap)
     stalls = _stall_seconds(inc)
+    # straggler time is charged only where the judge, replayed over the run, named one
+    step_time, named = judged_slowdowns(run, inc)
     for step in sorted(by_step):
-        split = split_window(by_step[step], stalls.get(step, 0.0), between[step])
+        split = split_window(by_step[step], stalls.get(step, 0.0), between[step],
+                             named_at(named, step_time.get(step, float("nan"))))
         if split is None:
             continue
         gp.windows.append((inc.index, step, split))
@@ -168,7 +174,7 @@ def goodput(run: RunLog) -> Goodput:
             gp.productive_seconds -= lost
         for save in saves(inc, end):
             gp.add("checkpoint_save", save["seconds"], save["rank"])
-        _windows(inc, gp)
+        _windows(run, inc, gp)
         previous = inc
     gp.badput_seconds["unaccounted"] = 0.0
     gp.badput_seconds["unaccounted"] = (gp.wall_seconds - gp.productive_seconds

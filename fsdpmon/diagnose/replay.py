@@ -1,0 +1,73 @@
+"""The judge replayed over a run's history: what `top` and `diagnose` would have said at each
+moment, and the stretches each finding held. Incidents (from Prometheus or from the run's files)
+are these stretches; goodput asks the same replay whom a second of straggler time belongs to.
+
+Pure: snapshots oldest first in (whatever reader built them), findings and spans out. The
+readers only build the evidence; every cause is decided here, by the engine, as it is live.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
+from fsdpmon.diagnose.engine import diagnose
+from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
+from fsdpmon.diagnose.history import SnapshotHistory
+from fsdpmon.job.snapshot import JobSnapshot
+
+Timed = tuple[float, Finding]  # (the moment the judge said it, the finding)
+
+
+@dataclass(frozen=True)
+class Span:
+    """One finding held from ``start`` (its evidence's first moment) to ``end`` (the last
+    moment the judge still said it); ``finding`` as first said, ``said`` how many times."""
+
+    start: float
+    end: float
+    finding: Finding
+    said: int
+
+
+def replay(snapshots: Sequence[JobSnapshot],
+           span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> list[Timed]:
+    """The live judge's findings at each snapshot, given the history before it as a live view
+    keeps it (SnapshotHistory)."""
+    history = SnapshotHistory()
+    out: list[Timed] = []
+    for snap in snapshots:
+        history.push(snap)
+        out += [(snap.time, f) for f in diagnose(history.snapshots(), (), span_s)]
+    return out
+
+
+def slowdowns(timed: Iterable[Timed]) -> list[Timed]:
+    """The findings that name the rank the others wait for (a straggler and its reasons): what
+    goodput's straggler time and the straggler incidents are charged to."""
+    return [(t, f) for t, f in timed if f.cause in SLOWDOWN_CAUSES]
+
+
+def spans(timed: Iterable[Timed], gap: float,
+          span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> list[Span]:
+    """Findings of one cause and rank said no more than ``gap`` apart merged into one span,
+    which starts ``span_s`` before it was first said (the evidence the judge held by then)."""
+    open_: dict[tuple[str, int | None], Span] = {}
+    done: list[Span] = []
+    for t, f in sorted(timed, key=lambda x: x[0]):
+        key = (f.cause, f.rank)
+        last = open_.get(key)
+        if last is not None and t - last.end <= gap:
+            open_[key] = Span(last.start, t, last.finding, last.said + 1)
+            continue
+        if last is not None:
+            done.append(last)
+        open_[key] = Span(t - span_s, t, f, 1)
+    return sorted([*done, *open_.values()], key=lambda s: (s.start, s.finding.cause))
+
+
+def straggler_at(timed: Iterable[Timed], t: float, slack: float) -> Finding | None:
+    """The slowdown the judge named at (or within ``slack`` before) ``t``, if any."""
+    found = [(at, f) for at, f in slowdowns(timed) if t - slack <= at <= t]
+    return max(found, key=lambda x: x[0])[1] if found else None

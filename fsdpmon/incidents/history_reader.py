@@ -1,0 +1,41 @@
+"""Prometheus history as the judge's evidence: one range query of the job's training series,
+cut at each query step into the snapshot `diagnose --prometheus` would have built then (the
+same regrouping per target and the same aggregation), so that the replayed judge
+(fsdpmon.diagnose.replay) sees what the live one saw.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fsdpmon.job.snapshot import JobSnapshot
+from fsdpmon.scrape.aggregate import aggregate
+from fsdpmon.scrape.prometheus_api import PrometheusAPI
+from fsdpmon.scrape.sources.prometheus import TRAINING_NAMES, select
+from fsdpmon.scrape.sources.prometheus import _results as results_of
+from fsdpmon.scrape.wanted import TRAIN_INFO
+
+
+def snapshots(api: PrometheusAPI, job: str, start: float, end: float,
+              step: float) -> list[JobSnapshot]:
+    """The job's snapshot at each query step between ``start`` and ``end`` where any of its
+    training series had a value, oldest first."""
+    where = f",job_name={json.dumps(job)}" if job else ""
+    found = api.query_range(select(TRAINING_NAMES, where), start, end, step)
+    at: dict[float, list[dict[str, Any]]] = {}
+    known: dict[tuple[str, str], dict[str, str]] = {}
+    for s in found:
+        metric = s.get("metric") or {}
+        if metric.get("__name__") == TRAIN_INFO:
+            known[(metric.get("job", ""), metric.get("instance", ""))] = metric
+        for t, v in s.get("values") or []:
+            at.setdefault(float(t), []).append({"metric": metric, "value": [t, v]})
+    out: list[JobSnapshot] = []
+    previous = None
+    for t in sorted(at):
+        # a target known to the job without a sample now is down, as the live source says
+        previous = aggregate(results_of(known, {}, at[t]), now=t, source="prometheus",
+                             previous=previous, job_name=job)
+        out.append(previous)
+    return out
