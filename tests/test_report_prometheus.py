@@ -1,4 +1,4 @@
-"""`fsdpmon report --prometheus URL --jobs A,B` against a real Prometheus.
+"""`fsdpmon report --prometheus URL --job A,B` against a real Prometheus.
 
 The monitor's series for two simulated jobs (1 and 2 ranks, known rates) are written as
 OpenMetrics, backfilled into a TSDB with `promtool tsdb create-blocks-from openmetrics`, and
@@ -109,7 +109,7 @@ def fsdpmon(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @needs_prometheus
 def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
-    done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "scale-2,scale-1",
+    done = fsdpmon("report", "--prometheus", prometheus, "--job", "scale-2,scale-1",
                    "--since", "6h", "--step", "2", "--out", str(tmp_path))
     assert done.returncode == 0, done.stderr
     runs = {r["name"]: r for r in json.loads((tmp_path / "report.json").read_text())["runs"]}
@@ -135,7 +135,7 @@ def test_report_recovers_the_rates_put_into_prometheus(prometheus, tmp_path):
 @pytest.mark.slow
 @needs_prometheus
 def test_unknown_job_is_a_one_line_input_error(prometheus, tmp_path):
-    done = fsdpmon("report", "--prometheus", prometheus, "--jobs", "nope", "--out", str(tmp_path))
+    done = fsdpmon("report", "--prometheus", prometheus, "--job", "nope", "--out", str(tmp_path))
     assert done.returncode == 2
     assert "job 'nope': no fsdpmon_train_step series" in done.stderr
     assert "Traceback" not in done.stderr
@@ -150,7 +150,7 @@ def test_prometheus_errors_are_reported_not_raised(prometheus):
 
 def test_unreachable_prometheus_exits_3(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"
-    done = fsdpmon("report", "--prometheus", url, "--jobs", "a", "--out", str(tmp_path))
+    done = fsdpmon("report", "--prometheus", url, "--job", "a", "--out", str(tmp_path))
     assert done.returncode == 3
     assert url in done.stderr and "Traceback" not in done.stderr
 

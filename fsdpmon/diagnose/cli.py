@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 
@@ -16,9 +15,9 @@ from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, Severity
 from fsdpmon.diagnose import Verdict
 from fsdpmon.diagnose.evidence import Diagnoser
 from fsdpmon.diagnose.report import report_lines
-from fsdpmon.errors import ConfigError, JobUnhealthyError, UnreachableError
+from fsdpmon.errors import JobUnhealthyError, UnreachableError
 from fsdpmon.job.snapshot import JobSnapshot, JobState
-from fsdpmon.scrape.options import Source, add_source_args, build_source
+from fsdpmon.scrape.options import Source, add_source_args, build_source, parse_duration
 
 DEFAULT_FOR = f"{DIAGNOSIS_EVIDENCE_SECONDS + 2:.0f}s"
 _SPAN = f"{DIAGNOSIS_EVIDENCE_SECONDS:.0f} s"
@@ -60,14 +59,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
                           'JSON (evidence_seconds below the window: no verdict yet)')
 
 
-def parse_duration(text: str, field: str = "--for") -> float:
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", text or "")
-    if not match:
-        raise ConfigError(field, f"{text!r} is not a duration like 30s, 2m or 45")
-    scale = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
-    return float(match.group(1)) * scale
-
-
 def watch(diagnoser: Diagnoser, source: Source, seconds: float, interval: float
           ) -> tuple[JobSnapshot, Verdict]:
     """Refreshes until ``seconds`` have passed (at least once); the last snapshot and verdict."""
@@ -83,7 +74,7 @@ def watch(diagnoser: Diagnoser, source: Source, seconds: float, interval: float
 
 
 def run(args: argparse.Namespace) -> int:
-    seconds = parse_duration(args.watch)
+    seconds = parse_duration("--for", args.watch, allow_zero=True)  # 0: one refresh
     source = build_source(args)
     try:
         snap, verdict = watch(Diagnoser(source, args.timeout), source, seconds, args.interval)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from datetime import datetime, timezone
 
@@ -18,10 +17,8 @@ from fsdpmon.incidents.history import job_incidents
 from fsdpmon.incidents.incidents import Incident, incidents, lemon_nodes
 from fsdpmon.job.run_goodput import goodput
 from fsdpmon.job.runlog import load_run
-from fsdpmon.scrape.prometheus_api import PrometheusAPI
+from fsdpmon.scrape.options import add_history_args, history_api, history_jobs
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX_POINTS = 2000  # per range query: Prometheus refuses more than 11,000
 
 
@@ -34,48 +31,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         '"node", "gpu", "evidence", "lost_gpu_seconds"}]}')
     parser.add_argument("--lemon-runs", type=int, default=2, metavar="N",
                         help="list nodes named as culprits in at least N runs or jobs")
-    prom = parser.add_argument_group("reading a job's history from Prometheus")
-    prom.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
-    prom.add_argument("--job", action="append", default=[], metavar="NAME",
-                      help="job name (the job_name label); repeat for several jobs")
-    prom.add_argument("--since", default="24h", metavar="DURATION",
-                      help="how far back to look, e.g. 90m, 24h, 7d")
-    prom.add_argument("--step", type=float, default=None, metavar="SECONDS",
-                      help="query resolution (default: the range / 2000, at least 1 s)")
-    prom.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                      help="HTTP timeout per query")
-
-
-def duration(flag: str, text: str) -> float:
-    match = _DURATION.match(text.strip())
-    if not match or float(match[1]) <= 0:
-        raise ConfigError(flag, f"{text!r} is not a duration like 90s, 30m, 24h or 7d")
-    return float(match[1]) * _UNIT_SECONDS[match[2]]
+    add_history_args(parser, "reading a job's history from Prometheus",
+                     step=f"the range / {MAX_POINTS}, at least 1 s")
 
 
 def collect(args: argparse.Namespace) -> list[Incident]:
-    if bool(args.job) != bool(args.prometheus):
-        raise ConfigError("--job" if args.prometheus else "--prometheus",
-                          "--prometheus and --job go together")
-    if not args.runs and not args.job:
+    jobs = history_jobs(args)
+    if not args.runs and not jobs:
         raise ConfigError("RUN", "name at least one run's JSONL, or --prometheus URL --job NAME")
     if args.lemon_runs < 1:
         raise ConfigError("--lemon-runs", f"must be >= 1, got {args.lemon_runs}")
+    if not jobs:
+        return _from_logs(args.runs)
+    end = time.time()
+    api, start = history_api(args, end)  # every flag checked before the logs are read
+    step = args.step or max(1.0, (end - start) / MAX_POINTS)
+    return _from_logs(args.runs) + [
+        found for job in jobs for found in job_incidents(api, job, start, end, step)]
+
+
+def _from_logs(paths: list[str]) -> list[Incident]:
     found: list[Incident] = []
-    for path in args.runs:
+    for path in paths:
         run = load_run(path)
         found += incidents(run, goodput(run))
-    if args.job:
-        if args.step is not None and not args.step > 0:
-            raise ConfigError("--step", f"must be > 0 seconds, got {args.step!r}")
-        if not args.timeout > 0:
-            raise ConfigError("--timeout", f"must be > 0 seconds, got {args.timeout!r}")
-        api = PrometheusAPI(args.prometheus, timeout_s=args.timeout)
-        end = time.time()
-        span = duration("--since", args.since)
-        step = args.step or max(1.0, span / MAX_POINTS)
-        for job in args.job:
-            found += job_incidents(api, job, end - span, end, step)
     return found
 
 

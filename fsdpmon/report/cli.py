@@ -1,7 +1,7 @@
 """`fsdpmon report`: compare runs of one job at several sizes (table, chart, JSON).
 
     fsdpmon report runs/n1.jsonl runs/n2.jsonl runs/n4.jsonl --out report/
-    fsdpmon report --prometheus http://prometheus:9090 --jobs llama-1node,llama-2node --since 7d
+    fsdpmon report --prometheus http://prometheus:9090 --job llama-1node,llama-2node --since 7d
 
 The chart needs matplotlib (`pip install 'fsdpmon[report]'`); without it the table and the JSON
 are still written and one line says how to get the chart.
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from datetime import datetime
@@ -20,12 +19,11 @@ from pathlib import Path
 from fsdpmon.errors import ConfigError, InputError
 from fsdpmon.report.loader import load_runs
 from fsdpmon.report.model import RunData, RunStats
-from fsdpmon.report.prometheus import PrometheusAPI, load_job
+from fsdpmon.report.prometheus import MAX_POINTS, load_job
 from fsdpmon.report.stats import run_stats, with_scaling
 from fsdpmon.report.table import markdown_report, markdown_table
+from fsdpmon.scrape.options import add_history_args, history_api, history_jobs
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhdw]?)$")
-_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 NO_CHART = "no chart: matplotlib is not installed (pip install 'fsdpmon[report]' to draw it)"
 
 
@@ -41,25 +39,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-steps", type=int, default=None, metavar="N",
                         help="leave steps <= N out of the figures (default: each rank's first "
                         "log window, which holds start-up)")
-    prom = parser.add_argument_group("reading jobs from Prometheus")
-    prom.add_argument("--prometheus", metavar="URL", help="Prometheus base URL")
-    prom.add_argument("--jobs", metavar="A,B",
-                      help="job names (the job_name label), comma-separated")
-    prom.add_argument("--since", default="24h", metavar="DURATION",
-                      help="how far back to look for the jobs, e.g. 90m, 24h, 7d (default: 24h)")
+    # --jobs A,B was this flag's name before --job was one flag for every command
+    prom = add_history_args(parser, "reading jobs from Prometheus", renamed=("--jobs",),
+                            step=f"the job's duration / {MAX_POINTS}, at least 0.1 s")
     prom.add_argument("--until", default=None, metavar="TIME",
                       help="end of the search range: unix seconds or ISO 8601 (default: now)")
-    prom.add_argument("--step", type=float, default=None, metavar="SECONDS",
-                      help="query resolution (default: the job's duration / 1000, at least 0.1 s)")
-    prom.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
-                      help="HTTP timeout per query (default: 30)")
-
-
-def parse_duration(field: str, text: str) -> float:
-    match = _DURATION.match(text.strip())
-    if not match or float(match[1]) <= 0:
-        raise ConfigError(field, f"{text!r} is not a duration like 90s, 30m, 24h or 7d")
-    return float(match[1]) * _UNIT_SECONDS[match[2]]
 
 
 def parse_time(field: str, text: str | None) -> float:
@@ -78,31 +62,16 @@ def parse_time(field: str, text: str | None) -> float:
     return moment.timestamp()
 
 
-def _job_names(text: str | None) -> list[str]:
-    names = [name.strip() for name in (text or "").split(",") if name.strip()]
-    if text is not None and not names:
-        raise ConfigError("--jobs", "give at least one job name")
-    return names
-
-
 def collect(args: argparse.Namespace) -> list[RunData]:
     """Every run the arguments name: JSONL logs first, then Prometheus jobs."""
-    jobs = _job_names(args.jobs)
-    if bool(jobs) != bool(args.prometheus):
-        raise ConfigError("--jobs" if args.prometheus else "--prometheus",
-                          "--prometheus and --jobs go together")
+    jobs = history_jobs(args)
     if not args.runs and not jobs:
-        raise ConfigError("RUN", "name at least one run log, or --prometheus URL --jobs A,B")
-    runs = load_runs(args.runs)
-    if jobs:
-        for flag, value in (("--step", args.step), ("--timeout", args.timeout)):
-            if value is not None and not value > 0:
-                raise ConfigError(flag, f"must be > 0 seconds, got {value!r}")
-        api = PrometheusAPI(args.prometheus, timeout_s=args.timeout)
-        until = parse_time("--until", args.until)
-        since = until - parse_duration("--since", args.since)
-        runs += [load_job(api, job, since, until, args.step) for job in jobs]
-    return runs
+        raise ConfigError("RUN", "name at least one run log, or --prometheus URL --job A,B")
+    if not jobs:
+        return load_runs(args.runs)
+    until = parse_time("--until", args.until)
+    api, since = history_api(args, until)  # every flag checked before the logs are read
+    return load_runs(args.runs) + [load_job(api, job, since, until, args.step) for job in jobs]
 
 
 def run(args: argparse.Namespace) -> int:

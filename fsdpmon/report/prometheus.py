@@ -79,7 +79,7 @@ def job_window(api: PrometheusAPI, job: str, since: float, until: float) -> tupl
     if not stamps:
         raise InputError(
             f"job {job!r}: no {RANK_SERIES['step']} series in {api.base_url} in the "
-            "queried time range (check --jobs and --since)"
+            "queried time range (check --job and --since)"
         )
     return max(since, stamps[0] - coarse), min(until, stamps[-1])
 
