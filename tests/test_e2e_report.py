@@ -2,7 +2,7 @@
 
 The table's tokens/s and step times must agree with figures this test recomputes from the raw
 JSONL records; the chart must be a valid PNG; damaged logs must give one-line errors. A real
-Prometheus scrapes both runs as they train, and `--prometheus --jobs` must tell the same story.
+Prometheus scrapes both runs as they train, and `--prometheus --job` must tell the same story.
 """
 
 from __future__ import annotations
@@ -206,7 +206,7 @@ def test_prometheus_source_tells_the_same_story_as_the_logs(runs, tmp_path):
     """The same two runs, read back from the Prometheus that scraped their monitors."""
     root, url, ended = runs
     from_logs = fsdpmon("report", str(root), "--out", str(tmp_path / "logs"))
-    from_prom = fsdpmon("report", "--prometheus", url, "--jobs", "tiny-n1,tiny-n2",
+    from_prom = fsdpmon("report", "--prometheus", url, "--job", "tiny-n1,tiny-n2",
                         "--since", "1h", "--out", str(tmp_path / "prom"))
     assert from_logs.returncode == 0 and from_prom.returncode == 0, from_prom.stderr
     logs, prom = (json.loads((tmp_path / d / "report.json").read_text())["runs"]
