@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from fsdpmon.monitor import Monitor, MonitorConfig
-from trainer.model import FLAVOURS, Transformer
+from fsdpmon.trainer.model import FLAVOURS, Transformer
 
 # The scrapers run in their own process (stdlib only, so it starts at once), switched by lines
 # on stdin: "1" on, "0" off, "q" quit and print "answered failed".

@@ -64,7 +64,7 @@ def check_base(python: Path, work: Path) -> list[str]:
     for world in (1, 2):
         write_run(work / "logs" / f"n{world}.jsonl", world)
     runs.append([str(fsdpmon), "report", str(work / "logs"), "--out", str(work / "report")])
-    runs.append([str(python), "-m", "dashboards", "--check"])
+    runs.append([str(python), "-m", "fsdpmon.dashboards", "--check"])
     for argv in runs:
         out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=work,
                              stdin=subprocess.DEVNULL)

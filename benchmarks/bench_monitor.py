@@ -46,7 +46,7 @@ from fsdpmon import catalog
 from fsdpmon.monitor import Monitor, MonitorConfig, collectives, podserver
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import stacks_app
-from trainer.model import FLAVOURS, Transformer
+from fsdpmon.trainer.model import FLAVOURS, Transformer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the pre-merge reference
 import adapter_costs
@@ -195,7 +195,7 @@ def collectives_per_step(workdir: Path) -> float:
     """Collectives per step of the tiny model on 2 ranks, as the monitor counts them."""
     log = workdir / "attrib.jsonl"
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                    "--nproc_per_node", "2", "-m", "trainer.train", "--model", "tiny",
+                    "--nproc_per_node", "2", "-m", "fsdpmon.trainer.train", "--model", "tiny",
                     "--max-steps", "10", "--log-every", "10", "--metrics-port", "0",
                     "--log-jsonl", str(log)], check=True, capture_output=True,
                    cwd=Path(__file__).resolve().parents[1],

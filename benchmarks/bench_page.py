@@ -48,8 +48,8 @@ from diagnose_job import Job, faulty_job, stepping  # noqa: E402
 from prometheus_stack import Webhook, alertmanager, run_prometheus  # noqa: E402
 from shipped_alerts import SHIPPED_RULES, scrape_config  # noqa: E402
 
-from dashboards.generate import rules_yaml  # noqa: E402
-from dashboards.rulebase import RuleBounds  # noqa: E402
+from fsdpmon.dashboards.generate import rules_yaml  # noqa: E402
+from fsdpmon.dashboards.rulebase import RuleBounds  # noqa: E402
 from fsdpmon.diagnose.evidence import Diagnoser  # noqa: E402
 from fsdpmon.manifests.alerting import alertmanager_config  # noqa: E402
 from fsdpmon.scrape.sources.prometheus import PrometheusSource  # noqa: E402

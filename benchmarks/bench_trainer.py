@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from trainer.config import model_args_for, parse_config
-from trainer.model import Transformer, count_parameters
+from fsdpmon.trainer.config import model_args_for, parse_config
+from fsdpmon.trainer.model import Transformer, count_parameters
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def run_trainer(flags: tuple[str, ...], nproc: int, timeout: float,
     with tempfile.TemporaryDirectory() as tmp:
         jsonl = Path(tmp) / "run.jsonl"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", str(nproc), "-m", "trainer.train", *flags,
+               "--nproc_per_node", str(nproc), "-m", "fsdpmon.trainer.train", *flags,
                "--metrics-port", "0", "--log-jsonl", str(jsonl), "--lr", "1e-3"]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         if cpu:

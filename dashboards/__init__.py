@@ -7,5 +7,5 @@
 - ``rulebase``: what every rule is built from (thresholds in ``RuleBounds``, the runbook address).
 - ``alerts`` / ``rules``: the alerting rules / every rule group (``rule_groups()``).
 - ``dcgm``: recording rules mapping dcgm-exporter's metrics onto the catalog's GPU metrics.
-- ``generate`` / ``python -m dashboards``: render and write ``dashboards/generated/``.
+- ``generate`` / ``python -m fsdpmon.dashboards``: render and write ``dashboards/generated/``.
 """

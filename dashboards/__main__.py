@@ -1,4 +1,5 @@
-"""``python -m dashboards``: regenerate ``dashboards/generated/`` (``--check``: only compare).
+"""``python -m fsdpmon.dashboards``: regenerate ``dashboards/generated/``
+(``--check``: only compare).
 
 ``--runbook-url`` (default: ``FSDPMON_RUNBOOK_URL``, else the fsdpmon repository's
 docs/runbook.md) is where each alert's ``runbook_url`` points, ``#<cause>`` appended. The
@@ -12,13 +13,13 @@ import os
 import sys
 from pathlib import Path
 
-from dashboards.generate import GENERATED, stale_files, write
-from dashboards.rulebase import DEFAULT_RUNBOOK_URL, runbook_base
 from fsdpmon.conventions import RUNBOOK_URL_ENV
+from fsdpmon.dashboards.generate import GENERATED, stale_files, write
+from fsdpmon.dashboards.rulebase import DEFAULT_RUNBOOK_URL, runbook_base
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m fsdpmon.dashboards", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when the files differ from a fresh generation")

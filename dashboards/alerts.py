@@ -1,14 +1,14 @@
 """Alerting rules for FSDP jobs: training (stalls, missing ranks, stragglers, loss, memory,
 checkpoints) and scrape targets; the GPUs' are in dashboards/gpu_alerts.py. Every threshold and
-``for`` is a field of :class:`dashboards.rulebase.RuleBounds`; every alert names its diagnosis
-cause."""
+``for`` is a field of :class:`fsdpmon.dashboards.rulebase.RuleBounds`; every alert names its
+diagnosis cause."""
 
 from __future__ import annotations
 
-from dashboards.promql import JOB_KEYS, RANK_KEYS, m
-from dashboards.rulebase import AGE, STEP_TIME, Rule, RuleBounds, alert, rose
 from fsdpmon import catalog
 from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, Severity
+from fsdpmon.dashboards.promql import JOB_KEYS, RANK_KEYS, m
+from fsdpmon.dashboards.rulebase import AGE, STEP_TIME, Rule, RuleBounds, alert, rose
 
 
 def _rank_missing(b: RuleBounds) -> Rule:

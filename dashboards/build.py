@@ -1,19 +1,19 @@
 """The four fsdpmon Grafana dashboards, built from the metric catalog and the recording rules.
 
-``all_dashboards()`` maps a file name to its Grafana JSON; ``python -m dashboards`` writes them to
-``dashboards/generated/``. Each dashboard is built in a module of its own (``jobs``: job overview
-and runs compared; ``ranks``; ``nodes``) on what they share (``scope``: variables, selectors,
-links).
+``all_dashboards()`` maps a file name to its Grafana JSON; ``python -m fsdpmon.dashboards`` writes
+them to ``dashboards/generated/``. Each dashboard is built in a module of its own (``jobs``: job
+overview and runs compared; ``ranks``; ``nodes``) on what they share (``scope``: variables,
+selectors, links).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from dashboards.jobs import job_overview, runs
-from dashboards.nodes import nodes
-from dashboards.ranks import ranks
 from fsdpmon import catalog
+from fsdpmon.dashboards.jobs import job_overview, runs
+from fsdpmon.dashboards.nodes import nodes
+from fsdpmon.dashboards.ranks import ranks
 
 # Catalogued metrics a rank exposes only when it runs on a CUDA device (MFU needs a known GPU's
 # peak FLOP/s). Panels made only of these stay empty for CPU runs; the end-to-end test on a CPU

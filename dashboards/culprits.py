@@ -16,10 +16,10 @@ hang) the stall alert names the job only, never a waiting rank.
 
 from __future__ import annotations
 
-from dashboards.promql import JOB_KEYS, m
-from dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert
 from fsdpmon import catalog
 from fsdpmon.conventions import Severity
+from fsdpmon.dashboards.promql import JOB_KEYS, m
+from fsdpmon.dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert
 
 RANK_KEYS = f"{JOB_KEYS}, rank"
 CULPRIT = m(catalog.REC_RANK_STALL_CULPRIT_SECONDS)

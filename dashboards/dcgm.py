@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.promql import m
 from fsdpmon import catalog
 from fsdpmon.catalog import Metric
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS
+from fsdpmon.dashboards.promql import m
 
 MIB = 1024 * 1024
 

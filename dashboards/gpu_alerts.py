@@ -1,13 +1,13 @@
 """Alerting rules for the GPUs under an FSDP job: their use (idle, throttled) and their faults
 (lost, XID, ECC), each named with the training rank whose process uses the GPU where known.
-Every threshold and ``for`` is a field of :class:`dashboards.rulebase.RuleBounds`."""
+Every threshold and ``for`` is a field of :class:`fsdpmon.dashboards.rulebase.RuleBounds`."""
 
 from __future__ import annotations
 
-from dashboards.promql import m
-from dashboards.rulebase import Rule, RuleBounds, alert, rose
 from fsdpmon import catalog
 from fsdpmon.conventions import Severity
+from fsdpmon.dashboards.promql import m
+from fsdpmon.dashboards.rulebase import Rule, RuleBounds, alert, rose
 
 
 def gpu_alerts(b: RuleBounds) -> list[Rule]:

@@ -1,13 +1,16 @@
 """The job-level dashboards: one job's overview (throughput, progress, diagnosis, quality and
 health) and runs compared (throughput and memory per GPU against world size, across jobs).
 
-Job-level figures are the recorded names of :mod:`dashboards.rules`, read by their
-:class:`fsdpmon.catalog.Recorded` symbols through :func:`dashboards.promql.m`.
+Job-level figures are the recorded names of :mod:`fsdpmon.dashboards.rules`, read by their
+:class:`fsdpmon.catalog.Recorded` symbols through :func:`fsdpmon.dashboards.promql.m`.
 """
 
 from __future__ import annotations
 
-from dashboards.panels import (
+from fsdpmon import catalog
+from fsdpmon.catalog import Metric, Recorded
+from fsdpmon.conventions import GPU_THROTTLE_REASONS, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.dashboards.panels import (
     Json,
     Panel,
     Row,
@@ -18,11 +21,8 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.promql import JOB_KEYS, m
-from dashboards.scope import JOB, NODE_ALL, PER_JOB, PER_RANK, RANGE, RATE, links, variables
-from fsdpmon import catalog
-from fsdpmon.catalog import Metric, Recorded
-from fsdpmon.conventions import GPU_THROTTLE_REASONS, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.dashboards.promql import JOB_KEYS, m
+from fsdpmon.dashboards.scope import JOB, NODE_ALL, PER_JOB, PER_RANK, RANGE, RATE, links, variables
 
 
 def _job(recorded: Recorded, legend: str = PER_JOB) -> Target:

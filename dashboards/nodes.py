@@ -4,7 +4,9 @@ interconnect, then the host and its processes.
 
 from __future__ import annotations
 
-from dashboards.panels import (
+from fsdpmon import catalog
+from fsdpmon.catalog import Metric
+from fsdpmon.dashboards.panels import (
     Json,
     Panel,
     Row,
@@ -13,10 +15,8 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.promql import m
-from dashboards.scope import NODE, RATE, links, variables
-from fsdpmon import catalog
-from fsdpmon.catalog import Metric
+from fsdpmon.dashboards.promql import m
+from fsdpmon.dashboards.scope import NODE, RATE, links, variables
 
 
 def _gpu(metric: Metric, legend_extra: str = "") -> Target:

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from dashboards.descriptions import DESCRIPTIONS
+from fsdpmon.dashboards.descriptions import DESCRIPTIONS
 
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24

@@ -4,7 +4,8 @@ slow rank of a job.
 
 from __future__ import annotations
 
-from dashboards.panels import (
+from fsdpmon import catalog
+from fsdpmon.dashboards.panels import (
     Json,
     Panel,
     Row,
@@ -14,9 +15,8 @@ from dashboards.panels import (
     table,
     timeseries,
 )
-from dashboards.promql import RANK_KEYS, bucket, m
-from dashboards.scope import JOB, PER_RANK, RANK, RATE, links, variables
-from fsdpmon import catalog
+from fsdpmon.dashboards.promql import RANK_KEYS, bucket, m
+from fsdpmon.dashboards.scope import JOB, PER_RANK, RANK, RATE, links, variables
 
 
 def _peak_memory(sel: str) -> str:

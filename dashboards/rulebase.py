@@ -1,8 +1,8 @@
 """What every rule is built from: the bounds (thresholds and ``for`` durations), the alert and
 record constructors, the runbook address and the diagnosis cause each alert stands for.
 
-The bottom of ``dashboards``' rule modules: ``dashboards.alerts`` and ``dashboards.rules`` build
-on it, and it imports neither.
+The bottom of ``dashboards``' rule modules: ``fsdpmon.dashboards.alerts`` and
+``fsdpmon.dashboards.rules`` build on it, and it imports neither.
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
-from dashboards.promql import m
 from fsdpmon import catalog
 from fsdpmon.catalog import Recorded
 from fsdpmon.conventions import (
@@ -25,6 +24,7 @@ from fsdpmon.conventions import (
     STRAGGLER_SCORE_THRESHOLD,
     Severity,
 )
+from fsdpmon.dashboards.promql import m
 
 Rule = dict[str, Any]
 
@@ -114,7 +114,7 @@ def record(recorded: Recorded, expr: str) -> Rule:
 
 # Where the runbook is published: docs/runbook.md of the fsdpmon repository, one `## <cause>`
 # section per cause, so `<url>#<cause>` opens it. A team that hosts its own copy (a wiki, an
-# internal Git server) generates the rules with its address: `python -m dashboards
+# internal Git server) generates the rules with its address: `python -m fsdpmon.dashboards
 # --runbook-url URL` or FSDPMON_RUNBOOK_URL (dashboards/README.md); the committed rule file and
 # `fsdpmon manifests` use this default.
 DEFAULT_RUNBOOK_URL = "https://github.com/fsdpmon/fsdpmon/blob/main/docs/runbook.md"

@@ -1,11 +1,11 @@
 """Prometheus recording and alerting rules for FSDP jobs, built from the metric catalog.
 
 ``rule_groups()`` returns plain rule groups (only the keys promtool 2.42 accepts: ``name``,
-``interval``, ``rules``), which ``python -m dashboards`` writes to
+``interval``, ``rules``), which ``python -m fsdpmon.dashboards`` writes to
 ``dashboards/generated/fsdpmon-rules.yaml`` and the Kubernetes manifests wrap in a
 PrometheusRule. Every threshold and ``for`` duration is a field of
-:class:`dashboards.rulebase.RuleBounds`, so the end-to-end test can generate a fast variant while
-the shipped defaults suit real jobs; where the runbook is published (each alert's
+:class:`fsdpmon.dashboards.rulebase.RuleBounds`, so the end-to-end test can generate a fast variant
+while the shipped defaults suit real jobs; where the runbook is published (each alert's
 ``runbook_url``) is ``rule_groups``' ``runbook_url``.
 
 Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); each is
@@ -18,12 +18,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from dashboards.alerts import target_alerts, training_alerts
-from dashboards.culprits import culprit_alerts, culprit_records
-from dashboards.dcgm import dcgm_rules
-from dashboards.gpu_alerts import gpu_alerts
-from dashboards.promql import JOB_KEYS, m
-from dashboards.rulebase import (
+from fsdpmon import catalog
+from fsdpmon.dashboards.alerts import target_alerts, training_alerts
+from fsdpmon.dashboards.culprits import culprit_alerts, culprit_records
+from fsdpmon.dashboards.dcgm import dcgm_rules
+from fsdpmon.dashboards.gpu_alerts import gpu_alerts
+from fsdpmon.dashboards.promql import JOB_KEYS, m
+from fsdpmon.dashboards.rulebase import (
     AGE,
     DEFAULT_RUNBOOK_URL,
     HEARTBEAT,
@@ -34,7 +35,6 @@ from dashboards.rulebase import (
     runbook_base,
     with_runbook,
 )
-from fsdpmon import catalog
 
 
 def training_records() -> list[Rule]:

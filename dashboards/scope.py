@@ -8,9 +8,9 @@ same dashboards work for Kubernetes scrapes (with ``namespace``) and local runs 
 
 from __future__ import annotations
 
-from dashboards.panels import Json, query_variable
-from dashboards.promql import m
 from fsdpmon import catalog
+from fsdpmon.dashboards.panels import Json, query_variable
+from fsdpmon.dashboards.promql import m
 
 JOB = 'namespace=~"$namespace", job_name=~"$job"'
 RANK = f'{JOB}, rank=~"$rank"'

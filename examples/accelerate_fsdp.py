@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from fsdpmon.monitor import MonitorConfig
 from fsdpmon.monitor.accelerate import AccelerateMonitor  # fsdpmon
-from trainer.model import Transformer
-from trainer.shapes import FLAVOURS
+from fsdpmon.trainer.model import Transformer
+from fsdpmon.trainer.shapes import FLAVOURS
 
 SEQ, BATCH, ACCUMULATE = 64, 2, 2
 

@@ -23,8 +23,8 @@ from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 from torch.utils.data import DataLoader, TensorDataset
 
 from fsdpmon.monitor import Monitor, MonitorConfig  # fsdpmon
-from trainer.model import Transformer, TransformerBlock
-from trainer.shapes import FLAVOURS
+from fsdpmon.trainer.model import Transformer, TransformerBlock
+from fsdpmon.trainer.shapes import FLAVOURS
 
 SEQ, BATCH = 64, 4
 

@@ -22,8 +22,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 from fsdpmon.monitor import Monitor, MonitorConfig  # fsdpmon
-from trainer.model import Transformer
-from trainer.shapes import FLAVOURS
+from fsdpmon.trainer.model import Transformer
+from fsdpmon.trainer.shapes import FLAVOURS
 
 SEQ, BATCH = 64, 4
 

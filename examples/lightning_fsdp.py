@@ -22,8 +22,8 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 from fsdpmon.monitor.lightning import FsdpmonCallback  # fsdpmon
-from trainer.model import Transformer, TransformerBlock
-from trainer.shapes import FLAVOURS
+from fsdpmon.trainer.model import Transformer, TransformerBlock
+from fsdpmon.trainer.shapes import FLAVOURS
 
 SEQ, BATCH = 64, 4
 

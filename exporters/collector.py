@@ -13,11 +13,18 @@ from collections.abc import Iterator, Mapping
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from exporters.sample import NO_POD, GpuSample, HostSample, NodeSample, PodRef, ProcessSample
-from exporters.sampler import Sampler
 from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME
 from fsdpmon.conventions import clock_event_mask
+from fsdpmon.exporters.sample import (
+    NO_POD,
+    GpuSample,
+    HostSample,
+    NodeSample,
+    PodRef,
+    ProcessSample,
+)
+from fsdpmon.exporters.sampler import Sampler
 from fsdpmon.families import Families
 
 

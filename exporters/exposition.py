@@ -22,14 +22,14 @@ from prometheus_client import make_wsgi_app
 from prometheus_client.exposition import choose_encoder, gzip_accepted
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.collector import (
+from fsdpmon.exporters.collector import (
     ExporterCollector,
     FrozenCollector,
     live_families,
     sample_families,
 )
-from exporters.sample import NodeSample
-from exporters.sampler import Sampler
+from fsdpmon.exporters.sample import NodeSample
+from fsdpmon.exporters.sampler import Sampler
 from fsdpmon.families import restrict
 
 OPENMETRICS_EOF = b"# EOF\n"

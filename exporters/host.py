@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from exporters.sample import HostSample
+from fsdpmon.exporters.sample import HostSample
 
 # /proc/stat cpu columns in order; guest time is already counted inside user/nice.
 CPU_MODES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")

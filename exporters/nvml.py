@@ -1,7 +1,8 @@
 """The one NVML wrapper: the only module in fsdpmon that imports pynvml.
 
-``NvmlReader`` reads every GPU signal through per-field methods (``exporters.nvml_fields``, which
-reach NVML only through the reader) and applies one error policy:
+``NvmlReader`` reads every GPU signal through per-field methods
+(``fsdpmon.exporters.nvml_fields``, which reach NVML only through the reader) and applies one
+error policy:
 
 - NotSupported / NoPermission / NoData / NotFound -> that field is missing (series absent), never 0;
   NotSupported is remembered per GPU so the call is not repeated every sample.
@@ -26,9 +27,9 @@ from typing import Any
 
 import pynvml
 
-from exporters.nvml_fields import FieldReaders
-from exporters.sample import GpuIdentity, GpuReading, GpuSample
 from fsdpmon import catalog
+from fsdpmon.exporters.nvml_fields import FieldReaders
+from fsdpmon.exporters.sample import GpuIdentity, GpuReading, GpuSample
 
 log = logging.getLogger(__name__)
 

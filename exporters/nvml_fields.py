@@ -1,6 +1,6 @@
 """NVML's per-field reads, one method per signal, each returning catalog name -> value.
 
-Mixed into ``exporters.nvml.NvmlReader``, which owns the NVML module (``self.nvml``), the
+Mixed into ``fsdpmon.exporters.nvml.NvmlReader``, which owns the NVML module (``self.nvml``), the
 error policy around every call and the state kept between reads (``self._previous``). This
 module never imports pynvml: every NVML name is reached through ``self.nvml``, so tests' fake
 module stands in for it here too.
@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from exporters.sample import GpuProcess
 from fsdpmon import catalog
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS
+from fsdpmon.exporters.sample import GpuProcess
 
 MIB = 1024
 _UINT_MAX = 0xFFFFFFFF  # NVLink field scope meaning "summed over all links"
@@ -235,4 +235,4 @@ class FieldReaders:
             raise self.nvml.NVMLError(entry.nvmlReturn)
         return _field_number(entry)
 
-    # -- XID events (fed by exporters.xid.XidWatcher) ---------------------------------------
+    # -- XID events (fed by fsdpmon.exporters.xid.XidWatcher) -------------------------------

@@ -18,9 +18,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.sample import PodRef
 from fsdpmon.conventions import JOBSET_NAME_LABEL, PYTORCHJOB_LABEL, TRAINING_PORT_NAME
 from fsdpmon.errors import ConfigError
+from fsdpmon.exporters.sample import PodRef
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
-from exporters.cgroup import CgroupRef, parse_cgroup
-from exporters.sample import NO_POD, PodRef, ProcessSample
+from fsdpmon.exporters.cgroup import CgroupRef, parse_cgroup
+from fsdpmon.exporters.sample import NO_POD, PodRef, ProcessSample
 
 log = logging.getLogger(__name__)
 

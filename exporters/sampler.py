@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from exporters.host import HostReader
-from exporters.procs import ProcessScanner
-from exporters.sample import GpuReading, HostSample, NodeSample, ProcessSample
+from fsdpmon.exporters.host import HostReader
+from fsdpmon.exporters.procs import ProcessScanner
+from fsdpmon.exporters.sample import GpuReading, HostSample, NodeSample, ProcessSample
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Given the node's training processes with their LOCAL_RANK (``use_processes``), s
 ``i`` is used by the process with ``LOCAL_RANK=i`` (modulo the GPU count), as NVML lists a
 torchrun worker among the compute processes of the GPU it was given; a launcher (no LOCAL_RANK)
 uses none. So per-process GPU memory, pod labels on GPU series and a GPU fault's rank can be
-traced end to end without a GPU. GPU faults (:mod:`exporters.simfaults`) change what a GPU
+traced end to end without a GPU. GPU faults (:mod:`fsdpmon.exporters.simfaults`) change what a GPU
 reports from their start time on.
 """
 
@@ -20,11 +20,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from exporters.nvml_fields import CLOCK_EVENT_REASONS, CLOCK_EVENT_TIME_REASONS
-from exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
-from exporters.simfaults import HEALTHY, GpuFaults, GpuFaultState
 from fsdpmon import catalog
 from fsdpmon.conventions import SIMULATED_GPU_MODEL
+from fsdpmon.exporters.nvml_fields import CLOCK_EVENT_REASONS, CLOCK_EVENT_TIME_REASONS
+from fsdpmon.exporters.sample import GpuIdentity, GpuProcess, GpuReading, GpuSample
+from fsdpmon.exporters.simfaults import HEALTHY, GpuFaults, GpuFaultState
 
 log = logging.getLogger(__name__)
 

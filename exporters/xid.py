@@ -13,7 +13,7 @@ import logging
 import threading
 from typing import Any
 
-from exporters.nvml import NvmlReader
+from fsdpmon.exporters.nvml import NvmlReader
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ How to refer to a metric (the contract; tests/test_layers.py enforces it):
   name. A misspelt symbol raises AttributeError at import where used at module level, and
   tests/test_layers.py fails on any ``catalog.X`` in the code base that this module lacks, so
   it can never become a silently missing series. Renaming a metric is one edit here plus
-  ``python -m dashboards`` to regenerate the dashboards and rules.
+  ``python -m fsdpmon.dashboards`` to regenerate the dashboards and rules.
 - ``get(name)`` / ``BY_NAME`` remain for names that arrive as data (a state file, a scraped
   exposition, a dashboard query).
 """

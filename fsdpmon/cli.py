@@ -12,10 +12,11 @@ import contextlib
 import importlib
 import logging
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from fsdpmon import __version__
-from fsdpmon.errors import FsdpmonError
+from fsdpmon.errors import guarded
+from fsdpmon.helpformat import HelpFormatter
 
 # Long-running services log their INFO lines (start-up, what they serve) by default; the other
 # commands print their results and only warnings and errors, unless -v asks for more.
@@ -27,7 +28,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("fsdpmon.top.cli", "live terminal view of a whole FSDP job across pods"),
     "diagnose": ("fsdpmon.diagnose.cli",
                  "name the rank, pod, node or GPU behind a stall or slowdown, and why"),
-    "exporter": ("exporters.cli", "per-node exporter: GPUs, host and processes, with pod labels"),
+    "exporter": ("fsdpmon.exporters.cli",
+                 "per-node exporter: GPUs, host and processes, with pod labels"),
     "manifests": ("fsdpmon.manifests.cli", "generate the Kubernetes job, exporter and monitoring"),
     "report": ("fsdpmon.report.cli", "scaling report (table + chart) from several runs"),
     "incidents": ("fsdpmon.incidents.cli",
@@ -35,23 +37,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "goodput": ("fsdpmon.incidents.goodput_cli",
                 "where a run's wall-clock time went: productive time and badput by cause"),
 }
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Descriptions and epilogs as written; each option's help ends with its default.
-
-    Options whose help already names its default, and those defaulting to None/False (no value
-    unless given), are left as they are.
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if (not action.option_strings or "default" in text.lower() or text == argparse.SUPPRESS
-                or default is None or default is False or default == argparse.SUPPRESS
-                or default == []):
-            return text
-        return f"{text} (default: %(default)s)"
 
 
 def _top_parser() -> argparse.ArgumentParser:
@@ -69,21 +54,6 @@ def _top_parser() -> argparse.ArgumentParser:
     )
     parser.formatter_class = argparse.RawTextHelpFormatter
     return parser
-
-
-def guarded(fn: Callable[[], int], prog: str = "fsdpmon") -> int:
-    """Run ``fn``; turn FsdpmonError into one line on stderr and its exit code.
-
-    Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
-    """
-    try:
-        return fn()
-    except FsdpmonError as exc:
-        print(f"{prog}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
-    except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
-        return 130
 
 
 def main(argv: Sequence[str] | None = None) -> int:

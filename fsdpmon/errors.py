@@ -1,11 +1,14 @@
 """The one small error hierarchy of the project.
 
 Every error a user can cause (a bad flag, a bad config file, an unreachable target) is raised as
-one of these; ``fsdpmon.cli.guarded`` turns them into a one-line message and an exit code, so no
+one of these; ``guarded`` (below) turns them into a one-line message and an exit code, so no
 user ever sees a traceback for their own mistake.
 """
 
 from __future__ import annotations
+
+import sys
+from collections.abc import Callable
 
 
 class FsdpmonError(Exception):
@@ -56,3 +59,18 @@ class JobUnhealthyError(FsdpmonError):
     """``--once`` found the job stalled or down (documented exit status for cron checks)."""
 
     exit_code = 4
+
+
+def guarded(fn: Callable[[], int], prog: str = "fsdpmon") -> int:
+    """Run ``fn``; turn FsdpmonError into one line on stderr and its exit code.
+
+    Ctrl-C exits 130 quietly. Anything else is a bug and keeps its traceback.
+    """
+    try:
+        return fn()
+    except FsdpmonError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return 130

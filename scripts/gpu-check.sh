@@ -132,7 +132,7 @@ PY
 
 # 5. CPU offload on the GPU: sharded parameters in host memory, tiny model.
 step cpu-offload 180 "$py" -m torch.distributed.run --standalone --nproc_per_node 1 \
-  -m trainer.train --model tiny --cpu-offload --max-steps 10 --log-every 5 --metrics-port 0
+  -m fsdpmon.trainer.train --model tiny --cpu-offload --max-steps 10 --log-every 5 --metrics-port 0
 
 # 6. llama2-7b-shaped training on one GPU, layers reduced: tokens/s and MFU.
 step train-7b-shape 300 bash -c "set -o pipefail; $py benchmarks/bench_trainer.py --skip-cpu \

@@ -45,22 +45,8 @@ venv_flags=(); [ "${FSDPMON_VENV_SYSTEM_SITE:-0}" = 1 ] && venv_flags=(--system-
   python3 -m venv "${venv_flags[@]}" .venv; }
 extras="train,hf,report"; [ "$want_test" = 1 ] && extras="test"   # test includes train
 installed="$extras"; [ "$want_test" = 1 ] && installed="test-torchtitan$TORCHTITAN_VERSION"
-stamp=".venv/.fsdpmon-$(cat pyproject.toml fsdpmon/scrape/_*.[ch] | sha1sum | cut -c1-12)-$installed"
-# The C halves of the scrape layer (fsdpmon/scrape/_*.c) are built by the install below (pyproject.toml): one
-# missing (a tree cleaned since) re-runs it, unless this machine lacks a C compiler or headers.
-c_half_missing() {
-  local source built=1
-  for source in fsdpmon/scrape/_*.c; do
-    compgen -G "${source%.c}.*.so" >/dev/null || built=0
-  done
-  [ "$built" = 0 ] && .venv/bin/python - <<'PY'
-import os, shutil, sys, sysconfig
-compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-headers = os.path.join(sysconfig.get_paths()["include"], "Python.h")
-sys.exit(0 if shutil.which(compiler) and os.path.exists(headers) else 1)
-PY
-}
-[ -f "$stamp" ] && ! c_half_missing && exit 0
+stamp=".venv/.fsdpmon-$(sha1sum <pyproject.toml | cut -c1-12)-$installed"
+[ -f "$stamp" ] && exit 0
 
 log=.venv/pip-install.log
 pip() { .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1 || {

@@ -94,7 +94,7 @@ def stepping(ranks: int, gpus: bool = False):
 @contextlib.contextmanager
 def faulty_job(tmp: Path, ranks: int = 2, train_fault: str = "",
                extra: tuple[str, ...] = (), max_restarts: int = 0,
-               entry: tuple[str, ...] = ("-m", "trainer.train"),
+               entry: tuple[str, ...] = ("-m", "fsdpmon.trainer.train"),
                env_extra: dict[str, str] | None = None) -> Iterator[Job]:
     """A running training (killed, with every child and the exporter, on exit); the exporter
     starts when the caller says, so GPU faults count from a known moment. ``max_restarts``:

@@ -100,7 +100,7 @@ def _workers(proc: subprocess.Popen) -> dict[int, psutil.Process]:
     for child in psutil.Process(proc.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
             rank = child.environ().get("RANK")
-            if rank is not None and "trainer.train" in " ".join(child.cmdline()):
+            if rank is not None and "fsdpmon.trainer.train" in " ".join(child.cmdline()):
                 out[int(rank)] = child
     return out
 
@@ -119,7 +119,7 @@ def run(sc: Scenario, workdir: Path, timeout: float = 120.0) -> Observed:
     """Run the scenario to its end; its JSONL in ``workdir/logs``."""
     pause_dir = workdir / "pause"
     pause_dir.mkdir(parents=True, exist_ok=True)
-    args = torchrun_args(2, ["-m", "trainer.train", "--model", "tiny", "--max-steps",
+    args = torchrun_args(2, ["-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps",
                              str(sc.steps), "--batch-size", "2", "--seq-len", "32",
                              "--log-every", "1", "--checkpoint-dir", str(workdir / "ckpt"),
                              "--checkpoint-every", str(sc.every), "--keep-checkpoints", "2",

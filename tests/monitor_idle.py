@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from fsdpmon.cli import guarded
+from fsdpmon.errors import guarded
 from fsdpmon.monitor import Monitor, MonitorConfig
 
 GIL_TRIGGER = "MONITOR_IDLE_GIL_TRIGGER"

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from fsdpmon.monitor import Monitor, MonitorConfig
-from trainer.model import FLAVOURS, Transformer
+from fsdpmon.trainer.model import FLAVOURS, Transformer
 
 
 def parse() -> argparse.Namespace:

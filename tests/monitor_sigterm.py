@@ -17,7 +17,7 @@ import signal
 import sys
 import time
 
-from fsdpmon.cli import guarded
+from fsdpmon.errors import guarded
 from fsdpmon.monitor import Monitor, MonitorConfig
 from fsdpmon.monitor.exit_record import ExitRecord
 

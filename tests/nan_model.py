@@ -18,7 +18,7 @@ def install() -> None:
     rank, start = os.environ.get("NAN_MODEL_RANK"), os.environ.get("NAN_MODEL_FROM_CALL")
     if rank is None or start is None or os.environ.get("RANK") != rank:
         return
-    from trainer import model
+    from fsdpmon.trainer import model
 
     forward = model.Transformer.forward
     calls = [0]

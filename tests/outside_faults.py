@@ -5,8 +5,9 @@
 Lightning, Accelerate and the plain loops own their loops, so the trainer's injector
 (trainer/faults.py) cannot reach them. The shim patches what every example shares instead, before
 the example runs (``runpy``), with the one fault grammar (``FSDPMON_FAULT``):
-- ``compute-slow:rank=R,factor=F``: the model's forward (``trainer.model.Transformer.forward``,
-  whatever wraps it) sleeps (F - 1) x the CPU time it took, as the trainer's fault does;
+- ``compute-slow:rank=R,factor=F``: the model's forward
+  (``fsdpmon.trainer.model.Transformer.forward``, whatever wraps it) sleeps (F - 1) x the CPU
+  time it took, as the trainer's fault does;
 - ``hang:rank=R,where=data``: ``next()`` on a torch DataLoader iterator never returns (the frame
   ``hang_in_data_loader`` under ``__next__``, as the trainer's fault shows).
 A fault acts once the file ``$FSDPMON_TEST_GATES/<kind>`` exists (the test opens each gate when
@@ -24,7 +25,7 @@ from pathlib import Path
 import torch.utils.data.dataloader as dataloader
 
 from fsdpmon import faultspec as fs
-from trainer import model as llama
+from fsdpmon.trainer import model as llama
 
 RANK = int(os.environ.get("RANK", "0"))
 GATES = os.environ.get("FSDPMON_TEST_GATES")

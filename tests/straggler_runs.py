@@ -81,7 +81,7 @@ def neighbour(active: bool) -> Iterator[None]:
 def _trainer_args(workdir: Path, nproc: int, steps: int, log_every: int,
                   seq_len: int) -> list[str]:
     workdir.mkdir(parents=True, exist_ok=True)
-    return torchrun_args(nproc, ["-m", "trainer.train", "--model", "tiny",
+    return torchrun_args(nproc, ["-m", "fsdpmon.trainer.train", "--model", "tiny",
                                  "--max-steps", str(steps), "--log-every", str(log_every),
                                  "--seq-len", str(seq_len), "--metrics-port", "0",
                                  "--log-jsonl", str(workdir / "log.jsonl")])

@@ -301,7 +301,7 @@ def _gpu_known(node: str, g: GpuSpec, namespace: str) -> dict[str, str]:
         "container": "trainer" if g.pod else "", "pid": str(g.pid),
         "rank": "" if g.rank is None else str(g.rank),
         "local_rank": "" if g.rank is None else str(g.gpu),
-        "command": f"python -m trainer.train --local-rank {g.gpu}", "user": "root",
+        "command": f"python -m fsdpmon.trainer.train --local-rank {g.gpu}", "user": "root",
         "state": "running", "driver_version": "550.54.15", "cuda_version": "12.4",
         "pci_bus_id": f"00000000:{g.gpu + 16:02X}:00.0", "mig_mode": "disabled",
     }

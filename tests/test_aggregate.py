@@ -42,7 +42,7 @@ def test_healthy_job_header_figures():
     assert snap.nodes[0].simulated and snap.nodes[0].cpu_utilization_ratio == rounded(0.35)
     proc = snap.processes[0]
     assert proc.pid == 4000 and proc.pod == "llama-worker-0" and proc.gpu_memory_bytes == 60e9
-    assert proc.command.startswith("python -m trainer.train")
+    assert proc.command.startswith("python -m fsdpmon.trainer.train")
 
 
 def test_a_gpu_keeps_the_utilization_its_sparkline_shows_and_no_more():

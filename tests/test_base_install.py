@@ -99,9 +99,9 @@ def test_manifests_and_dashboards_work_without_the_extras(tmp_path: Path) -> Non
     assert result.returncode == 0, result.stderr
     assert "kind: PyTorchJob" in result.stdout
     assert_no_extras(result, "fsdpmon manifests")
-    check = run_base("-m", "dashboards", "--check")
+    check = run_base("-m", "fsdpmon.dashboards", "--check")
     assert check.returncode == 0, check.stderr
-    assert_no_extras(check, "python -m dashboards --check")
+    assert_no_extras(check, "python -m fsdpmon.dashboards --check")
 
 
 def test_report_writes_table_and_json_without_matplotlib(tmp_path: Path) -> None:
@@ -161,7 +161,7 @@ def _await_series(url: str, proc: subprocess.Popen[str], prefix: str, wait_s: fl
 
 
 def test_trainer_and_monitor_name_the_train_extra_without_torch():
-    trainer = run_base("-m", "trainer.train", "--help")
+    trainer = run_base("-m", "fsdpmon.trainer.train", "--help")
     assert trainer.returncode == 2, trainer.stderr
     first = trainer.stderr.strip().splitlines()[0]
     assert first == ("trainer: error: the trainer needs the 'train' extra: "

@@ -33,7 +33,7 @@ CELLS = [
     Text("0"), Text("llama2-7b-worker-0"), Text(""), Text("日本語のポッド名"),
     Text("a\tb"), Text("two\nlines"), Text("3.2s", style="yellow"),
     Text.assemble(("██▌", "green"), ("      ", "dim"), " 97%"),
-    Text("python -m trainer.train --local-rank 7 --config /etc/fsdpmon/run.yaml " * 2),
+    Text("python -m fsdpmon.trainer.train --local-rank 7 --config /etc/fsdpmon/run.yaml " * 2),
     Text("[/x] not markup"), Text("line\u2028separator and\x1cfile separator"),
     Text.assemble(("  lead", "cyan"), ("trail   ", "bold")), Text("   ", style="red"),
 ]

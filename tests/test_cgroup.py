@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.cgroup import CgroupRef, parse_cgroup
+from fsdpmon.exporters.cgroup import CgroupRef, parse_cgroup
 
 UID = "5b9c2e3f-1d2a-4c6b-9e8f-0a1b2c3d4e5f"
 UID_ = UID.replace("-", "_")

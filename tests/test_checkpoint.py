@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.checkpoint import (
+from fsdpmon.trainer.checkpoint import (
     MARKER,
     Checkpointer,
     TrainState,
     complete_checkpoints,
 )
-from trainer.model import ModelArgs, Transformer
+from fsdpmon.trainer.model import ModelArgs, Transformer
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

@@ -1,7 +1,7 @@
 """A checkpoint that carries the completion marker but does not load never traps the job.
 
-The real trainer (``trainer.train.main``, one process, gloo) saves checkpoints; a shard of the
-newest is truncated as a disk fault would; the next run renames it aside, says so in one line,
+The real trainer (``fsdpmon.trainer.train.main``, one process, gloo) saves checkpoints; a shard of
+the newest is truncated as a disk fault would; the next run renames it aside, says so in one line,
 resumes from the older one and finishes. When none loads, it fails with one line, and a restart
 fails at once on the note it left instead of retrying the same files or starting from scratch.
 """
@@ -15,9 +15,9 @@ import pytest
 from test_checkpoint import trained
 
 from fsdpmon.errors import InputError
-from trainer.checkpoint import Checkpointer, TrainState
-from trainer.resume import FAILED_NOTE, resume_newest
-from trainer.train import main
+from fsdpmon.trainer.checkpoint import Checkpointer, TrainState
+from fsdpmon.trainer.resume import FAILED_NOTE, resume_newest
+from fsdpmon.trainer.train import main
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
@@ -42,7 +42,7 @@ def test_damaged_newest_checkpoint_is_set_aside_and_the_older_one_resumed(tmp_pa
     _truncate_a_shard(ckpt / "step_00000004")
     caplog.set_level(logging.INFO)
     assert _train(ckpt, 6) == 0, capsys.readouterr().err
-    damage = [r.getMessage() for r in caplog.records if r.name == "trainer.resume"]
+    damage = [r.getMessage() for r in caplog.records if r.name == "fsdpmon.trainer.resume"]
     assert len(damage) == 1 and "step_00000004 does not load" in damage[0], damage
     assert "renamed to damaged-step_00000004" in damage[0], damage
     assert any("resumed from" in r.getMessage() and "step_00000002" in r.getMessage()

@@ -3,8 +3,7 @@
 import subprocess
 import sys
 
-from fsdpmon.cli import guarded
-from fsdpmon.errors import ConfigError, UnreachableError
+from fsdpmon.errors import ConfigError, UnreachableError, guarded
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:

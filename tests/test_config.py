@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fsdpmon.errors import ConfigError, InputError
-from trainer.config import TrainConfig, model_args_for, parse_config
+from fsdpmon.trainer.config import TrainConfig, model_args_for, parse_config
 
 
 def test_defaults_and_flags_fill_the_dataclass_tree():

@@ -20,13 +20,13 @@ import jsonschema
 import pytest
 import yaml
 
-from dashboards import build, generate, promql
-from dashboards.build import all_dashboards
-from dashboards.panels import GRAFANA_VERSIONS, expressions, substitute, variable_selector
-from dashboards.promql import metric_names
-from dashboards.rules import recorded_names, rule_groups
 from fsdpmon import catalog
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.dashboards import build, generate, promql
+from fsdpmon.dashboards.build import all_dashboards
+from fsdpmon.dashboards.panels import GRAFANA_VERSIONS, expressions, substitute, variable_selector
+from fsdpmon.dashboards.promql import metric_names
+from fsdpmon.dashboards.rules import recorded_names, rule_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMETHEUS_OWN = {"ALERTS", "ALERTS_FOR_STATE"}
@@ -142,7 +142,7 @@ def test_substitution_follows_grafana_syntax():
 
 def test_committed_output_matches_a_fresh_generation():
     stale = generate.stale_files()
-    assert not stale, f"run `python -m dashboards` and commit: {stale}"
+    assert not stale, f"run `python -m fsdpmon.dashboards` and commit: {stale}"
 
 
 def test_stale_check_notices_edits_and_leftovers(tmp_path):
@@ -156,7 +156,7 @@ def test_stale_check_notices_edits_and_leftovers(tmp_path):
 
 
 def test_module_entry_point_checks_the_committed_files():
-    out = subprocess.run([sys.executable, "-m", "dashboards", "--check"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "fsdpmon.dashboards", "--check"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fsdpmon.errors import ConfigError, InputError
-from trainer.data import (
+from fsdpmon.trainer.data import (
     BatchLoader,
     PackedSource,
     SyntheticSource,

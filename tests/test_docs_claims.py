@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from docs_text import ROOT, code_spans, lines, markdown_files, paragraphs
 
-from dashboards.rules import alert_names, recorded_names
 from fsdpmon import catalog, faultspec
 from fsdpmon.cli import COMMANDS
 from fsdpmon.conventions import ENV_PREFIX
+from fsdpmon.dashboards.rules import alert_names, recorded_names
 from fsdpmon.diagnose import CAUSES
 
 PAGES = [p for p in markdown_files() if not p.is_relative_to(ROOT / "tests")]
@@ -109,11 +109,11 @@ def fsdpmon_flags(command: str) -> frozenset[str]:
 @functools.cache
 def module_flags(module: str) -> frozenset[str] | None:
     """The flags of ``python -m module``, for the modules the documentation runs."""
-    if module == "trainer.train":
-        from trainer.config import build_parser
+    if module == "fsdpmon.trainer.train":
+        from fsdpmon.trainer.config import build_parser
         return _option_strings(build_parser())
-    if module == "dashboards":
-        from dashboards.__main__ import main
+    if module == "fsdpmon.dashboards":
+        from fsdpmon.dashboards.__main__ import main
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
             main(["--help"])
@@ -240,11 +240,11 @@ def test_the_command_check_finds_bad_commands_flags_and_specs():
     bad = {
         "fsdpmon topp --once": "no such command",
         "fsdpmon top --onse": "unknown flag --onse",
-        "FSDPMON_FAULT=hang:rank=x torchrun -m trainer.train": "fault spec",
+        "FSDPMON_FAULT=hang:rank=x torchrun -m fsdpmon.trainer.train": "fault spec",
         "fsdpmon demo --fault 'gpu-throttle:gpu=1,reason=hot'": "fault spec",
         "bash scripts/demo.sh --fault-spec x": "unknown flag --fault-spec",
-        "python -m trainer.train --model tiny --max-step 3": "unknown flag --max-step",
-        "python -m dashboards --chek": "unknown flag --chek",
+        "python -m fsdpmon.trainer.train --model tiny --max-step 3": "unknown flag --max-step",
+        "python -m fsdpmon.dashboards --chek": "unknown flag --chek",
         "python benchmarks/bench_top.py --refresh 3": "unknown flag --refresh",
         "bash scripts/nope.sh": "no such script",
     }
@@ -252,8 +252,8 @@ def test_the_command_check_finds_bad_commands_flags_and_specs():
         problems = [p for words in _segments(text) for p in check_command(words)]
         assert any(expected in p for p in problems), (text, problems)
     fine = ("fsdpmon top --targets a:1 --once | head", "torchrun --nproc_per_node 2 -m "
-            "trainer.train --model tiny & fsdpmon -v exporter --simulate-gpus 2  # comment",
-            "kubectl apply -k k8s/", "python -m dashboards --check")
+            "fsdpmon.trainer.train --model tiny & fsdpmon -v exporter --simulate-gpus 2  # comment",
+            "kubectl apply -k k8s/", "python -m fsdpmon.dashboards --check")
     for text in fine:
         assert not [p for w in _segments(text) for p in check_command(w)], text
 

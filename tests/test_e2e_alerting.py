@@ -62,13 +62,13 @@ from prometheus_stack import (
 )
 from trainer_launch import child_env, launched, torchrun_args
 
-from dashboards.build import DEVICE_ONLY, all_dashboards
-from dashboards.generate import rules_yaml
-from dashboards.panels import expressions, variable_selector
-from dashboards.panels import substitute as render
-from dashboards.promql import metric_names
-from dashboards.rulebase import DEFAULT_RUNBOOK_URL, RuleBounds
 from fsdpmon.conventions import STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.dashboards.build import DEVICE_ONLY, all_dashboards
+from fsdpmon.dashboards.generate import rules_yaml
+from fsdpmon.dashboards.panels import expressions, variable_selector
+from fsdpmon.dashboards.panels import substitute as render
+from fsdpmon.dashboards.promql import metric_names
+from fsdpmon.dashboards.rulebase import DEFAULT_RUNBOOK_URL, RuleBounds
 from fsdpmon.manifests.alerting import alertmanager_config
 from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
@@ -117,14 +117,14 @@ def substitute(expr: str) -> str:
 
 
 def training_args(metrics_port: int, job_name: str = JOB_NAME) -> list[str]:
-    return ["-m", "trainer.train", "--model", "tiny", "--max-steps", "100000",
+    return ["-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps", "100000",
             "--batch-size", "2", "--seq-len", "32", "--log-every", "1", "--warmup-steps", "2",
             "--metrics-port", str(metrics_port), "--job-name", job_name]
 
 
 def rank_processes(launcher: subprocess.Popen) -> list[psutil.Process]:
     procs = psutil.Process(launcher.pid).children(recursive=True)
-    return [p for p in procs if "trainer.train" in " ".join(p.cmdline())]
+    return [p for p in procs if "fsdpmon.trainer.train" in " ".join(p.cmdline())]
 
 
 def non_serving_rank(launcher: subprocess.Popen, port: int) -> tuple[psutil.Process, str]:

@@ -4,7 +4,7 @@ trainer, the engine of `fsdpmon diagnose` fed from the pod's endpoint as it is f
 1. A NaN is born in rank 1's logits at step NAN_STEP (patched in by tests/trainer_outside_faults.py,
    not FSDPMON_FAULT). The gradient reduce spreads it to rank 0's grad norm that step and its
    loss the next; `loss_nonfinite` is named on rank 1 at step NAN_STEP, never on rank 0, and rank
-   1's JSONL holds the batch of that step, which trainer.data.batch_at replays.
+   1's JSONL holds the batch of that step, which fsdpmon.trainer.data.batch_at replays.
 2. At the same time rank 1 shares one core with two busy loops (taskset): `host_cpu_contention`
    on rank 1, never on rank 0.
 3. Released; then rank 0 is put in a cgroup with a CPU quota of QUOTA_PERCENT of a core (cgroup
@@ -25,8 +25,8 @@ from cpu_starve import QuotaUnavailable, cpu_quota, neighbours
 from diagnose_job import REPO, Job, faulty_job, named, stepping, workers
 from trainer_outside_faults import NAN_INPUTS, NAN_LOGITS
 
-from trainer.config import TrainConfig
-from trainer.data import SyntheticSource, batch_at
+from fsdpmon.trainer.config import TrainConfig
+from fsdpmon.trainer.data import SyntheticSource, batch_at
 
 NAN_STEP = 30
 QUOTA_PERCENT = 25

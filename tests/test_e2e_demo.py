@@ -148,7 +148,7 @@ def test_sigterm_during_startup_stops_everything(tmp_path):
     with watched(proc) as watcher:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until torchrun has started both workers
-            if sum("trainer.train" in " ".join(p.cmdline()) for p in _alive(watcher)) >= 3:
+            if sum("fsdpmon.trainer.train" in " ".join(p.cmdline()) for p in _alive(watcher)) >= 3:
                 break
             time.sleep(0.3)
         else:

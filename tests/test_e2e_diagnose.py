@@ -171,7 +171,7 @@ def _worker_pids(job: Job) -> dict[int, int]:
     for proc in psutil.Process(job.train.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
             rank = proc.environ().get("RANK")
-            if rank is not None and "trainer.train" in " ".join(proc.cmdline()):
+            if rank is not None and "fsdpmon.trainer.train" in " ".join(proc.cmdline()):
                 out[int(rank)] = proc.pid
     return out
 

@@ -32,10 +32,10 @@ import pytest
 from prometheus_stack import PROMETHEUS, free_port, prometheus, wait_for
 from trainer_launch import child_env, launched, torchrun_args
 
-from dashboards.build import all_dashboards
-from dashboards.generate import rules_yaml
-from dashboards.panels import substitute
 from fsdpmon.conventions import GPU_THROTTLE_REASONS
+from fsdpmon.dashboards.build import all_dashboards
+from fsdpmon.dashboards.generate import rules_yaml
+from fsdpmon.dashboards.panels import substitute
 
 pytestmark = [
     pytest.mark.slow,
@@ -80,7 +80,7 @@ def _worker_pids(launcher: subprocess.Popen) -> dict[int, int]:
     for proc in psutil.Process(launcher.pid).children(recursive=True):
         with contextlib.suppress(psutil.Error):
             local = proc.environ().get("LOCAL_RANK")
-            if local is not None and "trainer.train" in " ".join(proc.cmdline()):
+            if local is not None and "fsdpmon.trainer.train" in " ".join(proc.cmdline()):
                 out[int(local)] = proc.pid
     return out
 
@@ -92,7 +92,7 @@ def faulty_run(tmp_path):
     rules.write_text(rules_yaml())  # the shipped rules: XID alerts have no `for`
     env = child_env(FSDPMON_LISTEN_ADDRESS="127.0.0.1", FSDPMON_STATE_DIR=str(tmp_path / "st"),
                     FSDPMON_STALL_FLOOR_SECONDS=str(STALL_FLOOR_S), NODE_NAME=NODE)
-    trainer = ["-m", "trainer.train", "--model", "tiny", "--max-steps", "100000",
+    trainer = ["-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps", "100000",
                "--batch-size", "2", "--seq-len", "32", "--log-every", "1",
                "--metrics-port", str(train_port), "--job-name", JOB, "--fault", TRAINER_FAULTS]
     exporter = [sys.executable, "-m", "fsdpmon.cli", "exporter", "--port", str(exporter_port),

@@ -26,8 +26,8 @@ from goodput_scenario import Scenario, data_wait_after, run, tolerance, truth
 from prometheus_stack import PROMETHEUS, free_port, prometheus
 from trainer_launch import REPO
 
-from dashboards.generate import rules_yaml
 from fsdpmon import catalog
+from fsdpmon.dashboards.generate import rules_yaml
 
 pytestmark = [
     pytest.mark.slow,

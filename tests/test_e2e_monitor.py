@@ -183,7 +183,7 @@ def test_counters_equal_the_jobs_own_counts(main_run: Job):
 
 def test_flops_per_token_counts_global_parameters_on_every_rank(main_run: Job):
     from fsdpmon.monitor.flops import model_flops_per_token
-    from trainer.model import FLAVOURS, Transformer
+    from fsdpmon.trainer.model import FLAVOURS, Transformer
 
     # Each rank holds half of every parameter; DTensor.numel() is global, so both ranks
     # report the unsharded model's figure.

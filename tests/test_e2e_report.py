@@ -42,7 +42,7 @@ HAVE_PROMETHEUS = bool(shutil.which("prometheus"))
 def train(world_size: int, log: Path, port: int) -> None:
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={world_size}", "-m", "trainer.train", "--model", "tiny",
+        f"--nproc_per_node={world_size}", "-m", "fsdpmon.trainer.train", "--model", "tiny",
         "--max-steps", str(STEPS), "--log-every", str(LOG_EVERY), "--batch-size", "4",
         "--seq-len", "128", "--metrics-port", str(port), "--log-jsonl", str(log),
         "--job-name", log.name.removesuffix(".jsonl"),

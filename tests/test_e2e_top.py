@@ -86,7 +86,7 @@ def _kill_tree(proc: subprocess.Popen) -> None:
 def _rank_pid(torchrun: subprocess.Popen, rank: int) -> int:
     for child in psutil.Process(torchrun.pid).children(recursive=True):
         try:
-            if child.environ().get("RANK") == str(rank) and "trainer.train" in " ".join(
+            if child.environ().get("RANK") == str(rank) and "fsdpmon.trainer.train" in " ".join(
                     child.cmdline()):
                 return child.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
@@ -143,7 +143,8 @@ def test_top_in_tmux_follows_a_real_training(tmp_path):
         stderr=subprocess.STDOUT, start_new_session=True)
     trainer = subprocess.Popen(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-         "-m", "trainer.train", "--model", "tiny", "--max-steps", "100000", "--batch-size", "2",
+         "-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps", "100000",
+         "--batch-size", "2",
          "--seq-len", "32", "--log-every", "1", "--metrics-port", str(train_port),
          "--job-name", "e2e-top"],
         cwd=REPO, env=env, stdout=open(tmp_path / "train.log", "w"),  # noqa: SIM115

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from trainer_launch import TORCHRUN, child_env, launched, run, torchrun_args
 
 from fsdpmon.faultspec import ENV_VAR as FAULT
-from trainer.checkpoint import MARKER, complete_checkpoints
+from fsdpmon.trainer.checkpoint import MARKER, complete_checkpoints
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ STEPS = 30
 
 
 def job_args(workdir: Path) -> list[str]:
-    return ["-m", "trainer.train", "--model", "tiny", "--max-steps", str(STEPS),
+    return ["-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps", str(STEPS),
             "--batch-size", "4", "--seq-len", "64", "--lr", "1e-2", "--warmup-steps", "3",
             "--seed", "7", "--log-every", "5", "--metrics-port", "0",
             "--checkpoint-dir", str(workdir / "ckpt"), "--checkpoint-every", "10",
@@ -164,7 +164,8 @@ def test_jsonl_corpus_with_tokenizer_grad_accum_and_activation_checkpointing(tmp
     lines = [json.dumps({"text": " ".join(f"w{(d + i) % 60}" for i in range(50))})
              for d in range(40)]
     (tmp_path / "corpus.jsonl").write_text("\n".join(lines) + "\n")
-    args = ["-m", "trainer.train", "--model", "tiny", "--max-steps", "4", "--log-every", "2",
+    args = ["-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps", "4",
+            "--log-every", "2",
             "--batch-size", "2", "--seq-len", "32", "--grad-accum", "2",
             "--activation-checkpointing", "--data", str(tmp_path / "corpus.jsonl"),
             "--tokenizer", str(tmp_path / "tok"), "--metrics-port", "0",
@@ -177,14 +178,14 @@ def test_jsonl_corpus_with_tokenizer_grad_accum_and_activation_checkpointing(tmp
 
 
 def test_two_nodes_the_kubeflow_way_pet_variables_and_static_rendezvous(tmp_path):
-    """Two "pods" on loopback, each `torchrun -m trainer.train` configured only by the PET_*
+    """Two "pods" on loopback, each `torchrun -m fsdpmon.trainer.train` configured only by the PET_*
     variables the Kubeflow training operator sets (torchrun reads them as its flags)."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [*TORCHRUN, "-m", "trainer.train", "--model", "tiny", "--max-steps", "4",
+    args = [*TORCHRUN, "-m", "fsdpmon.trainer.train", "--model", "tiny", "--max-steps", "4",
             "--log-every", "2", "--seq-len", "32", "--metrics-port", "0",
             "--log-jsonl", str(tmp_path / "run.jsonl")]
     pods = []
@@ -203,8 +204,8 @@ def test_two_nodes_the_kubeflow_way_pet_variables_and_static_rendezvous(tmp_path
 
 
 def test_plain_single_process_with_per_block_compile(tmp_path):
-    """No launcher at all (a laptop's `python -m trainer.train`), with --compile."""
-    args = [sys.executable, "-m", "trainer.train", "--model", "custom", "--n-layers", "1",
+    """No launcher at all (a laptop's `python -m fsdpmon.trainer.train`), with --compile."""
+    args = [sys.executable, "-m", "fsdpmon.trainer.train", "--model", "custom", "--n-layers", "1",
             "--max-steps", "3", "--log-every", "3", "--seq-len", "32", "--compile",
             "--metrics-port", "0", "--log-jsonl", str(tmp_path / "run.jsonl")]
     code, log = run(args, tmp_path / "out.txt", timeout=240)

@@ -88,7 +88,7 @@ def test_serves_simulated_gpus_host_and_processes_and_stops_on_sigterm(exporters
     assert text.count('fsdpmon_gpu_up{gpu=') == 8 and 'model="SIMULATED"' in text
     assert 'fsdpmon_exporter_info{node="test-node",simulated="true"' in text
     assert 'fsdpmon_host_load1{node="test-node"} 3.5' in text
-    assert re.search(r'fsdpmon_process_info\{command="/usr/bin/python -u -m trainer.train '
+    assert re.search(r'fsdpmon_process_info\{command="/usr/bin/python -u -m fsdpmon.trainer.train '
                      r'--model tiny",container="",local_rank="0",namespace="",node="test-node",'
                      r'pid="1001",pod="",rank="0"', text)
     assert "hf_abcdefghijklmnopqrstuvwx" not in text  # secrets never reach labels

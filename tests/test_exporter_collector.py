@@ -9,14 +9,14 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.collector import ExporterCollector, sample_families
-from exporters.host import HostReader
-from exporters.nvml import NvmlReader
-from exporters.procs import ProcessScanner
-from exporters.sample import GpuReading, HostSample, NodeSample, PodRef
-from exporters.sampler import Sampler
-from exporters.simulated import SimulatedReader
 from fsdpmon import catalog
+from fsdpmon.exporters.collector import ExporterCollector, sample_families
+from fsdpmon.exporters.host import HostReader
+from fsdpmon.exporters.nvml import NvmlReader
+from fsdpmon.exporters.procs import ProcessScanner
+from fsdpmon.exporters.sample import GpuReading, HostSample, NodeSample, PodRef
+from fsdpmon.exporters.sampler import Sampler
+from fsdpmon.exporters.simulated import SimulatedReader
 from tests.fake_nvml import FakeGpu, FakeNvml
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
@@ -83,7 +83,8 @@ def test_gpu_series_carry_the_pod_of_the_process_on_them() -> None:
         "node": "node-a", "pid": "2000", "namespace": "", "pod": "", "container": ""}) == 12
     assert registry.get_sample_value("fsdpmon_process_info", {
         "node": "node-a", "pid": "1001", "namespace": "ml", "pod": "llama-worker-0",
-        "container": "trainer", "command": "/usr/bin/python -u -m trainer.train --model tiny",
+        "container": "trainer",
+        "command": "/usr/bin/python -u -m fsdpmon.trainer.train --model tiny",
         "user": "root", "rank": "0", "local_rank": "0"}) == 1.0
     promtool_check(generate_latest(registry))
 

@@ -15,11 +15,11 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 from prometheus_stack import Prometheus, run_prometheus
 
-from exporters.exposition import CachedExposition
-from exporters.host import HostReader
-from exporters.procs import ProcessScanner
-from exporters.sampler import Sampler
-from exporters.simulated import SimulatedReader
+from fsdpmon.exporters.exposition import CachedExposition
+from fsdpmon.exporters.host import HostReader
+from fsdpmon.exporters.procs import ProcessScanner
+from fsdpmon.exporters.sampler import Sampler
+from fsdpmon.exporters.simulated import SimulatedReader
 from fsdpmon.httpserve import serve
 from fsdpmon.webconfig import WebConfig
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from support import rounded
 
-from exporters.host import HostReader, busy_share, parse_cpu_times, parse_meminfo
+from fsdpmon.exporters.host import HostReader, busy_share, parse_cpu_times, parse_meminfo
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
 TICKS = os.sysconf("SC_CLK_TCK")

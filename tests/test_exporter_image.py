@@ -43,7 +43,7 @@ def third_party_imports() -> set[str]:
                 roots |= {a.name.split(".")[0] for a in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 roots.add(node.module.split(".")[0])
-    return roots - set(sys.stdlib_module_names) - {"exporters", "fsdpmon", "__future__"}
+    return roots - set(sys.stdlib_module_names) - {"fsdpmon", "__future__"}
 
 
 def test_base_install_covers_every_exporter_import() -> None:
@@ -67,10 +67,10 @@ def test_image_runs_the_exporter() -> None:
 def test_exporter_starts_without_torch_or_other_heavy_packages() -> None:
     code = (
         "import sys\n"
-        "for m in ('torch', 'rich', 'numpy', 'transformers', 'matplotlib', 'trainer'):\n"
+        "for m in ('torch', 'rich', 'numpy', 'transformers', 'matplotlib', 'fsdpmon.trainer'):\n"
         "    sys.modules[m] = None\n"
         "from fsdpmon.cli import main\n"
-        "import exporters.cli, exporters.exposition, exporters.xid\n"
+        "import fsdpmon.exporters.cli, fsdpmon.exporters.exposition, fsdpmon.exporters.xid\n"
         "sys.exit(main(['exporter', '--help']))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

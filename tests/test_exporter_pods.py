@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from exporters.pods import PodIndex, api_from_config, index_pods
-from exporters.sample import PodRef
 from fsdpmon.errors import ConfigError
+from fsdpmon.exporters.pods import PodIndex, api_from_config, index_pods
+from fsdpmon.exporters.sample import PodRef
 from tests.exporter_api_standin import CID, UID, FakeApi, pod, write_kubeconfig
 
 

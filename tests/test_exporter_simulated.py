@@ -7,11 +7,11 @@ import itertools
 import pytest
 from support import rounded
 
-from exporters.simfaults import GpuFaults, exporter_faults
-from exporters.simulated import SM_CLOCK_MAX_HZ, SimulatedReader
 from fsdpmon import catalog, faultspec
 from fsdpmon.conventions import GPU_THROTTLE_REASONS
 from fsdpmon.errors import ConfigError
+from fsdpmon.exporters.simfaults import GpuFaults, exporter_faults
+from fsdpmon.exporters.simulated import SM_CLOCK_MAX_HZ, SimulatedReader
 
 
 class Clock:

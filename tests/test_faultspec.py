@@ -8,8 +8,8 @@ import pytest
 
 from fsdpmon import faultspec as fs
 from fsdpmon.errors import ConfigError
-from trainer.config import parse_config
-from trainer.faults import FaultPlan
+from fsdpmon.trainer.config import parse_config
+from fsdpmon.trainer.faults import FaultPlan
 
 
 def test_unset_or_blank_means_no_fault():

@@ -78,7 +78,8 @@ def test_manifests_without_a_job_name_says_it_is_required(capsys):
 def test_manifests_train_args_go_through_the_trainers_parser(capsys, arg, problem):
     err = one_line_error(capsys, "manifests", "--job-name", "j", "--image", IMAGE,
                          f"--train-arg={arg}")
-    assert "--train-arg: python -m trainer.train would reject it" in err and problem in err, err
+    assert "--train-arg: python -m fsdpmon.trainer.train would reject it" in err, err
+    assert problem in err, err
 
 
 def test_manifests_good_train_args_and_pod_paths_pass(capsys):
@@ -117,9 +118,9 @@ def all_parsers() -> dict[str, argparse.ArgumentParser]:
                                       formatter_class=HelpFormatter)
         importlib.import_module(module_name).configure(sub)
         parsers[f"fsdpmon {name}"] = sub
-    from trainer.config import build_parser
+    from fsdpmon.trainer.config import build_parser
 
-    parsers["python -m trainer.train"] = build_parser()
+    parsers["python -m fsdpmon.trainer.train"] = build_parser()
     return parsers
 
 

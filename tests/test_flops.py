@@ -18,7 +18,7 @@ from fsdpmon.monitor.flops import (
     parameter_counts,
     peak_flops_for,
 )
-from trainer.model import FLAVOURS, Transformer
+from fsdpmon.trainer.model import FLAVOURS, Transformer
 
 
 @pytest.mark.parametrize(("name", "peak"), [

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from fsdpmon.errors import InputError
-from trainer.hf_weights import (
+from fsdpmon.trainer.hf_weights import (
     load_hf_weights,
     name_map,
     read_config,
     unpermute_rotary,
     unpermuted_rows,
 )
-from trainer.model import Transformer
+from fsdpmon.trainer.model import Transformer
 
 transformers = pytest.importorskip("transformers")
 

@@ -7,18 +7,23 @@ share a floor stay apart. docs/architecture.md says what each floor is for.
 0. the bottom layer: ``fsdpmon`` (the package root), ``catalog``, ``conventions``, ``errors``,
    ``validate``, ``faultspec``, ``families``, ``distenv``, and the endpoint both servers share
    (``httpserve``, ``webconfig``, ``basicauth``); it imports nothing else of ours.
-1. ``exporters`` and ``dashboards``. Above them only the modules that run an exporter or ship the
-   dashboards (``RUNNERS``) may import them.
+1. ``fsdpmon.exporters`` and ``fsdpmon.dashboards`` (the repository's exporters/ and dashboards/
+   folders). Above them only the modules that run an exporter or ship the dashboards
+   (``RUNNERS``) may import them.
 2. ``fsdpmon.job``: the job model (snapshots, job states, the ``--json`` contract).
 3. the cores fed by it: ``fsdpmon.monitor`` (in the trainer), ``fsdpmon.scrape`` (reading
    endpoints into snapshots), ``fsdpmon.diagnose`` (the one judge: snapshots in, findings out).
 4. the edges and commands over them: ``diagnose``'s command and its ``/stacks`` I/O, ``report``.
 5. ``fsdpmon.top``: the terminal UI.
 6. ``fsdpmon.demo`` and ``fsdpmon.manifests``.
-7. ``fsdpmon.cli``: the command dispatch.
-8. ``trainer``: the training code, instrumented with the monitor; nothing imports it, except
-   that the manifests check the trainer command they generate (``--train-arg`` included) with
-   the trainer's own torch-free parser (``TRAINER_CLI``).
+7. ``fsdpmon.cli``, the command dispatch, and ``fsdpmon.trainer`` (the trainer/ folder), the
+   training code instrumented with the monitor: side by side, so neither imports the other (the
+   trainer formats its help and its errors with the bottom layer's ``helpformat`` and
+   ``errors``). Nothing imports the trainer, except that the manifests check the trainer command
+   they generate (``--train-arg`` included) with its own torch-free parser (``TRAINER_CLI``).
+
+Only ``fsdpmon`` is installed (pyproject.toml's package-dir), so nothing imports a folder by its
+repository name (``trainer``, ``exporters``, ``dashboards``).
 
 Parsed with ``ast`` (nothing is imported), so these checks see every function body, including
 lazy imports and code no other test runs.
@@ -34,7 +39,9 @@ from pathlib import Path
 from fsdpmon import catalog
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("fsdpmon", "exporters", "dashboards", "trainer")
+PACKAGES = ("fsdpmon", "exporters", "dashboards", "trainer")  # folders of the repository
+# The folders installed under fsdpmon (pyproject.toml's package-dir): trainer/ is fsdpmon.trainer.
+MAPPED = frozenset(PACKAGES) - {"fsdpmon"}
 
 
 @functools.cache
@@ -56,24 +63,24 @@ DIAGNOSE_EDGES = ("fsdpmon.diagnose.cli", "fsdpmon.diagnose.evidence")
 # longer unit claims part of it: the diagnose package's core and its edges).
 FLOORS: tuple[tuple[str, ...], ...] = (
     BOTTOM,
-    ("exporters", "dashboards"),
+    ("fsdpmon.exporters", "fsdpmon.dashboards"),
     ("fsdpmon.job",),
     ("fsdpmon.monitor", "fsdpmon.scrape", "fsdpmon.diagnose"),
     (*DIAGNOSE_EDGES, "fsdpmon.report", "fsdpmon.incidents"),
     ("fsdpmon.top",),
     ("fsdpmon.demo", "fsdpmon.manifests"),
-    ("fsdpmon.cli",),
-    ("trainer",),
+    ("fsdpmon.cli", "fsdpmon.trainer"),
 )
 # fsdpmon modules that run an exporter (the demo) or wrap the dashboards (the manifests).
 RUNNERS = ("fsdpmon.demo", "fsdpmon.manifests")
 # The trainer's command line and model shapes (no torch), and the one module that may read them.
-TRAINER_CLI = frozenset({"trainer.config", "trainer.shapes"})
+TRAINER_CLI = frozenset({"fsdpmon.trainer.config", "fsdpmon.trainer.shapes"})
 TRAINER_CLI_USER = "fsdpmon.manifests.training"
 
 
 def _module(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    parts = ["fsdpmon", *parts] if parts[0] in MAPPED else parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -92,6 +99,15 @@ def _imports(tree: ast.Module, known: set[str], module: str = "") -> set[str]:
             out |= {f"{base}.{a.name}" if f"{base}.{a.name}" in known
                     else base for a in node.names}
     return {name for name in out if name.split(".")[0] in PACKAGES}
+
+
+def test_nothing_imports_a_folder_by_its_repository_name():
+    """``import trainer`` only works from the repository root: installed, it is fsdpmon.trainer."""
+    paths = _sources(*PACKAGES, "tests", "benchmarks", "examples")
+    known = {_module(p) for p in paths}
+    found = [f"{p.relative_to(ROOT)}: {name}" for p in paths
+             for name in _imports(_tree(p), known, _module(p)) if name.split(".")[0] in MAPPED]
+    assert not found, "imports of a folder by its repository name:\n" + "\n".join(found)
 
 
 def _unit(module: str) -> tuple[int, str]:
@@ -195,9 +211,13 @@ def test_the_checks_see_a_cycle_and_an_upward_import():
     assert _upward("fsdpmon.job.snapshot", "fsdpmon.top.views")
     assert _upward("fsdpmon.diagnose.engine", "fsdpmon.diagnose.evidence")
     assert _upward("fsdpmon.scrape.rows", "fsdpmon.diagnose.engine")  # same floor, apart
-    assert _upward("fsdpmon.top.views", "exporters.sample")  # not a runner
+    assert _upward("fsdpmon.top.views", "fsdpmon.exporters.sample")  # not a runner
     assert not _upward("fsdpmon.diagnose.cli", "fsdpmon.scrape.options")
-    assert not _upward("fsdpmon.demo.session", "exporters.sample")
+    assert not _upward("fsdpmon.demo.session", "fsdpmon.exporters.sample")
+    assert _upward("fsdpmon.trainer.config", "fsdpmon.cli")  # side by side
+    assert _upward("fsdpmon.cli", "fsdpmon.trainer.train")
+    assert not _upward("fsdpmon.trainer.config", "fsdpmon.helpformat")
+    assert not _upward("fsdpmon.trainer.train", "fsdpmon.monitor")
 
 
 def _catalog_aliases(tree: ast.Module) -> set[str]:
@@ -329,25 +349,3 @@ def test_the_private_name_check_sees_imports_and_attributes():
     assert sorted(found) == [(1, "fsdpmon.scrape.expfmt._x"), (5, "f._y"), (5, "layout._z")], \
         found
 
-
-def test_only_the_seam_imports_the_c_halves():
-    """fsdpmon/scrape/fastpath.py chooses C or Python for every C half: no other file names a
-    C module (an import, or its name in a string for importlib)."""
-    halves = {p.name.split(".")[0] for p in (ROOT / "fsdpmon" / "scrape").glob("_*.c")}
-    assert halves, "no C half found"
-    seam = ROOT / "fsdpmon" / "scrape" / "fastpath.py"
-    named = []
-    for path in _sources(*PACKAGES, "benchmarks"):
-        if path == seam:
-            continue
-        for node in ast.walk(_tree(path)):
-            names = []
-            if isinstance(node, ast.ImportFrom):
-                names = [node.module or "", *(a.name for a in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                names = [node.value]
-            named += [f"{path.relative_to(ROOT)}:{node.lineno}: {name}" for name in names
-                      if name.rsplit(".", 1)[-1] in halves]
-    assert not named, "C halves imported outside fastpath.py:\n" + "\n".join(named)

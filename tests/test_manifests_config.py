@@ -76,7 +76,7 @@ def test_hugging_face_names_map_to_trainer_flavours(name, flavour):
 
 
 def test_known_models_are_the_trainers_flavours():
-    from trainer.model import FLAVOURS
+    from fsdpmon.trainer.model import FLAVOURS
 
     assert set(MODELS) <= set(FLAVOURS)
 

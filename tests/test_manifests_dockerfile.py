@@ -55,4 +55,4 @@ def test_runs_as_non_root_and_exposes_the_metrics_port():
     assert users and users[-1].split(":")[0] == str(TRAINER_UID)  # pods' fsGroup matches
     assert ("EXPOSE", str(conv.TRAINING_PORT)) in ops
     cmd = next(arg for op, arg in ops if op == "CMD")
-    assert '"trainer.train"' in cmd and (ROOT / "trainer" / "train.py").exists()
+    assert '"fsdpmon.trainer.train"' in cmd and (ROOT / "trainer" / "train.py").exists()

@@ -131,7 +131,7 @@ def test_training_pod_essentials():
         (container,) = spec["containers"]
         assert container["name"] == "pytorch"
         assert container["command"][:4] == ["torchrun", "--nproc-per-node=8", "-m",
-                                            "trainer.train"]
+                                            "fsdpmon.trainer.train"]
         assert container["resources"]["limits"] == {"nvidia.com/gpu": "8",
                                                     "vpc.amazonaws.com/efa": "32"}
         assert container["ports"] == [{"name": conv.TRAINING_PORT_NAME,
@@ -152,11 +152,11 @@ def test_training_pod_essentials():
 
 def test_trainer_flags_are_the_trainers_own():
     """The command parses with the trainer's real argument parser (contract: flag names)."""
-    from trainer.config import build_parser
+    from fsdpmon.trainer.config import build_parser
 
     command = pytorchjob(config(train_args=("--warmup-steps", "10")))["spec"][
         "pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
-    ns = build_parser().parse_args(command[command.index("trainer.train") + 1:])
+    ns = build_parser().parse_args(command[command.index("fsdpmon.trainer.train") + 1:])
     assert ns.model == "llama2-7b"
     assert ns.metrics_port == conv.TRAINING_PORT
     assert ns.job_name == "llama2-7b"
@@ -168,7 +168,7 @@ def test_trainer_flags_are_the_trainers_own():
 def test_exporter_args_are_the_exporters_own():
     import argparse
 
-    from exporters.cli import configure
+    from fsdpmon.exporters.cli import configure
 
     ds = next(o for o in generate(config(components=("exporter",))).objects
               if o["kind"] == "DaemonSet")

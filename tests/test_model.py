@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.model import (
+from fsdpmon.trainer.model import (
     FLAVOURS,
     ModelArgs,
     Transformer,

@@ -8,9 +8,9 @@ import pynvml
 import pytest
 from support import rounded
 
-from exporters.nvml import NvmlReader
-from exporters.sample import GpuSample
-from exporters.xid import XidWatcher
+from fsdpmon.exporters.nvml import NvmlReader
+from fsdpmon.exporters.sample import GpuSample
+from fsdpmon.exporters.xid import XidWatcher
 from tests.fake_nvml import MIB, FakeGpu, FakeNvml
 
 
@@ -94,7 +94,7 @@ def test_rates_and_gpm_appear_on_the_second_read() -> None:
 def test_nvlink_rates_are_the_kib_counters_over_the_elapsed_time_exactly(monkeypatch) -> None:
     """On a clock of the test's own: 2 s between reads, 1 GiB and 2 GiB more in NVML's KiB
     counters (summed over every link: the scope NVML reads as all links)."""
-    import exporters.nvml_fields as fields
+    import fsdpmon.exporters.nvml_fields as fields
 
     now = [100.0]
     monkeypatch.setattr(fields, "time", type("Clock", (), {"monotonic": lambda: now[0]}))
@@ -118,7 +118,7 @@ def test_nvlink_rates_are_the_kib_counters_over_the_elapsed_time_exactly(monkeyp
 def test_a_field_value_is_read_as_the_type_nvml_says_it_is() -> None:
     """nvmlFieldValue_t holds a union; the other bytes may hold anything (set here to ones),
     so only the member of the declared type gives the value."""
-    from exporters.nvml_fields import _field_number
+    from fsdpmon.exporters.nvml_fields import _field_number
 
     cases = [(pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 2.5),
              (pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 7),
@@ -223,7 +223,7 @@ def test_nvml_that_comes_up_later_is_picked_up(monkeypatch: pytest.MonkeyPatch) 
     inits = fake.calls["nvmlInit"]
     assert reader.read().nvml_up is False and fake.calls["nvmlInit"] == inits  # not every read
     fake.library_missing = False  # the driver container finished installing
-    monkeypatch.setattr("exporters.nvml.REOPEN_S", 0.0)
+    monkeypatch.setattr("fsdpmon.exporters.nvml.REOPEN_S", 0.0)
     try:
         reading = reader.read()
         assert reading.nvml_up and [g.up for g in reading.gpus] == [True, True]

@@ -9,9 +9,9 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from fsdpmon.errors import ConfigError
-from trainer.config import ParallelConfig
-from trainer.model import FLAVOURS
-from trainer.parallel import DistEnv, build_fsdp_model, init_distributed, param_dtype
+from fsdpmon.trainer.config import ParallelConfig
+from fsdpmon.trainer.model import FLAVOURS
+from fsdpmon.trainer.parallel import DistEnv, build_fsdp_model, init_distributed, param_dtype
 
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "PET_NPROC_PER_NODE",
                "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "MASTER_PORT",

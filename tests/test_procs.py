@@ -13,8 +13,8 @@ import pytest
 from proc_tree import kill_tree
 from support import rounded
 
-from exporters.procs import ProcessScanner, command_line, environ_int, parse_stat, redact
-from exporters.sample import PodRef
+from fsdpmon.exporters.procs import ProcessScanner, command_line, environ_int, parse_stat, redact
+from fsdpmon.exporters.sample import PodRef
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
 POD_UID = "5b9c2e3f-1d2a-4c6b-9e8f-0a1b2c3d4e5f"
@@ -60,7 +60,7 @@ def test_secrets_never_reach_the_command_label() -> None:
     raw = b"python\0-m\0trainer.train\0--hf-token\0hf_abcdefghijklmnop\0--password=hunter2\0"
     text = command_line(raw, "python")
     assert "hf_abcdefghijklmnop" not in text and "hunter2" not in text
-    assert text == "python -m trainer.train --hf-token *** --password=***"
+    assert text == "python -m fsdpmon.trainer.train --hf-token *** --password=***"
     assert redact("HF_TOKEN=hf_0123456789abcdef run") == "HF_TOKEN=hf_*** run"
     assert command_line(b"", "kthreadd") == "[kthreadd]"
     assert len(command_line(b"x" * 1000, "x")) == 200
@@ -69,7 +69,8 @@ def test_secrets_never_reach_the_command_label() -> None:
 def test_outside_kubernetes_training_processes_are_found_by_command_or_environment() -> None:
     scanner = ProcessScanner(str(FIXTURE))
     scanner.scan()
-    # 1001: trainer.train + LOCAL_RANK; 3000: torchrun; 3001: FSDPMON_JOB_NAME in its environ.
+    # 1001: fsdpmon.trainer.train + LOCAL_RANK; 3000: torchrun; 3001: FSDPMON_JOB_NAME in its
+    # environ.
     assert sorted(scanner.training_pids()) == [1001, 3000, 3001]
 
 
@@ -83,7 +84,7 @@ def test_process_values_in_base_units() -> None:
     assert p.rss_bytes == 512000 * PAGE
     assert p.threads == 48 and p.state == "sleeping" and by_pid[3001].state == "running"
     assert p.start_time_seconds == rounded(BTIME + 200000 / TICKS)
-    assert p.command == "/usr/bin/python -u -m trainer.train --model tiny"
+    assert p.command == "/usr/bin/python -u -m fsdpmon.trainer.train --model tiny"
     assert p.user == "root" and p.pod == PodRef()
     assert p.cpu_utilization is None  # needs two samples
     assert "hf_" not in by_pid[3000].command.replace("hf_***", "")
@@ -180,7 +181,7 @@ def test_rank_and_local_rank_come_from_the_environment_and_nothing_else_is_kept(
 def test_a_young_process_is_read_again_until_it_has_settled(tmp_path, monkeypatch) -> None:
     """torchrun forks, then execs the worker: a scan between the two sees the launcher's
     command and environment, which must not stick to the worker for RECLASSIFY_S."""
-    import exporters.procs as procs
+    import fsdpmon.exporters.procs as procs
 
     root = tmp_path / "proc"
     shutil.copytree(FIXTURE, root, symlinks=True)

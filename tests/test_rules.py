@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards import dcgm
-from dashboards.build import all_dashboards
-from dashboards.generate import GENERATED, RULES_FILE, rules_yaml
-from dashboards.promql import metric_names
-from dashboards.rulebase import RuleBounds
-from dashboards.rules import alert_names, recorded_names, rule_groups
 from fsdpmon import catalog
+from fsdpmon.dashboards import dcgm
+from fsdpmon.dashboards.build import all_dashboards
+from fsdpmon.dashboards.generate import GENERATED, RULES_FILE, rules_yaml
+from fsdpmon.dashboards.promql import metric_names
+from fsdpmon.dashboards.rulebase import RuleBounds
+from fsdpmon.dashboards.rules import alert_names, recorded_names, rule_groups
 from fsdpmon.diagnose import CAUSES
 
 ROOT = Path(__file__).resolve().parents[1]

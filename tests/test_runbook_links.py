@@ -2,7 +2,7 @@
 
 Each alert's ``runbook_url`` is ``<base>#<cause>``. The fragment must be an anchor of
 docs/runbook.md as GitHub (and most Markdown renderers) make it from a ``## heading``; the base
-is ``rulebase.DEFAULT_RUNBOOK_URL`` unless ``python -m dashboards --runbook-url`` or
+is ``rulebase.DEFAULT_RUNBOOK_URL`` unless ``python -m fsdpmon.dashboards --runbook-url`` or
 ``FSDPMON_RUNBOOK_URL`` names another. The committed rule file uses the default.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dashboards.generate import GENERATED, RULES_FILE
-from dashboards.rulebase import ALERT_CAUSES, DEFAULT_RUNBOOK_URL
-from dashboards.rules import alert_names, rule_groups
 from fsdpmon.cli import main as fsdpmon_main
 from fsdpmon.conventions import RUNBOOK_URL_ENV
+from fsdpmon.dashboards.generate import GENERATED, RULES_FILE
+from fsdpmon.dashboards.rulebase import ALERT_CAUSES, DEFAULT_RUNBOOK_URL
+from fsdpmon.dashboards.rules import alert_names, rule_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNBOOK = ROOT / "docs" / "runbook.md"
@@ -85,8 +85,8 @@ def generate(tmp_path: Path, *args: str, env_url: str | None = None) -> subproce
     env = {k: v for k, v in os.environ.items() if k != RUNBOOK_URL_ENV}
     if env_url is not None:
         env[RUNBOOK_URL_ENV] = env_url
-    return subprocess.run([sys.executable, "-m", "dashboards", "--output", str(tmp_path), *args],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "fsdpmon.dashboards", "--output", str(tmp_path),
+                           *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
 def generated_links(folder: Path) -> set[str]:

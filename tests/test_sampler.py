@@ -9,12 +9,12 @@ from pathlib import Path
 
 from prometheus_client.registry import CollectorRegistry
 
-from exporters.collector import ExporterCollector
-from exporters.host import HostReader
-from exporters.nvml import NvmlReader
-from exporters.procs import ProcessScanner
-from exporters.sampler import Sampler
-from exporters.simulated import SimulatedReader
+from fsdpmon.exporters.collector import ExporterCollector
+from fsdpmon.exporters.host import HostReader
+from fsdpmon.exporters.nvml import NvmlReader
+from fsdpmon.exporters.procs import ProcessScanner
+from fsdpmon.exporters.sampler import Sampler
+from fsdpmon.exporters.simulated import SimulatedReader
 from tests.fake_nvml import HANG_S, FakeGpu, FakeNvml
 
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"

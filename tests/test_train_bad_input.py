@@ -1,4 +1,5 @@
-"""`python -m trainer.train` with bad input: one line naming the problem, non-zero, no traceback."""
+"""`python -m fsdpmon.trainer.train` with bad input: one line naming the problem, non-zero, no
+traceback."""
 
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def outcomes(tmp_path_factory):
     try:  # all four at once: each is mostly `import torch`
         for name, (argv, _) in cases(tmp).items():
             procs[name] = subprocess.Popen(
-                [sys.executable, "-m", "trainer.train", "--metrics-port", "0", *argv],
+                [sys.executable, "-m", "fsdpmon.trainer.train", "--metrics-port", "0", *argv],
                 cwd=REPO, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                 text=True, start_new_session=True)
         return {name: (p.wait(timeout=120), *p.communicate()) for name, p in procs.items()}
@@ -59,7 +60,7 @@ def test_one_line_error_and_exit_code_2(outcomes, tmp_path, name):
 
 def test_output_paths_are_checked_and_created_at_parse_time(tmp_path):
     from fsdpmon.errors import InputError
-    from trainer.config import parse_config
+    from fsdpmon.trainer.config import parse_config
 
     (tmp_path / "file").write_text("")
     with pytest.raises(InputError, match=r"--checkpoint-dir: .*file is not a directory"):

@@ -9,10 +9,10 @@ import pytest
 import torch
 from trainer_launch import REPO, run, torchrun_args
 
-from trainer.config import parse_config
-from trainer.data import BatchLoader, build_source
-from trainer.model import FLAVOURS, Transformer
-from trainer.train import build_optimizer
+from fsdpmon.trainer.config import parse_config
+from fsdpmon.trainer.data import BatchLoader, build_source
+from fsdpmon.trainer.model import FLAVOURS, Transformer
+from fsdpmon.trainer.train import build_optimizer
 
 pytestmark = pytest.mark.slow
 

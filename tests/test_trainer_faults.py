@@ -9,9 +9,9 @@ import threading
 import pytest
 import torch
 
-import trainer.faults as faults
+import fsdpmon.trainer.faults as faults
 from fsdpmon import faultspec as fs
-from trainer.faults import FaultPlan
+from fsdpmon.trainer.faults import FaultPlan
 
 
 def plan(spec: str, rank: int = 1, world: int = 2) -> FaultPlan:
@@ -19,7 +19,7 @@ def plan(spec: str, rank: int = 1, world: int = 2) -> FaultPlan:
 
 
 class FakeTime:
-    """trainer.faults' clock: a sleep is recorded and moves the clock on, nothing waits; so
+    """fsdpmon.trainer.faults' clock: a sleep is recorded and moves the clock on, nothing waits; so
     what each hook slept is exact, and no bound depends on how loaded the machine is."""
 
     def __init__(self) -> None:

@@ -25,16 +25,16 @@ import pytest
 import yaml
 from support import free_port
 
-from exporters.cli import ExporterConfig
 from fsdpmon import basicauth
 from fsdpmon.basicauth import BasicAuth, Verdict
 from fsdpmon.errors import ConfigError
+from fsdpmon.exporters.cli import ExporterConfig
 from fsdpmon.httpserve import BACKLOG, serve
 from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.state import RankStateWriter
+from fsdpmon.trainer.config import parse_config
 from fsdpmon.webconfig import WebConfig, load_web_config
-from trainer.config import parse_config
 
 REPO = Path(__file__).resolve().parents[1]
 HASH4 = bcrypt.hashpw(b"right", bcrypt.gensalt(rounds=4))
@@ -271,7 +271,7 @@ def test_exporter_interval_is_bounded(interval):
 
 
 def test_trainer_log_interval_comes_from_the_environment_unless_the_flag_is_given(monkeypatch):
-    from trainer.train import _monitor_config
+    from fsdpmon.trainer.train import _monitor_config
 
     monkeypatch.setenv("FSDPMON_LOG_INTERVAL", "3")
     assert _monitor_config(parse_config(["--metrics-port", "0"])).log_interval == 3

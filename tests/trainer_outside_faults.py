@@ -30,7 +30,7 @@ def _spec(text: str) -> dict[str, int]:
 def patch_nan_logits(rank: int, step: int) -> None:
     import torch
 
-    from trainer import model, train
+    from fsdpmon.trainer import model, train
 
     current = {"step": 0}
     train_step = train.Trainer.train_step
@@ -58,8 +58,8 @@ def main() -> None:
     if spec:
         where = _spec(spec)
         patch_nan_logits(where["rank"], where["step"])
-    from trainer.parallel import exit_process
-    from trainer.train import main as train_main
+    from fsdpmon.trainer.parallel import exit_process
+    from fsdpmon.trainer.train import main as train_main
 
     exit_process(train_main(sys.argv[1:]))
 

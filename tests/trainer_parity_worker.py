@@ -18,10 +18,10 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from fsdpmon.monitor import Monitor, MonitorConfig
-from trainer.config import parse_config
-from trainer.data import build_source
-from trainer.parallel import DistEnv, choose_device, exit_process, init_distributed
-from trainer.train import build_trainer
+from fsdpmon.trainer.config import parse_config
+from fsdpmon.trainer.data import build_source
+from fsdpmon.trainer.parallel import DistEnv, choose_device, exit_process, init_distributed
+from fsdpmon.trainer.train import build_trainer
 
 PARITY_FLAGS = ["--model", "tiny", "--batch-size", "2", "--grad-accum", "2", "--seq-len", "32",
                 "--lr", "1e-3", "--seed", "3", "--metrics-port", "0"]

@@ -29,7 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from trainer import faults
+from fsdpmon.trainer import faults
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from fsdpmon import faultspec, validate
-from fsdpmon.cli import HelpFormatter
 from fsdpmon.conventions import TRAINING_PORT
 from fsdpmon.errors import ConfigError, InputError
-from trainer.shapes import FLAVOURS, ModelArgs
+from fsdpmon.helpformat import HelpFormatter
+from fsdpmon.trainer.shapes import FLAVOURS, ModelArgs
 
 # Flags that override single ModelArgs fields (for --model custom, or to shrink a flavour).
 SHAPE_FLAGS = ("dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "ffn_dim")
@@ -95,7 +95,7 @@ class _RaisingParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _RaisingParser(prog="python -m trainer.train", formatter_class=HelpFormatter,
+    p = _RaisingParser(prog="python -m fsdpmon.trainer.train", formatter_class=HelpFormatter,
                        description="FSDP2 training of Llama-family models, monitored by fsdpmon.")
     a = p.add_argument
     a("--model", default="tiny", help=f"model flavour: {', '.join(FLAVOURS)}")

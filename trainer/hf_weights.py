@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from fsdpmon.errors import InputError
-from trainer.model import ModelArgs, local_rows
+from fsdpmon.trainer.model import ModelArgs, local_rows
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.utils.checkpoint import checkpoint
 
-from trainer.shapes import FLAVOURS, ModelArgs
+from fsdpmon.trainer.shapes import FLAVOURS, ModelArgs
 
 __all__ = ["FLAVOURS", "ModelArgs", "Transformer"]
 
@@ -103,7 +103,7 @@ class TransformerBlock(nn.Module):
         self.feed_forward = FeedForward(args.dim, args.ffn_dim)
         self.attention_norm = RMSNorm(args.dim, args.norm_eps)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
-        # Set by trainer.parallel; kept inside the block so parameter names never change.
+        # Set by fsdpmon.trainer.parallel; kept inside the block so parameter names never change.
         self.activation_checkpointing = False
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -26,8 +26,8 @@ from torch.distributed.fsdp import (
 
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import ConfigError
-from trainer.config import ParallelConfig
-from trainer.model import ModelArgs, Transformer
+from fsdpmon.trainer.config import ParallelConfig
+from fsdpmon.trainer.model import ModelArgs, Transformer
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.logger import DCP_LOGGER_NAME
 
 from fsdpmon.errors import InputError
-from trainer.checkpoint import Checkpointer, TrainState, complete_checkpoints
+from fsdpmon.trainer.checkpoint import Checkpointer, TrainState, complete_checkpoints
 
 log = logging.getLogger(__name__)
 

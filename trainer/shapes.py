@@ -1,7 +1,7 @@
 """Llama model shapes: the architecture's hyperparameters and the published flavours.
 
-Kept free of torch so that the trainer's command line (trainer.config) can be parsed and checked
-where torch is not installed: `fsdpmon manifests` validates `--train-arg` with it.
+Kept free of torch so that the trainer's command line (fsdpmon.trainer.config) can be parsed and
+checked where torch is not installed: `fsdpmon manifests` validates `--train-arg` with it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Entry point: ``torchrun --nproc_per_node N -m trainer.train [flags]`` (see ``--help``).
+"""Entry point: ``torchrun --nproc_per_node N -m fsdpmon.trainer.train [flags]`` (see ``--help``).
 
 The loop takes one ``fsdpmon.monitor.Monitor``: it times the phases of each step, serves the
 Prometheus endpoint, writes the per-rank JSONL log, and calls back once per log step, which is
@@ -28,22 +28,22 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
 from fsdpmon import faultspec
-from fsdpmon.cli import guarded
+from fsdpmon.errors import guarded
 from fsdpmon.monitor import Monitor, MonitorConfig
-from trainer import faults
-from trainer.checkpoint import Checkpointer, TrainState
-from trainer.config import TrainConfig, model_args_for, parse_config
-from trainer.data import BatchLoader, SampleSource, build_source
-from trainer.hf_weights import load_hf_weights, read_config
-from trainer.model import Transformer
-from trainer.parallel import (
+from fsdpmon.trainer import faults
+from fsdpmon.trainer.checkpoint import Checkpointer, TrainState
+from fsdpmon.trainer.config import TrainConfig, model_args_for, parse_config
+from fsdpmon.trainer.data import BatchLoader, SampleSource, build_source
+from fsdpmon.trainer.hf_weights import load_hf_weights, read_config
+from fsdpmon.trainer.model import Transformer
+from fsdpmon.trainer.parallel import (
     DistEnv,
     build_fsdp_model,
     choose_device,
     exit_process,
     init_distributed,
 )
-from trainer.resume import resume_newest
+from fsdpmon.trainer.resume import resume_newest
 
 log = logging.getLogger("trainer")
 
@@ -164,7 +164,8 @@ class Trainer:
     def train_step(self, mon: Monitor) -> None:
         with mon.step():
             # The global sample index of this step's first micro-batch: with the rank, batch
-            # size and world size it names the rank's batch (trainer.data.batch_at replays it).
+            # size and world size it names the rank's batch (fsdpmon.trainer.data.batch_at replays
+            # it).
             position = self.loader.position
             loss = self.accumulate_gradients(mon)
             with mon.phase("optimizer"):

@@ -106,9 +106,10 @@ def free_port() -> int:
 
 def real_gpu_count() -> int:
     """GPUs NVML can read here; 0 when there is no driver (the exporter owns pynvml)."""
-    from exporters.nvml import NvmlReader
+    from fsdpmon.exporters.nvml import NvmlReader
 
-    logging.getLogger("exporters.nvml").setLevel(logging.ERROR)  # "NVML unavailable" is expected
+    # "NVML unavailable" is expected
+    logging.getLogger("fsdpmon.exporters.nvml").setLevel(logging.ERROR)
     reader = NvmlReader()
     try:
         return len(reader.identities) if reader.open() else 0
@@ -130,7 +131,7 @@ def make_plan(cfg: DemoConfig, gpus: int) -> Plan:
         env["CUDA_VISIBLE_DEVICES"] = ""  # fewer GPUs than ranks: train on CPU (gloo)
     trainer = [
         sys.executable, "-m", "torch.distributed.run", "--standalone",
-        f"--nproc_per_node={cfg.nproc}", "-m", "trainer.train",
+        f"--nproc_per_node={cfg.nproc}", "-m", "fsdpmon.trainer.train",
         "--model", cfg.model, "--max-steps", str(cfg.max_steps),
         "--log-every", str(cfg.log_every), "--batch-size", str(cfg.batch_size),
         "--seq-len", str(cfg.seq_len), "--metrics-port", str(metrics_port),

@@ -69,7 +69,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
       help=f"steps between checkpoints (0: only at the end) {d('checkpoint_every')}")
     a("--log-every", type=int, help=f"steps per log window {d('log_every')}")
     a("--train-arg", action="append", default=None, metavar="ARG",
-      help="extra argument for trainer.train, repeatable, checked with the trainer's own parser: "
+      help="extra argument for fsdpmon.trainer.train, repeatable, checked with the trainer's own "
+      "parser: "
       "--train-arg=--warmup-steps=100 (default: none)")
     a("--data-pvc", help="PersistentVolumeClaim for data, checkpoints and logs, e.g. FSx "
       "(default: an emptyDir)")

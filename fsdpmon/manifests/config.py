@@ -20,7 +20,7 @@ log = logging.getLogger(__name__)
 
 KINDS = ("pytorchjob", "trainjob")
 COMPONENTS = ("job", "exporter", "monitoring", "rbac")
-# The trainer's model flavours (trainer.model.FLAVOURS; a test keeps the two in step).
+# The trainer's model flavours (fsdpmon.trainer.model.FLAVOURS; a test keeps the two in step).
 MODELS = ("tiny", "llama2-7b", "llama2-13b", "llama2-70b")
 RDZV_BACKENDS = ("c10d", "etcd", "etcd-v2")
 
@@ -107,8 +107,9 @@ class ManifestConfig:
     # monitoring
     release_label: str = "kube-prometheus-stack"
     scrape_interval: str = "15s"
-    # where the alerts' runbook_url points (None: FSDPMON_RUNBOOK_URL, else dashboards.rulebase's
-    # default, the repository's docs/runbook.md); checked when the rules are built
+    # where the alerts' runbook_url points (None: FSDPMON_RUNBOOK_URL, else
+    # fsdpmon.dashboards.rulebase's default, the repository's docs/runbook.md); checked when the
+    # rules are built
     runbook_url: str | None = None
     components: tuple[str, ...] = COMPONENTS
 

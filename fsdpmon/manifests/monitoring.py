@@ -120,7 +120,7 @@ def dashboard_configmaps(cfg: ManifestConfig, dashboards: dict[str, dict]) -> li
 
 def monitoring_objects(cfg: ManifestConfig) -> list[Obj]:
     # Imported here: the dashboards package is only needed for this component.
-    from dashboards import build, rulebase, rules
+    from fsdpmon.dashboards import build, rulebase, rules
 
     try:
         groups = rules.rule_groups(runbook_url=cfg.runbook_url or rulebase.DEFAULT_RUNBOOK_URL)

@@ -1,6 +1,6 @@
 """The training job: a Kubeflow PyTorchJob, or a Trainer v2 TrainJob with its runtime.
 
-Both kinds run the same container: `torchrun -m trainer.train` with the trainer's flags, the
+Both kinds run the same container: `torchrun -m fsdpmon.trainer.train` with the trainer's flags, the
 monitor's environment, the metrics port `fsdpmon-train` declared, GPUs and EFA requested,
 /dev/shm memory-backed, data and checkpoints on one volume, and the Hugging Face token only as
 a reference to a Secret.
@@ -39,7 +39,7 @@ def torchrun_command(cfg: ManifestConfig) -> list[str]:
     rendezvous for elastic jobs) in the environment, which torchrun reads itself."""
     args = [
         "torchrun", f"--nproc-per-node={cfg.gpus_per_node}",
-        "-m", "trainer.train",
+        "-m", "fsdpmon.trainer.train",
         "--model", cfg.model,
         "--max-steps", str(cfg.max_steps),
         "--batch-size", str(cfg.batch_size),
@@ -63,10 +63,10 @@ def torchrun_command(cfg: ManifestConfig) -> list[str]:
 def check_trainer_args(cfg: ManifestConfig) -> None:
     """Parse the container's trainer command with the trainer's own parser, so a bad
     --train-arg fails here rather than when the pods start. Paths are the pods', not ours."""
-    from trainer.config import model_args_for, parse_config  # torch-free
+    from fsdpmon.trainer.config import model_args_for, parse_config  # torch-free
 
     command = torchrun_command(cfg)
-    base = command[command.index("trainer.train") + 1 :]
+    base = command[command.index("fsdpmon.trainer.train") + 1 :]
     args = base[: len(base) - len(cfg.train_args)]
     for field, argv in (("trainer command", args), ("--train-arg", base)):
         try:
@@ -74,7 +74,8 @@ def check_trainer_args(cfg: ManifestConfig) -> None:
             if parsed.model.hf_checkpoint is None:  # else the shape comes from its config.json
                 model_args_for(parsed)
         except FsdpmonError as exc:
-            raise ConfigError(field, f"python -m trainer.train would reject it: {exc}") from None
+            raise ConfigError(
+                field, f"python -m fsdpmon.trainer.train would reject it: {exc}") from None
 
 
 def container_env(cfg: ManifestConfig) -> list[Obj]:

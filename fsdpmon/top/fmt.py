@@ -134,7 +134,7 @@ def plural(count: int, noun: str, plural_form: str = "") -> str:
 
 def command(text: str) -> str:
     """A command line with its program's path stripped, as nvitop shows it:
-    '/work/.venv/bin/python -m trainer.train' → 'python -m trainer.train'."""
+    '/work/.venv/bin/python -m fsdpmon.trainer.train' → 'python -m fsdpmon.trainer.train'."""
     program, sep, rest = text.partition(" ")
     if program.startswith("/"):
         program = program.rsplit("/", 1)[-1] or program
