@@ -6,7 +6,6 @@ import dataclasses
 import json
 
 import pytest
-from halves import half  # noqa: F401 - the fixture
 from support import rounded
 from top_snapshots import ranks, snapshot
 
@@ -46,13 +45,7 @@ def test_frozen_and_derived_fields():
     assert RankRow(rank=2, down=True, stalled=True, slowest=True).flags == "DOWN STALLED SLOWEST"
 
 
-@pytest.fixture
-def maker_half(half: str) -> str:  # noqa: F811 - the fixture imported above
-    """frozen.maker with its C half (_rows.make_row) and without."""
-    return half
-
-
-def test_rows_built_without_init_equal_those_built_with_it(maker_half):
+def test_rows_built_without_init_equal_those_built_with_it():
     """frozen.maker fills a frozen row's __dict__ directly (the generated __init__ was most of a
     2048-rank refresh's row building): the rows, and each target's result and status, are the
     same objects as the classes' own."""
@@ -76,7 +69,7 @@ def test_rows_built_without_init_equal_those_built_with_it(maker_half):
         maker(JobSnapshot)  # a default_factory field: not for the maker
 
 
-def test_a_row_made_from_its_accumulator_takes_it_over_and_fills_in_its_defaults(maker_half):
+def test_a_row_made_from_its_accumulator_takes_it_over_and_fills_in_its_defaults():
     """maker's ``filed`` argument (a row's accumulator) becomes the row's __dict__, not a copy:
     the fields it lacks get their defaults and ``values`` win; entries that are no field
     (filing's bookkeeping, e.g. a rank's total_steps) stay there but are not the row's: ==,

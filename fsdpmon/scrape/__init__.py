@@ -2,8 +2,7 @@
 job snapshots.
 
 HTTP (``httpget``), the exposition parser (``expfmt``) and its filing of the few series a
-snapshot needs (``fused``, ``layout``, ``filing``; the optional C halves ``_*.c``, which
-``fastpath`` alone chooses and imports), the rows (``rows``, ``frozen``) and their aggregation
+snapshot needs (``fused``, ``filing``), the rows (``rows``, ``frozen``) and their aggregation
 into a snapshot (``aggregate``); ``sources/`` holds one source per place a job can be read from,
 and ``options`` the flags that choose one.
 """

@@ -86,8 +86,6 @@ def scrape_urls(
     are fetched by blocking GETs on ``pool`` meanwhile (TLS and its certificate checks).
     """
     plain = [i for i, t in enumerate(targets) if t.url.startswith("http:")]
-    if isinstance(parser, FilingParser):  # its bodies' layouts are kept per names asked
-        parser.asking(names if names is None or isinstance(names, frozenset) else frozenset(names))
     tls: dict[int, Future[tuple[bytes | None, str, float]]] = {}
     if len(plain) < len(targets):
         if pool is None:

@@ -9,12 +9,11 @@ samples cost two dict lookups and a store.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from fsdpmon.conventions import GPU_CLOCK_EVENT_BITS, JOB_LABEL, LOCAL_RANK_LABEL, RANK_LABEL
 from fsdpmon.job.snapshot import TargetStatus
-from fsdpmon.scrape import fastpath
 from fsdpmon.scrape.expfmt import Sample
 from fsdpmon.scrape.frozen import maker
 from fsdpmon.scrape.wanted import (
@@ -121,12 +120,6 @@ _NONE = (_OTHER, "")
 STORED = {name: kind_key for name, kind_key in _KIND.items()
           if kind_key[0] in (_RANK, _GPU, _JOB)}
 RANK_KIND, GPU_KIND, JOB_KIND = _RANK, _GPU, _JOB  # the kinds of row a STORED name fills
-
-
-def row_finder() -> Callable[[Acc, int, dict[str, str], Target], Row | None]:
-    """row_of, or its C half where fastpath says so (the rows it finds are memoised by the C
-    loop's rules, which are row_of's)."""
-    return fastpath.active().row_of or row_of
 
 
 def row_of(acc: Acc, kind: int, labels: dict[str, str], target: Target) -> Row | None:
@@ -245,10 +238,8 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
     target = result.target
     filed = result.filed or _NOTHING_FILED
     samples = result.samples or ()
-    start = acc, samples, target, filed.train, filed.exporter, filed.node or target.node
-    c_loop = fastpath.active().file_samples
-    done = c_loop(*start) if c_loop is not None else None  # None: samples it does not take
-    train, exporter, node = done if done is not None else _file_samples(*start)
+    train, exporter, node = _file_samples(acc, samples, target, filed.train, filed.exporter,
+                                          filed.node or target.node)
     kind_name = "train" if train else "exporter" if exporter else "unknown"
     return _new_status(url=target.url, kind=kind_name, up=True, duration_s=result.duration_s,
                        samples=filed.samples + len(samples), pod=target.pod, node=node)
@@ -256,8 +247,8 @@ def file_result(acc: Acc, result: ScrapeResult) -> TargetStatus:
 
 def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bool,
                   exporter: bool, node: str) -> tuple[bool, bool, str]:
-    """file_result's loop (its C half is _filing.file_samples): whether a rank's and a GPU's
-    figures were among them, and the node the target is known by after them."""
+    """file_result's loop: whether a rank's and a GPU's figures were among them, and the node
+    the target is known by after them."""
     rank_memo, gpu_memo, kinds = acc.rank_memo, acc.gpu_memo, _KIND
     # Process rows are keyed by node and pid, the node maybe the target's: memoised per target
     # and per node the target is known by.
@@ -311,10 +302,3 @@ def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bo
 
 
 _NOTHING_FILED = Filed(0, False, False)
-
-# The C half of the loop and of row_of (_filing.c) files by these tables and leaves the rare
-# samples to these helpers, as the Python loop does.
-fastpath.setup_filing(_KIND, ((_RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER),
-                              GPU_CLOCK_EVENT, GPU_ECC, PROCESS_INFO, PROCESS_STATE, RANK_LABEL,
-                              LOCAL_RANK_LABEL, JOB_LABEL, _GPU_ATTRIBUTES, _PROCESS_OWNER),
-                      _add_host, _add_gpu_event)

@@ -6,11 +6,8 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 from typing import TypeVar
-
-from fsdpmon.scrape import fastpath
 
 R = TypeVar("R")
 
@@ -30,9 +27,6 @@ def maker(cls: type[R]) -> Callable[..., R]:
             hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: only plain fields with plain defaults")
     defaults = {f.name: None if f.default is dataclasses.MISSING else f.default for f in fields}
-    make_row = fastpath.active().make_row
-    if make_row is not None:  # the C half: the same steps, without a frame and a dict per call
-        return functools.partial(make_row, cls, defaults)
     new, setattr_ = object.__new__, object.__setattr__
 
     def make(filed: dict[str, object] | None = None, /, **values: object) -> R:

@@ -14,7 +14,6 @@ from typing import Protocol
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.job.snapshot import JobSnapshot
-from fsdpmon.scrape import fastpath
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
 SOURCES = """\
@@ -141,7 +140,6 @@ def build_source(args: argparse.Namespace) -> Source:
         raise ConfigError("--interval", f"must be > 0, got {args.interval!r}")
     job = _one_job(args)
     _one_source(args, job)
-    fastpath.active()  # FSDPMON_PURE_PYTHON, checked at start (a ConfigError names it)
     if args.targets is not None:
         from fsdpmon.scrape.sources.targets import TargetsSource
 
