@@ -82,6 +82,15 @@ def test_a_live_view_watches_one_job(command, jobs, error):
         build_source(args)
 
 
+def test_the_run_arguments_are_one_declaration():
+    runs = {c: next(a for a in parser(c)._actions if a.dest == "runs")
+            for c in ("incidents", "goodput", "report")}
+    assert {(a.metavar, a.help.split(", or ")[0]) for a in runs.values()} == {
+        ("RUN", "a run's JSONL: the trainer's --log-jsonl PATH (its per-rank files "
+                "PATH.rank<k>.jsonl are read), one per-rank file")}
+    assert [runs[c].nargs for c in runs] == ["*", "+", "*"]  # goodput needs a run
+
+
 # -- the renamed spelling -------------------------------------------------------------------
 
 def test_report_jobs_still_works_and_says_it_is_deprecated(capsys):

@@ -17,15 +17,13 @@ from fsdpmon.incidents.history import job_incidents
 from fsdpmon.incidents.incidents import Incident, incidents, lemon_nodes
 from fsdpmon.job.run_goodput import goodput
 from fsdpmon.job.runlog import load_run
-from fsdpmon.scrape.options import add_history_args, history_api, history_jobs
+from fsdpmon.scrape.options import add_history_args, add_runs_arg, history_api, history_jobs
 
 MAX_POINTS = 2000  # per range query: Prometheus refuses more than 11,000
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="*", metavar="RUN",
-                        help="a run's JSONL: the trainer's --log-jsonl PATH (its per-rank files "
-                        "PATH.rank<k>.jsonl are read), one per-rank file, or their directory")
+    add_runs_arg(parser, "*")
     parser.add_argument("--json", action="store_true",
                         help='print {"incidents": [{"start", "end", "cause", "rank", "pod", '
                         '"node", "gpu", "evidence", "lost_gpu_seconds"}]}')

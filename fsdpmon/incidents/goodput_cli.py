@@ -12,12 +12,11 @@ from typing import Any
 from fsdpmon.job.goodput import CATEGORIES
 from fsdpmon.job.run_goodput import Goodput, goodput
 from fsdpmon.job.runlog import RunLog, load_run
+from fsdpmon.scrape.options import add_runs_arg
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN",
-                        help="a run's JSONL: the trainer's --log-jsonl PATH (its per-rank files "
-                        "PATH.rank<k>.jsonl are read), one per-rank file, or their directory")
+    add_runs_arg(parser, "+")
     parser.add_argument("--json", action="store_true",
                         help="print {\"wall_seconds\", \"productive_seconds\", "
                         "\"goodput_ratio\", \"badput_seconds\": {cause: seconds}}; for several "

@@ -22,17 +22,13 @@ from fsdpmon.report.model import RunData, RunStats
 from fsdpmon.report.prometheus import MAX_POINTS, load_job
 from fsdpmon.report.stats import run_stats, with_scaling
 from fsdpmon.report.table import markdown_report, markdown_table
-from fsdpmon.scrape.options import add_history_args, history_api, history_jobs
+from fsdpmon.scrape.options import add_history_args, add_runs_arg, history_api, history_jobs
 
 NO_CHART = "no chart: matplotlib is not installed (pip install 'fsdpmon[report]' to draw it)"
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "runs", nargs="*", metavar="RUN",
-        help="a run's JSONL log (the trainer's --log-jsonl PATH; its per-rank files "
-        "PATH.rank<k>.jsonl are read), one per-rank file, or a directory of runs' logs",
-    )
+    add_runs_arg(parser, "*", directory="a directory of runs' logs")
     parser.add_argument("--out", default="fsdpmon-report", metavar="DIR",
                         help="directory for report.md, report.json and scaling.png (the chart "
                         "needs matplotlib: pip install 'fsdpmon[report]') (default: %(default)s)")
@@ -40,10 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="leave steps <= N out of the figures (default: each rank's first "
                         "log window, which holds start-up)")
     # --jobs A,B was this flag's name before --job was one flag for every command
-    prom = add_history_args(parser, "reading jobs from Prometheus", renamed=("--jobs",),
-                            step=f"the job's duration / {MAX_POINTS}, at least 0.1 s")
-    prom.add_argument("--until", default=None, metavar="TIME",
-                      help="end of the search range: unix seconds or ISO 8601 (default: now)")
+    add_history_args(parser, "reading jobs from Prometheus", renamed=("--jobs",), until=True,
+                     step=f"the job's duration / {MAX_POINTS}, at least 0.1 s")
 
 
 def parse_time(field: str, text: str | None) -> float:

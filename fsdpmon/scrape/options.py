@@ -1,6 +1,7 @@
 """The command-line plumbing the commands share: the source flags (`top`, `diagnose`), the flags
-that read jobs' history from Prometheus (`incidents`, `report`), the one job flag and the one
-duration parser, and the :class:`Source` a live command reads a job's snapshots from.
+that read jobs' history from Prometheus (`incidents`, `report`), the RUN arguments (JSONL logs),
+the one job flag and the one duration parser, and the :class:`Source` a live command reads a
+job's snapshots from.
 
 Values are checked where the command runs, not by argparse: a bad one is a ConfigError naming
 its flag, which `fsdpmon.cli.guarded` turns into one line and exit status 2."""
@@ -79,6 +80,15 @@ def job_names(args: argparse.Namespace) -> list[str]:
     return names
 
 
+def add_runs_arg(parser: argparse.ArgumentParser, nargs: str,
+                 directory: str = "their directory") -> None:
+    """The RUN arguments of the commands that read the trainer's JSONL logs; ``directory`` says
+    what a directory given holds."""
+    parser.add_argument("runs", nargs=nargs, metavar="RUN",
+                        help="a run's JSONL: the trainer's --log-jsonl PATH (its per-rank files "
+                        f"PATH.rank<k>.jsonl are read), one per-rank file, or {directory}")
+
+
 def add_source_args(parser: argparse.ArgumentParser) -> None:
     """The source flags of the live commands, `top` and `diagnose`."""
     src = parser.add_argument_group("source", SOURCES)
@@ -96,20 +106,23 @@ def add_source_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_history_args(parser: argparse.ArgumentParser, title: str, step: str,
-                     renamed: tuple[str, ...] = ()) -> argparse._ArgumentGroup:
+                     renamed: tuple[str, ...] = (), until: bool = False) -> None:
     """The flags that read jobs' history from Prometheus (`incidents`, `report`); ``step`` says
-    the query resolution's default, ``renamed`` the job flag's old spellings still accepted."""
+    the query resolution's default, ``renamed`` the job flag's old spellings still accepted,
+    ``until`` whether the range may end before now."""
     prom = parser.add_argument_group(title)
     _add_prometheus(prom)
     _add_job(prom, "job name (the job_name label); repeat, or comma-separate, for several jobs",
              renamed)
     prom.add_argument("--since", default="24h", metavar="DURATION",
                       help="how far back to look, e.g. 90m, 24h, 7d")
+    if until:
+        prom.add_argument("--until", default=None, metavar="TIME",
+                          help="end of the search range: unix seconds or ISO 8601 (default: now)")
     prom.add_argument("--step", type=float, default=None, metavar="SECONDS",
                       help=f"query resolution (default: {step})")
     prom.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                       help="HTTP timeout per query")
-    return prom
 
 
 def history_jobs(args: argparse.Namespace) -> list[str]:
