@@ -10,15 +10,18 @@ import threading
 import pytest
 from test_goodput import REPO, _run, _step, _write, hand_run
 
-from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.conventions import (
+    CHECKPOINT_SHARE_LIMIT,
+    DIAGNOSIS_EVIDENCE_SECONDS,
+    STRAGGLER_SCORE_THRESHOLD,
+)
+from fsdpmon.diagnose.after import slow_save_groups
 from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES
-from fsdpmon.incidents import incidents as inc_mod
 from fsdpmon.incidents.history import _increase, spans
 from fsdpmon.incidents.incidents import (
     Incident,
     incidents,
     lemon_nodes,
-    slow_save_groups,
 )
 from fsdpmon.job.run_goodput import goodput
 from fsdpmon.job.runlog import load_run
@@ -135,7 +138,7 @@ def _save(step: int, seconds: float, rank: int = 0) -> dict:
 
 
 def test_slow_saves_in_a_row_are_one_fault_a_healthy_save_splits_them():
-    limit = inc_mod.CHECKPOINT_SHARE_LIMIT
+    limit = CHECKPOINT_SHARE_LIMIT
     over, under = limit + 0.01, limit - 0.01
     one = slow_save_groups([(_save(10, 0.1), 0.05), (_save(20, 2.0), over),
                             (_save(30, 2.0), under), (_save(40, 2.0), over)])

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
-    CRASH_LOOP_RESTARTS,
     DIAGNOSIS_EVIDENCE_SECONDS,
     EXIT_KILLED,
     Severity,
 )
+from fsdpmon.diagnose.after import restart_cause
 from fsdpmon.diagnose.cpu_rules import starved
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import (
@@ -133,11 +133,12 @@ def _cause(obs: Observations, evidence: list[str], missing: str, loop: str) -> t
     """crash_loop (with the restarts as evidence) when the job restarted CRASH_LOOP_RESTARTS
     times within the history, else rank_missing."""
     restarts = obs.restarts
-    if restarts is not None and restarts[1] - restarts[0] >= CRASH_LOOP_RESTARTS:
+    cause = restart_cause(0 if restarts is None else restarts[1] - restarts[0])
+    if restarts is not None and cause == "crash_loop":
         evidence.insert(0, f"job restarted {restarts[1] - restarts[0]:.0f} times "
                            f"({restarts[0]:.0f} → {restarts[1]:.0f})")
-        return "crash_loop", loop
-    return "rank_missing", missing
+        return cause, loop
+    return cause, missing
 
 
 def _died(obs: Observations, places: Places) -> list[Finding]:

@@ -27,17 +27,17 @@ from typing import Any
 from fsdpmon import catalog
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
-    CRASH_LOOP_RESTARTS,
     EXIT_HOWS,
     INCIDENT_MERGE_GAP_QUERY_STEPS,
     INCIDENT_MIN_LOST_SECONDS,
 )
+from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall
 from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.replay import replay, slowdowns
 from fsdpmon.diagnose.replay import spans as finding_spans
 from fsdpmon.incidents.history_reader import snapshots
-from fsdpmon.incidents.incidents import Incident, slow_save_groups
+from fsdpmon.incidents.incidents import Incident
 from fsdpmon.job.snapshot import RankRow
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
@@ -156,20 +156,14 @@ class HistoryJudge:
                              if any(start <= t <= end and v >= 1 for t, v in s))
             evidence = [f"ranks {victims} reported stalled from {start:.0f} to {end:.0f} "
                         f"(threshold {lead:.1f} s)"]
-            if len(quiet) == 1:
-                evidence.append(f"rank {quiet[0]} was unresponsive meanwhile (stopped, or "
-                                f"holding the GIL)")
-                out.append(self._incident(start - lead, end, "rank_unresponsive", quiet[0],
-                                          evidence, end - start + lead))
-                continue
-            culprits, why = stall_culprits(progress, sorted(set(victims) | set(progress[0])),
-                                           start, end)
+            culprits, why = ([], "") if len(quiet) == 1 else stall_culprits(
+                progress, sorted(set(victims) | set(progress[0])), start, end)
             if culprits:
                 evidence.insert(0, f"culprit: rank{'s' if len(culprits) > 1 else ''} "
                                    f"{', '.join(map(str, culprits))} ({why})")
-            rank = culprits[0] if len(culprits) == 1 else None
-            out.append(self._incident(start - lead, end, "hang", rank, evidence,
-                                      end - start + lead))
+            judged = stall(quiet, culprits)
+            out.append(self._incident(start - lead, end, judged.cause, judged.rank,
+                                      [*evidence, *judged.evidence], end - start + lead))
         return out
 
     def _progress(self) -> tuple[Series, Series]:
@@ -184,16 +178,15 @@ class HistoryJudge:
             if how in EXIT_HOWS and samples:
                 exits[int(rank)] = (how, None)
                 first_seen.append(samples[0][0])
-        culprits, _how = died(exits)
-        if not culprits or not first_seen:
+        judged = restart(exits, self.restarts)
+        if not died(exits)[0] or not first_seen:
             return []
         back = min(first_seen)
         last = self.h.series(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS)
         before = [v for s in last.values() for t, v in s if t < back and v < back]
         start = max(before) if before else back
-        cause = "crash_loop" if self.restarts >= CRASH_LOOP_RESTARTS else "rank_missing"
-        rank = culprits[0] if len(culprits) == 1 else None
-        return [self._incident(start, back, cause, rank, exit_evidence(exits), back - start)]
+        return [self._incident(start, back, judged.cause, judged.rank, exit_evidence(exits),
+                               back - start)]
 
     def stragglers(self) -> list[Incident]:
         """The live judge replayed over the snapshots `diagnose --prometheus` would have built
@@ -229,27 +222,24 @@ class HistoryJudge:
             culprit = max(own, key=lambda r: _at(own[r], t) or 0.0)
             found.append(({"time": t, "seconds": took, "rank": culprit}, share))
         out = []
-        usual = min((s["seconds"] for s, _ in found), default=0.0)
-        for group in slow_save_groups(found):
-            lost = sum(s["seconds"] - usual for s, _ in group)
-            if lost < INCIDENT_MIN_LOST_SECONDS:
-                continue  # as from the JSONL: a healthy save after a short stretch
+        for judged, group, lost in slow_saves(found):  # as from the JSONL
             first, last = group[0][0], group[-1][0]
             evidence = [f"a save took {s['seconds']:.1f} s, {share:.0%} of the time since the "
                         f"previous (limit {CHECKPOINT_SHARE_LIMIT:.0%})" for s, share in group]
             out.append(self._incident(first["time"] - first["seconds"], last["time"],
-                                      "checkpoint_slow", first["rank"], evidence, lost))
+                                      judged.cause, judged.rank, evidence, lost))
         return out
 
     def nonfinite(self) -> list[Incident]:
         firsts = {r: s[0] for r, s in self.h.series(
             catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP).items() if s}
-        if not firsts:
+        judged = first_nonfinite({r: step for r, (_, step) in firsts.items()})
+        if judged is None or judged.rank is None:
             return []
-        rank = min(firsts, key=lambda r: (firsts[r][1], r))
-        t, step = firsts[rank]
-        return [self._incident(t, t, "loss_nonfinite", rank,
-                               [f"rank {rank}: first non-finite loss at step {step:.0f}"], 0.0)]
+        t, step = firsts[judged.rank]
+        return [self._incident(t, t, judged.cause, judged.rank,
+                               [f"rank {judged.rank}: first non-finite loss at step {step:.0f}"],
+                               0.0)]
 
     def incidents(self) -> list[Incident]:
         restarts = self.restarts_found()

@@ -11,18 +11,12 @@ the GIL), else the rank whose flight-recorder stack is outside the phase the oth
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from fsdpmon.conventions import (
-    CHECKPOINT_SHARE_LIMIT,
-    CRASH_LOOP_RESTARTS,
-    INCIDENT_MIN_LOST_SECONDS,
-    SLOW_SAVE_FACTOR,
-    STALL_SEEN_LATE_SECONDS,
-)
-from fsdpmon.diagnose.exits import died, exit_evidence
+from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, INCIDENT_MIN_LOST_SECONDS
+from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall_from_records
+from fsdpmon.diagnose.exits import exit_evidence
 from fsdpmon.incidents.run_reader import judged_slowdowns
 from fsdpmon.job.run_goodput import Goodput, endings, restore_of, saves
 from fsdpmon.job.runlog import Incarnation, RunLog, number
@@ -114,19 +108,6 @@ def _innermost(rec: dict[str, Any]) -> str:
                       for f in reversed(frames[-MAX_EVIDENCE_FRAMES:]))
 
 
-def _stall_culprit(starts: list[dict[str, Any]], ranks: list[int]) -> tuple[int | None, str]:
-    on_time = {int(r["rank"]) for r in starts
-               if r["time"] - (number(r.get("since")) or r["time"])
-               <= (number(r.get("threshold")) or 0.0) + STALL_SEEN_LATE_SECONDS}
-    late = [r for r in ranks if r not in on_time]
-    if len(late) == 1 and on_time:
-        return late[0], "rank_unresponsive"
-    phases = [r.get("phase") for r in starts]
-    common = statistics.mode(phases) if phases else None
-    odd = [int(r["rank"]) for r in starts if r.get("phase") != common]
-    return (odd[0], "hang") if len(odd) == 1 else (None, "hang")
-
-
 def _stall_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
     out = []
     for group in _stall_groups(inc):
@@ -136,44 +117,22 @@ def _stall_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
             continue  # a save or an evaluation held the steps: the checkpoint's incident
         since = min(number(r.get("since")) or r["time"] for r in group)
         threshold = _threshold(group)
-        culprit, cause = _stall_culprit(starts, sorted(inc.runs))
+        judged = stall_from_records(starts, sorted(inc.runs))
         end = max(r["time"] for r in ends) if ends else max(r["time"] for r in group)
         lost = max((number(r.get("seconds")) or 0.0 for r in ends), default=end - since)
         evidence = [f"no step completed for {end - since:.1f} s (threshold {threshold:.1f} s)"
                     + ("" if ends else "; it never ended")]
-        if cause == "rank_unresponsive":
-            evidence.append(f"rank {culprit} recorded nothing while the others waited (its "
-                            f"Python did not run: stopped, or holding the GIL)")
+        evidence += judged.evidence
         for rec in sorted(starts, key=lambda r: r["rank"]):
             evidence.append(f"rank {rec['rank']} at step {rec.get('step')} in phase "
                             f"{rec.get('phase') or '-'}, last collective "
                             f"{(rec.get('last_collective') or {}).get('op', '-')}: "
                             f"{_innermost(rec) or 'no frames'}")
-        out.append(_incident(run, since, end, cause, culprit, evidence, lost))
+        out.append(_incident(run, since, end, judged.cause, judged.rank, evidence, lost))
     return out
 
 
 # ---- checkpoints and restarts ---------------------------------------------------------------
-
-def slow_save_groups(found: list[tuple[dict[str, Any], float]]) -> list[list[tuple[dict[
-        str, Any], float]]]:
-    """Saves (with their share of the time) in order -> runs of slow ones with one culprit:
-    a save is slow when its share is over CHECKPOINT_SHARE_LIMIT (the diagnosis' rule), or,
-    right after a slow one, when it still takes SLOW_SAVE_FACTOR x the run's fastest save (its
-    share can drop when a stall or a restart lengthened the time since the previous)."""
-    fastest = min((s["seconds"] for s, _ in found), default=0.0)
-    groups: list[list[tuple[dict[str, Any], float]]] = []
-    after_slow = False
-    for save, share in found:
-        continuing = (after_slow and groups and groups[-1][-1][0]["rank"] == save["rank"]
-                      and save["seconds"] >= SLOW_SAVE_FACTOR * fastest)
-        if continuing:
-            groups[-1].append((save, share))
-        elif share > CHECKPOINT_SHARE_LIMIT:
-            groups.append([(save, share)])
-        after_slow = continuing or share > CHECKPOINT_SHARE_LIMIT
-    return groups
-
 
 def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
     """Slow saves of the whole run (a fault outlives a restart). Lost: beyond the fastest."""
@@ -184,14 +143,9 @@ def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
             span = save["time"] - (previous_end or save["time"])
             found.append((save, save["seconds"] / span if span > 0 else 0.0))
             previous_end = save["time"]
-    if not found:
-        return []
-    usual = min(s["seconds"] for s, _ in found)
+    usual = min((s["seconds"] for s, _ in found), default=0.0)
     out = []
-    for group in slow_save_groups(found):
-        lost = sum(s["seconds"] - usual for s, _ in group)
-        if lost < INCIDENT_MIN_LOST_SECONDS:
-            continue  # a healthy save that happened to follow a short stretch of steps
+    for judged, group, lost in slow_saves(found):
         first, last = group[0][0], group[-1][0]
         evidence = [f"the save of step {s['step']} took {s['seconds']:.1f} s, {share:.0%} of "
                     f"the time since the previous save (limit {CHECKPOINT_SHARE_LIMIT:.0%}); "
@@ -199,39 +153,39 @@ def _checkpoint_incidents(run: RunLog, until: float) -> list[Incident]:
                     f"work (the others waited for it)" for s, share in group]
         evidence.append(f"the run's fastest save took {usual:.2f} s")
         out.append(_incident(run, first["time"] - first["seconds"], last["time"],
-                             "checkpoint_slow", first["rank"], evidence, lost))
+                             judged.cause, judged.rank, evidence, lost))
     return out
 
 
 def _restart_incident(run: RunLog, prev: Incarnation, inc: Incarnation,
                       gp: Goodput) -> Incident | None:
     exits = endings(prev, inc)
-    culprits, _how = died(exits)
     last = prev.last_step
     begin = inc.first_begin()
     if last is None or begin is None:
         return None
     restarts = max((int(number(r.get("restarts")) or 0) for r in inc.runs.values()), default=0)
-    cause = "crash_loop" if restarts >= CRASH_LOOP_RESTARTS else "rank_missing"
+    judged = restart(exits, restarts)
+    rank = judged.rank
     evidence = exit_evidence(exits) or ["how the ranks ended is not known"]
     evidence.append(f"restarted (restart {restarts}) after step {last[1]}; resumed at step "
                     f"{restore_of(inc)[0]}")
-    rank = culprits[0] if len(culprits) == 1 else None
     lost = sum(gp.by_rank.get(c, {}).get(rank, 0.0) for c in ("restart", "recompute")
                ) if rank is not None else 0.0
-    return _incident(run, last[0], begin, cause, rank, evidence, lost or begin - last[0])
+    return _incident(run, last[0], begin, judged.cause, rank, evidence, lost or begin - last[0])
 
 
 def _nonfinite_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
     firsts: dict[int, dict[str, Any]] = {}
     for rec in inc.of_kind("nonfinite"):
         firsts.setdefault(int(rec["rank"]), rec)
-    if not firsts:
+    judged = first_nonfinite({r: number(rec.get("step")) for r, rec in firsts.items()})
+    if judged is None or judged.rank is None:
         return []
-    first = min(firsts.values(), key=lambda r: (number(r.get("step")) or 0, r["rank"]))
+    first = firsts[judged.rank]
     evidence = [f"rank {r['rank']}: first non-finite {r.get('what', 'value')} at step "
                 f"{r.get('step')}, batch {r.get('batch')}" for r in firsts.values()]
-    return [_incident(run, first["time"], first["time"], "loss_nonfinite", int(first["rank"]),
+    return [_incident(run, first["time"], first["time"], judged.cause, judged.rank,
                       evidence, 0.0)]
 
 
