@@ -31,18 +31,10 @@ ALLOWED = {
     # One severity table for the judge and the rules: a lookup by cause name (with its XID
     # code, throttle reason or target kind), not a verdict on what the cause is.
     "fsdpmon/conventions.py": "the severity table, looked up by cause",
-    # The alert rules run in Prometheus, not Python: each rule's `cause` label is the name of
-    # the judge's cause it pages for (a test compares the rules' causes with CAUSES).
-    "dashboards/rules.py": "the alert rules' cause labels (PromQL cannot call the judge)",
-    "dashboards/alerts.py": "the alert rules' cause labels (PromQL cannot call the judge)",
-    "dashboards/gpu_alerts.py": "the GPU alert rules' cause labels",
-    "dashboards/culprits.py": "the culprit rules' cause labels",
-    "dashboards/rulebase.py": "the rules' shared cause labels",
-    "fsdpmon/dashboards/rules.py": "the alert rules' cause labels (after the package move)",
-    "fsdpmon/dashboards/alerts.py": "the alert rules' cause labels (after the package move)",
-    "fsdpmon/dashboards/gpu_alerts.py": "the GPU alert rules' cause labels (package move)",
-    "fsdpmon/dashboards/culprits.py": "the culprit rules' cause labels (package move)",
-    "fsdpmon/dashboards/rulebase.py": "the rules' shared cause labels (package move)",
+    # The culprit rules run in Prometheus, not Python: each names the judge's cause it pages
+    # for as its `cause` label, rank_unresponsive or hang as engine.progress_culprits would.
+    "dashboards/culprits.py": "the culprit rules' cause labels (PromQL cannot call the judge)",
+    "fsdpmon/dashboards/culprits.py": "the same module after the package move",
 }
 
 
