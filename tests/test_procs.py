@@ -57,7 +57,8 @@ def test_parse_stat_handles_parentheses_and_spaces_in_the_command() -> None:
 
 
 def test_secrets_never_reach_the_command_label() -> None:
-    raw = b"python\0-m\0trainer.train\0--hf-token\0hf_abcdefghijklmnop\0--password=hunter2\0"
+    raw = (b"python\0-m\0fsdpmon.trainer.train\0--hf-token\0hf_abcdefghijklmnop\0"
+           b"--password=hunter2\0")
     text = command_line(raw, "python")
     assert "hf_abcdefghijklmnop" not in text and "hunter2" not in text
     assert text == "python -m fsdpmon.trainer.train --hf-token *** --password=***"

@@ -1,8 +1,8 @@
 """Run under ``torchrun --nproc_per_node 2`` by tests/test_train_distributed.py.
 
-Part 1 (parity): build the trainer exactly as ``trainer.train`` does, record the full initial
-weights, run one optimiser step through the trainer's own methods, and save (rank 0) the full
-gradients and parameters. The test replays the same global batch in one plain process.
+Part 1 (parity): build the trainer exactly as ``fsdpmon.trainer.train`` does, record the full
+initial weights, run one optimiser step through the trainer's own methods, and save (rank 0) the
+full gradients and parameters. The test replays the same global batch in one plain process.
 
 Part 2 (fidelity): load a Hugging Face checkpoint through ``--hf-checkpoint`` onto the sharded
 model and save the logits for fixed tokens; the test compares them with transformers'.
@@ -75,7 +75,7 @@ def main() -> None:
     try:
         parity(out, env, device, mesh)
         fidelity(out, hf_dir, env, device, mesh)
-        dist.barrier()  # leave together (see trainer.train.train)
+        dist.barrier()  # leave together (see fsdpmon.trainer.train.train)
     finally:
         dist.destroy_process_group()
 
