@@ -6,9 +6,21 @@ diagnosis cause."""
 from __future__ import annotations
 
 from fsdpmon import catalog
-from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS, Severity
+from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS
 from fsdpmon.dashboards.promql import JOB_KEYS, RANK_KEYS, m
-from fsdpmon.dashboards.rulebase import AGE, STEP_TIME, Rule, RuleBounds, alert, rose
+from fsdpmon.dashboards.rulebase import (
+    AGE,
+    SCORE_LINE,
+    STEP_TIME,
+    Rule,
+    RuleBounds,
+    alert,
+    rank_line,
+    rose,
+)
+
+# Go template: the straggler line the alert's rank publishes, in its description.
+LINE = rank_line()
 
 
 def _rank_missing(b: RuleBounds) -> Rule:
@@ -24,7 +36,7 @@ def _rank_missing(b: RuleBounds) -> Rule:
     expr = (f"({missing}\n  and on (instance, job) (up == 1))\nor\n"
             f"({missing}\n  and on (namespace, pod) {live_pod})")
     return alert(
-        "FsdpmonTrainingRankMissing", expr, b.missing_for, Severity.CRITICAL,
+        "FsdpmonTrainingRankMissing", expr, b.missing_for,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} stopped reporting while its pod "
         "still exists",
         "The training series of rank {{ $labels.rank }} {{ if $labels.pod }}(pod "
@@ -36,7 +48,7 @@ def _rank_missing(b: RuleBounds) -> Rule:
     )
 
 
-def _straggling(b: RuleBounds) -> str:
+def _straggling() -> str:
     # Step time cannot name a straggler (in synchronous training every rank's step is as long
     # as the slowest one's); the score does: the straggler is the rank that waits least at the
     # collectives, i.e. is busy longest. And only while the monitor flags it
@@ -45,7 +57,7 @@ def _straggling(b: RuleBounds) -> str:
     # pending every few minutes.
     score = m(catalog.TRAIN_STRAGGLER_SCORE)
     flag = m(catalog.TRAIN_STRAGGLING)
-    return f"{score} < {b.straggler_score:g} and {flag} == 1"
+    return f"{score} < {SCORE_LINE} and {flag} == 1"
 
 
 def _on_data(b: RuleBounds) -> str:
@@ -58,18 +70,18 @@ def _on_data(b: RuleBounds) -> str:
     median = f"on ({JOB_KEYS}) group_left quantile by ({JOB_KEYS}) (0.5, {{}})"
     excess = f"({busy} - {median.format(busy)})"
     extra = f"({data} - {median.format(data)})"
-    return (f"({_straggling(b)})\n  and on ({RANK_KEYS}) ({excess} > 0)\n"
+    return (f"({_straggling()})\n  and on ({RANK_KEYS}) ({excess} > 0)\n"
             f"  and on ({RANK_KEYS}) ({extra} >= {b.straggler_cause_share:g} * {excess})")
 
 
 def _straggler(b: RuleBounds) -> Rule:
     return alert(
         "FsdpmonRankStraggling",
-        f"{_straggling(b)}\nunless on ({RANK_KEYS}) (\n{_on_data(b)}\n)",
-        b.straggler_for, Severity.WARNING,
+        f"{_straggling()}\nunless on ({RANK_KEYS}) (\n{_on_data(b)}\n)",
+        b.straggler_for,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling",
         "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (the other "
-        f"ranks' median busy time over its own; below {b.straggler_score:g}): it waits least "
+        "ranks' median busy time over its own; below " + LINE + "): it waits least "
         "at the collectives, and every other rank waits for it at each one.",
         "Compare the rank's phases on the Ranks dashboard: slow forward/backward points at a "
         "throttled or faulty GPU (see the Nodes dashboard for its clocks, temperature and "
@@ -79,10 +91,10 @@ def _straggler(b: RuleBounds) -> Rule:
 
 def _straggler_on_data(b: RuleBounds) -> Rule:
     return alert(
-        "FsdpmonRankStragglingOnData", _on_data(b), b.straggler_for, Severity.WARNING,
+        "FsdpmonRankStragglingOnData", _on_data(b), b.straggler_for,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is straggling: it waits for its data",
         "Rank {{ $labels.rank }} has straggler score {{ $value | printf \"%.2f\" }} (below "
-        f"{b.straggler_score:g}), and most of its extra busy time is waiting for its data "
+        + LINE + "), and most of its extra busy time is waiting for its data "
         "loader: every other rank waits for it at each collective.",
         "Check the rank's data loader workers, its dataset storage (FSx/S3) throughput and "
         "its pod's CPU limit.",
@@ -99,7 +111,7 @@ def _ranks_short(b: RuleBounds) -> Rule:
             f"  > count {by} ({AGE}))\n"
             f"unless on ({JOB_KEYS}) ALERTS{{alertname=\"FsdpmonTrainingRankMissing\"}}")
     return alert(
-        "FsdpmonTrainingRanksShort", expr, b.missing_for, Severity.CRITICAL,
+        "FsdpmonTrainingRanksShort", expr, b.missing_for,
         "Fewer ranks of {{ $labels.job_name }} report than its world size",
         "The job has {{ $value }} ranks, but fewer of them are scraped: a pod's endpoint is "
         "not scraped, serves another job, or the pod never started.",
@@ -134,7 +146,7 @@ def _checkpoint_slow(b: RuleBounds) -> Rule:
             f"  (0 * {holdup})\nor\n{slow} unless on ({JOB_KEYS}) {holdup}")
     return alert(
         "FsdpmonCheckpointSlow", expr,
-        b.checkpoint_for, Severity.WARNING,
+        b.checkpoint_for,
         "Checkpointing takes {{ $value | humanizePercentage }} of {{ $labels.job_name }}'s time",
         "The median rank's last checkpoint save took {{ $value | humanizePercentage }} of the "
         f"wall time since the save before it (limit {b.checkpoint_share:.0%}): that share of "
@@ -153,13 +165,13 @@ def _cpu_throttled(b: RuleBounds) -> Rule:
     return alert(
         "FsdpmonRankCpuThrottled",
         f"avg_over_time({share}[{b.cpu_throttled_window}]) >= {b.cpu_throttled_share:g}\n"
-        f"  and on ({JOB_KEYS}, rank) {waited} < {b.straggler_score:g}",
-        b.cpu_throttled_for, Severity.WARNING,
+        f"  and on ({JOB_KEYS}, rank) {waited} < {SCORE_LINE}",
+        b.cpu_throttled_for,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is held back by its CPU limit",
         "The cgroup of rank {{ $labels.rank }} (its pod's CPU limit) was throttled in "
         "{{ $value | humanizePercentage }} of its CFS periods, and the other ranks wait for "
         "it at every collective (its waited-for score is below "
-        f"{b.straggler_score:g}).",
+        + LINE + ").",
         "Raise the pod's CPU limit or drop it and keep the request; fewer data loader workers "
         "and tokeniser threads in the pod. `kubectl top pod --containers` shows the use.",
     )
@@ -177,17 +189,17 @@ def _cpu_starved(b: RuleBounds) -> Rule:
     share = m(catalog.TRAIN_CPU_THROTTLED_RATIO)
     return alert(
         "FsdpmonRankCpuStarved",
-        f"{waited} < {b.straggler_score:g}\n"
-        f"  unless on ({RANK_KEYS}) ({score} < {b.straggler_score:g})\n"
+        f"{waited} < {SCORE_LINE}\n"
+        f"  unless on ({RANK_KEYS}) ({score} < {SCORE_LINE})\n"
         f"  and on ({RANK_KEYS}) ({desched}\n"
         f"    > on ({JOB_KEYS}) group_left quantile by ({JOB_KEYS}) (0.5, {desched}))\n"
         f"  unless on ({RANK_KEYS}) (avg_over_time({share}[{b.cpu_throttled_window}])"
         f" >= {b.cpu_throttled_share:g})",
-        b.cpu_starved_for, Severity.WARNING,
+        b.cpu_starved_for,
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} is starved of CPU by other work on "
         "its node",
         "The other ranks wait for rank {{ $labels.rank }} at every collective (its waited-for "
-        "score is {{ $value | printf \"%.2f\" }}, below " + f"{b.straggler_score:g}" + "), yet "
+        "score is {{ $value | printf \"%.2f\" }}, below " + LINE + "), yet "
         "its own work is no slower than theirs: its time goes to waiting for a CPU, more than "
         "the job's median rank.",
         "Give the pod a CPU request equal to its limit (Guaranteed QoS, static CPU manager), "
@@ -221,7 +233,7 @@ def _rank_died() -> Rule:
             f"  and on ({JOB_KEYS}) {ended('sigterm')}\n  unless on ({JOB_KEYS}) {ended('exit')})")
     return alert(
         "FsdpmonRankDied", expr,
-        "", Severity.CRITICAL,
+        "",
         "Rank {{ $labels.rank }} of {{ $labels.job_name }} died ({{ $labels.how }}) and the "
         "job restarted",
         "The previous life of rank {{ $labels.rank }}{{ if $labels.pod }} (pod "
@@ -249,7 +261,7 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
     return [
         alert(
             "FsdpmonLossNonFinite", _nonfinite_origin(),
-            b.nonfinite_for, Severity.CRITICAL,
+            b.nonfinite_for,
             "Loss of {{ $labels.job_name }} is NaN or infinite on rank {{ $labels.rank }}",
             "The last logged loss of rank {{ $labels.rank }} was not finite, and it went "
             "non-finite first (the others caught it from this rank's gradients); the run is "
@@ -262,7 +274,7 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonLossDiverging",
             f"{smooth}\n  > {b.divergence_factor:g} * min_over_time({smooth}"
             f"[{b.divergence_window}:1m])",
-            b.divergence_for, Severity.WARNING,
+            b.divergence_for,
             "Loss of {{ $labels.job_name }} is diverging",
             "The mean loss averaged over " + b.divergence_smoothing + " is "
             "{{ $value | printf \"%.3g\" }}, more than "
@@ -275,7 +287,7 @@ def _quality_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonThroughputDropped",
             f"{job_tps}\n  < {b.throughput_drop_ratio:g} * avg_over_time({job_tps}"
             f"[{b.throughput_window}] offset {b.throughput_for})",
-            b.throughput_for, Severity.WARNING,
+            b.throughput_for,
             "Throughput of {{ $labels.job_name }} dropped",
             "The job processes {{ $value | humanize }} tokens/s, less than "
             f"{b.throughput_drop_ratio:g} x its own average over the {b.throughput_window} "
@@ -297,7 +309,7 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
             # Peak *active* memory, not what the GPU reports used: PyTorch's caching allocator
             # keeps most of the device reserved in a healthy run.
             f"{peak} / ({cap} > 0) > {b.memory_ratio:g}",
-            b.memory_for, Severity.WARNING,
+            b.memory_for,
             "Device memory near capacity on rank {{ $labels.rank }} of {{ $labels.job_name }}",
             "Peak active memory reached {{ $value | humanizePercentage }} of the device; the "
             "next larger batch, sequence or checkpoint may run out of memory.",
@@ -309,7 +321,7 @@ def _memory_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonAllocatorRetries",
             f"{rose(m(catalog.TRAIN_ALLOC_RETRIES_TOTAL), w)}\nor\n"
             f"{rose(m(catalog.TRAIN_OOMS_TOTAL), w)}",
-            "", Severity.WARNING,
+            "",
             "CUDA allocator retries or OOMs on {{ $labels.job_name }} rank {{ $labels.rank }}",
             f"The caching allocator had to free its cache and retry (or hit OOM) in the last {w}; "
             "each retry synchronises the device and slows every rank.",
@@ -330,23 +342,25 @@ def target_alerts(b: RuleBounds) -> list[Rule]:
             "FsdpmonTrainingTargetDown",
             "(up == 0)\n  * on (instance, job) group_left (job_name)\n"
             f"  group by (instance, job, job_name) (max_over_time({train}[{lb}]))",
-            b.target_down_for, Severity.CRITICAL,
+            b.target_down_for,
             "Training metrics endpoint {{ $labels.instance }} of {{ $labels.job_name }} is down",
             "Prometheus cannot scrape {{ $labels.instance }}, which served training metrics "
             f"within the last {lb}.",
             "The pod may have crashed or be hung in a way that blocks its metrics thread; "
             "check the pod status, restarts and logs, and the PodMonitor/port (fsdpmon-train).",
+            detail="train",
         ),
         alert(
             "FsdpmonExporterDown",
             "((up == 0)\n  and on (instance, job)\n"
             f"  group by (instance, job) (max_over_time({exporter}[{lb}])))\nor\n"
             f"{stale} == 1",
-            b.exporter_down_for, Severity.WARNING,
+            b.exporter_down_for,
             "fsdpmon exporter {{ $labels.instance }} is down or stale",
             "The per-node exporter cannot be scraped, or its background sampler has not "
             "finished a sample in time; GPU, host and process metrics of the node are missing.",
             "Check the exporter DaemonSet pod on the node (logs, restarts, resource limits) "
             "and whether NVML answers there (`nvidia-smi`).",
+            detail="exporter",
         ),
     ]

@@ -17,15 +17,15 @@ hang) the stall alert names the job only, never a waiting rank.
 from __future__ import annotations
 
 from fsdpmon import catalog
-from fsdpmon.conventions import Severity
 from fsdpmon.dashboards.promql import JOB_KEYS, m
-from fsdpmon.dashboards.rulebase import AGE, HEARTBEAT, STEP_TIME, Rule, RuleBounds, alert
+from fsdpmon.dashboards.rulebase import AGE, HEARTBEAT, Rule, RuleBounds, alert
 
 RANK_KEYS = f"{JOB_KEYS}, rank"
 CULPRIT = m(catalog.REC_RANK_STALL_CULPRIT_SECONDS)
 ENTERED = m(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ)
 INSIDE = m(catalog.TRAIN_IN_COLLECTIVE)
 SINCE = m(catalog.TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS)
+BOUND = m(catalog.TRAIN_STALL_THRESHOLD_SECONDS)
 STALLED_JOB = m(catalog.REC_JOB_STALLED_RANKS_COUNT)
 MISSING_ALERT = 'ALERTS{alertname="FsdpmonTrainingRankMissing"}'
 # Seconds the rank has been where it is (its progress evidence unchanged); a rank that never
@@ -33,14 +33,12 @@ MISSING_ALERT = 'ALERTS{alertname="FsdpmonTrainingRankMissing"}'
 HELD = f"((time() - {SINCE}) or (time() - {HEARTBEAT}) or {AGE})"
 
 
-def stalled_ranks(b: RuleBounds) -> str:
-    """Ranks past their stall bound (no step for max(factor x mean step time, floor)); the
+def stalled_ranks() -> str:
+    """Ranks past the stall bound they publish (max(FSDPMON_STALL_FACTOR x median step time,
+    FSDPMON_STALL_FLOOR_SECONDS), the one their own watchdog, `top` and `diagnose` use): the
     value is the seconds since their last step (before the first one: since the monitor's
-    start)."""
-    floor = f"{b.stall_floor_seconds:g}"
-    bound = (f"clamp_min({b.stall_factor:g} * {STEP_TIME}, {floor})"
-             f" or ({AGE} * 0 + {floor})")  # before the first log window: the floor only
-    return f"((time() - {HEARTBEAT}) or {AGE})\n  > ({bound})"
+    start). The rules hold no bound of their own, so a rank's settings move its page too."""
+    return f"((time() - {HEARTBEAT}) or {AGE})\n  > {BOUND}"
 
 
 def _culprit(reason: str, cause: str, expr: str) -> Rule:
@@ -48,7 +46,7 @@ def _culprit(reason: str, cause: str, expr: str) -> Rule:
             "labels": {"cause": cause, "reason": reason}}
 
 
-def culprit_records(b: RuleBounds) -> list[Rule]:
+def culprit_records() -> list[Rule]:
     """Per job: how many ranks are stalled and how many wait inside a collective; per culprit
     rank, how long it has been where it is (one series per rank, the reason in `reason`)."""
     by = f"by ({JOB_KEYS})"
@@ -60,7 +58,7 @@ def culprit_records(b: RuleBounds) -> list[Rule]:
     outside = f"({INSIDE} == 0)\n  and on ({JOB_KEYS}) ({waiting} > 0)"
     return [
         {"record": catalog.REC_JOB_STALLED_RANKS_COUNT.name,
-         "expr": f"count {by} (\n  {stalled_ranks(b)}\n)"},
+         "expr": f"count {by} (\n  {stalled_ranks()}\n)"},
         {"record": catalog.REC_JOB_COLLECTIVE_ENTERED_SEQ_MAX.name,
          "expr": f"max {by} ({ENTERED})"},
         # a rank stopped inside a collective (SIGSTOP mid-step) still says so: it waits for
@@ -94,6 +92,13 @@ def _waiting() -> str:
             '{{ . | first | value | printf "%.0f" }}{{ else }}0{{ end }}')
 
 
+def _bound() -> str:
+    """Go template: the job's stall bound now, as its ranks publish it (the largest)."""
+    return ('{{ with printf "max(' + BOUND + '{job_name=%q})" $labels.job_name | query }}'
+            '{{ . | first | value | humanizeDuration }}{{ else }}unknown{{ end }}: '
+            'max(FSDPMON_STALL_FACTOR x the median step time, FSDPMON_STALL_FLOOR_SECONDS)')
+
+
 _WHERE = ('{{ if eq $labels.reason "behind" }}behind the others in collectives (they went on '
           'into the next one)'
           '{{ else if eq $labels.reason "outside" }}outside a collective while the others wait '
@@ -107,21 +112,21 @@ _PLACE = ('{{ if $labels.pod }} (pod {{ $labels.pod }}{{ if $labels.node }} on n
 def culprit_alerts(b: RuleBounds) -> list[Rule]:
     hang = (f"{CULPRIT}{{cause=\"hang\"}}\n"
             f"  unless on ({JOB_KEYS}) {CULPRIT}{{cause=\"rank_unresponsive\"}}\n"
-            f"or\n(max by ({JOB_KEYS}) (\n  {stalled_ranks(b)}\n)\n"
+            f"or\n(max by ({JOB_KEYS}) (\n  {stalled_ranks()}\n)\n"
             f"  unless on ({JOB_KEYS}) {CULPRIT}\n"
             f"  unless on ({JOB_KEYS}) {MISSING_ALERT})")
     return [
         alert(
-            "FsdpmonTrainingStalled", hang, b.stall_for, Severity.CRITICAL,
+            "FsdpmonTrainingStalled", hang, b.stall_for,
             "{{ if $labels.rank }}Training job {{ $labels.job_name }} is stalled: rank "
             "{{ $labels.rank }} holds it up{{ else }}Training job {{ $labels.job_name }} is "
             "stalled: every rank waits alike{{ end }}",
             "{{ if $labels.rank }}Rank {{ $labels.rank }}" + _PLACE + " has been " + _WHERE
             + " for {{ $value | humanizeDuration }}, in phase " + _phase() + "; "
             + _waiting() + " ranks wait for it.{{ else }}No rank of {{ $labels.job_name }} "
-            "completed a step for {{ $value | humanizeDuration }} (more than max("
-            + f"{b.stall_factor:g} x the mean step time, {b.stall_floor_seconds:g}s)), and "
-            "none is behind the others: they all wait in the same collective.{{ end }}",
+            "completed a step for {{ $value | humanizeDuration }}, more than its stall bound ("
+            + _bound() + "), and none is behind the others: they all wait in the same "
+            "collective.{{ end }}",
             "With a culprit: look at that rank only (`kubectl logs POD`, `py-spy dump` in its "
             "pod, its GPU's XIDs); the others only wait for it. Without one: a collective that "
             "never completes on every rank points at the network (NCCL/EFA) or a rank outside "
@@ -129,7 +134,7 @@ def culprit_alerts(b: RuleBounds) -> list[Rule]:
         ),
         alert(
             "FsdpmonRankUnresponsive", f"{CULPRIT}{{cause=\"rank_unresponsive\"}}",
-            b.stall_for, Severity.CRITICAL,
+            b.stall_for,
             "Rank {{ $labels.rank }} of {{ $labels.job_name }} is unresponsive and the job "
             "waits for it",
             "Rank {{ $labels.rank }}" + _PLACE + " has been " + _WHERE + " for "

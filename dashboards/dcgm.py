@@ -105,6 +105,9 @@ def dcgm_rules(xid_window: str) -> list[dict[str, Any]]:
         "record": catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES.name,
         "expr": _not_ours(relabel(_xid_changed(xid_window))),
     })
+    # the code itself, for the XID alert's severity (critical codes page as critical)
+    rules.append({"record": catalog.REC_GPU_DCGM_XID_ERRORS_LAST.name,
+                  "expr": _not_ours(relabel("DCGM_FI_DEV_XID_ERRORS"))})
     return rules
 
 

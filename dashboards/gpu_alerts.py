@@ -5,9 +5,9 @@ Every threshold and ``for`` is a field of :class:`fsdpmon.dashboards.rulebase.Ru
 from __future__ import annotations
 
 from fsdpmon import catalog
-from fsdpmon.conventions import Severity
+from fsdpmon.conventions import GPU_THROTTLE_REASONS, GPU_XID_CRITICAL, THROTTLE_SEVERITY
 from fsdpmon.dashboards.promql import m
-from fsdpmon.dashboards.rulebase import Rule, RuleBounds, alert, rose
+from fsdpmon.dashboards.rulebase import Rule, RuleBounds, alert, by_severity, rose
 
 
 def gpu_alerts(b: RuleBounds) -> list[Rule]:
@@ -15,37 +15,44 @@ def gpu_alerts(b: RuleBounds) -> list[Rule]:
 
 
 def _gpu_use_alerts(b: RuleBounds) -> list[Rule]:
-    # Power capping (sw_power_cap) is routine under full load; these reasons cost clock speed
-    # because something is wrong with cooling or power delivery.
-    hot = "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown|hw_slowdown"
-    throttled = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'reason=~"{hot}"')
-    held = m(catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL, f'reason=~"{hot}"')
-    share = f"{b.throttle_share:.0%}"
     return [
         alert(
             "FsdpmonGPULowUtilization",
             f"{m(catalog.REC_NODE_GPU_UTILIZATION_RATIO_AVG)} < {b.low_util_ratio:g}\n"
             f"  and on (node) group by (node) ({m(catalog.TRAIN_INFO)})",
-            b.low_util_for, Severity.WARNING,
+            b.low_util_for,
             "GPUs of node {{ $labels.node }} are mostly idle while training runs there",
             "Average GPU utilisation on {{ $labels.node }} is {{ $value | humanizePercentage }} "
             "while a training rank runs on the node.",
             "Check data wait and step phases on the Ranks dashboard (input pipeline, CPU "
             "offload, checkpointing), and whether the job is stalled.",
         ),
-        alert(
-            "FsdpmonGPUThrottling",
-            with_rank(f"{throttled} == 1\nor\n"
-                      f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}", b),
-            b.throttle_for, Severity.WARNING,
-            "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
-            "Clock-event reason {{ $labels.reason }} has held the clocks down for "
-            + b.throttle_for + f" (active, or over {share} of the time); a throttled GPU makes "
-            "its rank a straggler.",
-            "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
-            "and power supply; hw_slowdown with normal temperature can mean a failing board.",
-        ),
+        *(_throttling(b, reasons) for reasons in by_severity(
+            {r: THROTTLE_SEVERITY[r] for r in GPU_THROTTLE_REASONS}).values()),
     ]
+
+
+def _throttling(b: RuleBounds, reasons: list[str]) -> Rule:
+    """Throttling by ``reasons`` (of one severity). Power capping (sw_power_cap) is routine
+    under full load: only the reasons that cost clock speed because something is wrong with
+    cooling or power delivery (GPU_THROTTLE_REASONS) page."""
+    hot = "|".join(reasons)
+    throttled = m(catalog.GPU_CLOCK_EVENT_ACTIVE, f'reason=~"{hot}"')
+    held = m(catalog.GPU_CLOCK_EVENT_SECONDS_TOTAL, f'reason=~"{hot}"')
+    share = f"{b.throttle_share:.0%}"
+    return alert(
+        "FsdpmonGPUThrottling",
+        with_rank(f"{throttled} == 1\nor\n"
+                  f"rate({held}[{b.throttle_window}]) > {b.throttle_share:g}", b),
+        b.throttle_for,
+        "GPU {{ $labels.gpu }} of node {{ $labels.node }} is throttled ({{ $labels.reason }})",
+        "Clock-event reason {{ $labels.reason }} has held the clocks down for "
+        + b.throttle_for + f" (active, or over {share} of the time); a throttled GPU makes "
+        "its rank a straggler.",
+        "Check the GPU's temperature and power on the Nodes dashboard, the node's cooling "
+        "and power supply; hw_slowdown with normal temperature can mean a failing board.",
+        detail=reasons[0],
+    )
 
 
 def _gpu_owner(b: RuleBounds) -> str:
@@ -77,7 +84,7 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
     ecc = f"{rose(uncorrected, w)}\nor\n{failed_remap} > 0"
     return [
         alert(
-            "FsdpmonGPULost", with_rank(lost, b), b.gpu_lost_for, Severity.CRITICAL,
+            "FsdpmonGPULost", with_rank(lost, b), b.gpu_lost_for,
             "GPU {{ $labels.gpu }} of node {{ $labels.node }} is lost"
             "{{ if $labels.rank }} under rank {{ $labels.rank }}{{ end }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) stopped answering NVML (fallen off the "
@@ -86,24 +93,11 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
             "Cordon and drain the node and replace the instance; the job restarts elsewhere "
             "from its last checkpoint.",
         ),
-        alert(
-            "FsdpmonGPUXidErrors",
-            with_rank(f"({rose(m(catalog.GPU_XID_ERRORS_TOTAL), w)}\nor\n"
-                      f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0)\n"
-                      f"unless on (node, gpu) ({lost})\nunless on (node, gpu) ({ecc})", b),
-            "", Severity.CRITICAL,
-            "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
-            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
-            "{{ with $labels.xid }}XID {{ . }}{{ else }}XID errors{{ end }} in the "
-            f"last {w}.",
-            "Look the XID code up in NVIDIA's XID catalogue: 79 (fallen off the bus), 48/63/64 "
-            "(ECC) and 94/95 (contained/uncontained memory errors) usually mean draining the "
-            "node and a GPU reset or RMA; 13/31/43 often come from the application.",
-        ),
+        *_xid_alerts(b, lost, ecc),
         alert(
             "FsdpmonGPUEccErrors",
             with_rank(ecc, b),
-            "", Severity.CRITICAL,
+            "",
             "Uncorrectable memory errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
             "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported uncorrectable ECC errors or a "
             "failed row remapping.",
@@ -111,3 +105,38 @@ def _gpu_fault_alerts(b: RuleBounds) -> list[Rule]:
             "failed.",
         ),
     ]
+
+
+def _xids(critical: bool, w: str) -> str:
+    """XIDs within ``w`` whose code is (or is not) in GPU_XID_CRITICAL: the fsdpmon exporter's
+    per-code counters, and dcgm-exporter's last code where it changed."""
+    codes = "|".join(str(code) for code in GPU_XID_CRITICAL)
+    ours = m(catalog.GPU_XID_ERRORS_TOTAL, f'xid{"=~" if critical else "!~"}"{codes}"')
+    last = m(catalog.REC_GPU_DCGM_XID_ERRORS_LAST)
+    is_critical = " or ".join(f"{last} == {code}" for code in GPU_XID_CRITICAL)
+    dcgm = (f"{m(catalog.REC_GPU_DCGM_XID_ERRORS_CHANGES)} > 0\n"
+            f"  {'and' if critical else 'unless'} on (node, gpu) ({is_critical})")
+    return f"{rose(ours, w)}\nor\n({dcgm})"
+
+
+def _xid_alerts(b: RuleBounds, lost: str, ecc: str) -> list[Rule]:
+    """One alert name, one rule per severity (xid_severity): the codes that mean draining the
+    node page as critical, the others (13, 31, 43: often the application's) as warnings."""
+    w = b.error_window
+    rules = []
+    for critical, code in ((True, GPU_XID_CRITICAL[0]), (False, None)):
+        rules.append(alert(
+            "FsdpmonGPUXidErrors",
+            with_rank(f"({_xids(critical, w)})\nunless on (node, gpu) ({lost})\n"
+                      f"unless on (node, gpu) ({ecc})", b),
+            "",
+            "XID errors on GPU {{ $labels.gpu }} of node {{ $labels.node }}",
+            "GPU {{ $labels.gpu }} ({{ $labels.uuid }}) reported "
+            "{{ with $labels.xid }}XID {{ . }}{{ else }}XID errors{{ end }} in the "
+            f"last {w}.",
+            "Look the XID code up in NVIDIA's XID catalogue: 79 (fallen off the bus), 48/63/64 "
+            "(ECC) and 94/95 (contained/uncontained memory errors) usually mean draining the "
+            "node and a GPU reset or RMA; 13/31/43 often come from the application.",
+            detail=None if code is None else str(code),
+        ))
+    return rules

@@ -16,13 +16,14 @@ from fsdpmon.catalog import Recorded
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CPU_THROTTLED_RATIO,
-    DEFAULT_STALL_FACTOR,
-    DEFAULT_STALL_FLOOR_SECONDS,
+    GPU_LOW_UTILIZATION_RATIO,
+    GPU_THROTTLED_TIME_SHARE,
     LOSS_DIVERGENCE_FACTOR,
     MEMORY_PRESSURE_RATIO,
     STRAGGLER_CAUSE_SHARE,
-    STRAGGLER_SCORE_THRESHOLD,
+    THROUGHPUT_DROP_RATIO,
     Severity,
+    cause_severity,
 )
 from fsdpmon.dashboards.promql import m
 
@@ -32,33 +33,35 @@ HEARTBEAT = m(catalog.TRAIN_LAST_STEP_TIMESTAMP_SECONDS)
 # Served from the monitor's start, before the first step completes: the "rank is alive" series.
 AGE = m(catalog.TRAIN_HEARTBEAT_AGE_SECONDS)
 STEP_TIME = m(catalog.TRAIN_STEP_TIME_SECONDS)
+# The straggler line each rank publishes beside its scores (STRAGGLER_SCORE_THRESHOLD): a score
+# is compared with its own rank's (one-to-one, same labels), never with a constant of the rules.
+SCORE_LINE = m(catalog.TRAIN_STRAGGLER_SCORE_THRESHOLD)
 
 
 @dataclass(frozen=True)
 class RuleBounds:
     """Alert thresholds and durations (Prometheus duration strings)."""
 
-    # Stalled: no step for max(stall_factor x the rank's own mean step time, stall_floor).
-    # The monitor's own stall flag uses the same defaults (FSDPMON_STALL_FACTOR / _FLOOR_SECONDS).
-    stall_factor: float = DEFAULT_STALL_FACTOR
-    stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
-    # The stall bound is already minutes (the floor), and the culprit needs no confirming:
-    # stall_for only rides out a scrape, so a hang pages within 4 minutes of its start
-    # (floor 120 s + scrape and evaluation 30 s + 30 s + Alertmanager's group_wait 30 s).
+    # Stalled: no step within the stall bound each rank publishes (its own watchdog's:
+    # max(FSDPMON_STALL_FACTOR x its median step time, FSDPMON_STALL_FLOOR_SECONDS)), so the
+    # rules hold no stall bound of their own. That bound is already minutes (the floor), and
+    # the culprit needs no confirming: stall_for only rides out a scrape, so a hang pages
+    # within 4 minutes of its start at the default floor (120 s + scrape and evaluation
+    # 30 s + 30 s + Alertmanager's group_wait 30 s), sooner with a lower floor.
     stall_for: str = "30s"
     # A rank seen within this window whose series are gone while its pod/target is still there.
     missing_lookback: str = "15m"
     missing_for: str = "2m"
     target_down_for: str = "3m"
     exporter_down_for: str = "5m"
-    # Straggler: the rank's score (median busy time of the other ranks / its own) below this.
-    straggler_score: float = STRAGGLER_SCORE_THRESHOLD
+    # Straggler: the rank's score (median busy time of the other ranks / its own) below the
+    # threshold it publishes (SCORE_LINE), as its monitor's flag holds it.
     straggler_for: str = "15m"
     # ... on its data when this share of its extra busy time (over the job's median rank) is
     # extra data wait
     straggler_cause_share: float = STRAGGLER_CAUSE_SHARE
     # CPU limit: the rank's cgroup throttled in this share of its CFS periods (over the window)
-    # while the others wait for it (its waited-for score below straggler_score).
+    # while the others wait for it (its waited-for score below its published threshold).
     cpu_throttled_share: float = CPU_THROTTLED_RATIO
     cpu_throttled_window: str = "5m"
     cpu_throttled_for: str = "15m"
@@ -70,7 +73,7 @@ class RuleBounds:
     memory_ratio: float = MEMORY_PRESSURE_RATIO  # a rank's peak active memory / capacity
     memory_for: str = "5m"
     allocator_window: str = "15m"
-    low_util_ratio: float = 0.30
+    low_util_ratio: float = GPU_LOW_UTILIZATION_RATIO
     low_util_for: str = "20m"
     error_window: str = "15m"  # XID / ECC counters
     gpu_lost_for: str = "1m"
@@ -79,7 +82,7 @@ class RuleBounds:
     throttle_for: str = "10m"
     # ... or held down this share of the time by NVML's accumulated clock-event time, over
     # throttle_window (a flag sampled per scrape misses throttling that comes and goes)
-    throttle_share: float = 0.25
+    throttle_share: float = GPU_THROTTLED_TIME_SHARE
     throttle_window: str = "5m"
     nonfinite_for: str = "1m"
     # The loss averaged over divergence_smoothing above factor x the lowest such average over
@@ -90,9 +93,27 @@ class RuleBounds:
     divergence_smoothing: str = "10m"
     divergence_window: str = "1h"
     divergence_for: str = "15m"
-    throughput_drop_ratio: float = 0.6  # tokens/s below ratio x its own recent average
+    throughput_drop_ratio: float = THROUGHPUT_DROP_RATIO  # tokens/s below ratio x its recent mean
     throughput_window: str = "1h"
     throughput_for: str = "15m"
+
+
+def by_severity(table: dict[str, Severity]) -> dict[Severity, list[str]]:
+    """A severity table's keys grouped by severity (critical first): one rule per group."""
+    groups: dict[Severity, list[str]] = {}
+    for severity in Severity:
+        keys = [k for k, v in table.items() if v is severity]
+        if keys:
+            groups[severity] = keys
+    return dict(sorted(groups.items(), key=lambda kv: kv[0] is not Severity.CRITICAL))
+
+
+def rank_line() -> str:
+    """Go template: the straggler line the alert's rank publishes (SCORE_LINE), read from
+    Prometheus when the alert is sent."""
+    return ('{{ with printf "' + SCORE_LINE + '{job_name=%q,rank=%q}" $labels.job_name '
+            '$labels.rank | query }}{{ . | first | value | printf "%.2f" }}'
+            '{{ else }}its threshold{{ end }}')
 
 
 def rose(series: str, window: str) -> str:
@@ -159,15 +180,18 @@ ALERT_CAUSES = {
 }
 
 
-def alert(name: str, expr: str, for_: str, severity: Severity, summary: str, description: str,
-           hint: str) -> Rule:
+def alert(name: str, expr: str, for_: str, summary: str, description: str, hint: str,
+          detail: str | None = None) -> Rule:
+    """An alerting rule for the cause ALERT_CAUSES names; its ``severity`` label is that
+    cause's in conventions.CAUSE_SEVERITY (``detail``: the XID code, clock-event reason or
+    target kind, for the causes whose severity depends on it), the diagnosis' own."""
     rule: Rule = {"alert": name, "expr": expr}
     if for_ not in ("", "0s"):
         rule["for"] = for_
     cause = ALERT_CAUSES[name]  # a new alert must say which cause it stands for
     # severity: the word the diagnosis' findings use; cause: what Alertmanager groups by (one
     # incident, one notification) and the runbook's section
-    rule["labels"] = {"severity": severity.value, "cause": cause}
+    rule["labels"] = {"severity": cause_severity(cause, detail).value, "cause": cause}
     # runbook_url is added by rule_groups(), which knows where the runbook is published
     rule["annotations"] = {"summary": summary, "description": description, "hint": hint,
                            "cause": cause}

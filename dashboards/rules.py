@@ -99,7 +99,7 @@ def rule_groups(bounds: RuleBounds | None = None,
         # records and the alerts that read them in one group: evaluated in order, so an alert
         # reads this evaluation's culprits (groups run apart, one an interval behind another)
         {"name": "fsdpmon-culprits",
-         "rules": [*culprit_records(b), *with_runbook(culprit_alerts(b), base)]},
+         "rules": [*culprit_records(), *with_runbook(culprit_alerts(b), base)]},
         {"name": "fsdpmon-gpu.rules", "rules": gpu_records()},
         {"name": "fsdpmon-dcgm.rules", "rules": dcgm_rules(b.error_window)},
         {"name": "fsdpmon-training.alerts", "rules": with_runbook(training_alerts(b), base)},
@@ -114,4 +114,7 @@ def recorded_names(groups: list[dict[str, Any]] | None = None) -> set[str]:
 
 
 def alert_names(groups: list[dict[str, Any]] | None = None) -> list[str]:
-    return [r["alert"] for g in (groups or rule_groups()) for r in g["rules"] if "alert" in r]
+    """Each alert's name once, in order (an alert whose severity depends on what raised it, the
+    XID alert, is one rule per severity under one name)."""
+    return list(dict.fromkeys(r["alert"] for g in (groups or rule_groups()) for r in g["rules"]
+                              if "alert" in r))

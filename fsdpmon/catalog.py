@@ -160,6 +160,12 @@ TRAIN_STRAGGLING = Metric(
     "window over at least two busy-time medians that share no step and the diagnosis "
     f"evidence time ({DIAGNOSIS_EVIDENCE_SECONDS:g} s); it clears the same way. One low "
     "window is noise, not a straggler.", T)
+# The bound the rank judges its score by (STRAGGLER_SCORE_THRESHOLD), published so that the
+# alert rules compare each score with the rank's own line rather than a constant of their own.
+TRAIN_STRAGGLER_SCORE_THRESHOLD = Metric(
+    "fsdpmon_train_straggler_score_threshold", Gg, "",
+    "The straggler score below which this rank's monitor calls it a straggler (and the "
+    "waited-for score below which the others wait for it).", T)
 TRAIN_WAITED_FOR_SCORE = Metric(
     "fsdpmon_train_waited_for_score", Gg, "",
     "Median over the other ranks of their time per step not waiting for peers (own work plus "
@@ -247,7 +253,9 @@ TRAIN_HEARTBEAT_AGE_SECONDS = Metric(
     "Seconds since the last step completed, as of the scrape.", T)
 TRAIN_STALL_THRESHOLD_SECONDS = Metric(
     "fsdpmon_train_stall_threshold_seconds", Gg, "seconds",
-    "Current stall threshold: max(factor x median step time, floor).", T)
+    "This rank's stall bound: max(FSDPMON_STALL_FACTOR x its median step time, "
+    "FSDPMON_STALL_FLOOR_SECONDS); the stall alerts compare its time since the last step with "
+    "it.", T)
 TRAIN_UNRESPONSIVE = Metric(
     "fsdpmon_train_unresponsive", Gg, "",
     f"1 when this rank's process has not run its monitor thread for "
@@ -315,6 +323,7 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_STEP_TIME_SECONDS,
     TRAIN_PHASE_SECONDS_TOTAL, TRAIN_PHASE_DURATION_SECONDS, TRAIN_DATA_WAIT_RATIO,
     TRAIN_BUSY_SECONDS, TRAIN_COLLECTIVE_WAIT_RATIO, TRAIN_STRAGGLER_SCORE, TRAIN_STRAGGLING,
+    TRAIN_STRAGGLER_SCORE_THRESHOLD,
     TRAIN_WAITED_FOR_SCORE, TRAIN_DESCHEDULED_RATIO, TRAIN_CPU_THROTTLED_RATIO,
     TRAIN_CHECKPOINT_SECONDS, TRAIN_CHECKPOINT_OWN_SECONDS, TRAIN_CHECKPOINT_TIME_RATIO,
     TRAIN_MFU_RATIO, TRAIN_MODEL_FLOPS_PER_TOKEN, TRAIN_DEVICE_PEAK_FLOPS,
@@ -547,6 +556,9 @@ REC_NODE_GPU_POWER_WATTS_SUM = Recorded("fsdpmon_node:gpu_power_watts:sum")
 REC_POD_GPU_MEMORY_USED_BYTES_SUM = Recorded("fsdpmon_pod:gpu_memory_used_bytes:sum")
 REC_GPU_MEMORY_USED_BYTES_RATIO = Recorded("fsdpmon_gpu:memory_used_bytes:ratio")
 REC_GPU_DCGM_XID_ERRORS_CHANGES = Recorded("fsdpmon_gpu:dcgm_xid_errors:changes")
+# dcgm-exporter's last XID code per GPU (its field holds the code, not a count): how the XID
+# alert tells a critical code (conventions.GPU_XID_CRITICAL) from the others on such clusters.
+REC_GPU_DCGM_XID_ERRORS_LAST = Recorded("fsdpmon_gpu:dcgm_xid_errors:last")
 
 RECORDED: tuple[Recorded, ...] = tuple(
     v for k, v in sorted(globals().items()) if k.startswith("REC_") and isinstance(v, Recorded))

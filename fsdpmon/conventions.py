@@ -105,6 +105,14 @@ HOST_CPU_BUSY_RATIO = 0.95
 # periods (its pod's CPU limit) is cpu_throttled; kube-prometheus's CPUThrottlingHigh pages at
 # the same share of cAdvisor's container_cpu_cfs_throttled_periods_total.
 CPU_THROTTLED_RATIO = 0.25
+# Alert-only thresholds (no diagnosis rule of their own yet), one definition each all the same:
+# a node's GPUs averaging below this utilisation while a rank runs there (FsdpmonGPULowUtilization);
+GPU_LOW_UTILIZATION_RATIO = 0.30
+# a GPU held down by a throttle reason this share of the time (FsdpmonGPUThrottling: NVML's
+# accumulated clock-event time, as a flag sampled per scrape misses throttling that comes and goes);
+GPU_THROTTLED_TIME_SHARE = 0.25
+# a job's tokens/s below this share of its own recent average (FsdpmonThroughputDropped).
+THROUGHPUT_DROP_RATIO = 0.6
 # Incidents (`fsdpmon incidents`, from the run's files or from Prometheus history) are the
 # judge's findings replayed over the run and merged into spans. Findings of one cause and rank
 # this many log steps apart (files) or query steps apart (Prometheus: a missed scrape or two)

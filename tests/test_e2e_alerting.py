@@ -2,9 +2,10 @@
 
 Two 2-rank CPU training runs (torchrun, the fsdpmon monitor serving on loopback), one after the
 other, and the exporter with 2 simulated GPUs are scraped every second by one Debian Prometheus,
-which evaluates a fast variant of the shipped rules every second (FAST below: stall floor 8 s,
-no ``for`` on the stall, 5 s on the straggler; the generator's own thresholds, only durations
-shortened) and sends alerts to Debian's Alertmanager, which delivers them to a webhook receiver
+which evaluates a fast variant of the shipped rules every second (FAST below: no ``for`` on the
+stall, 5 s on the straggler; the generator's own thresholds, only durations shortened; the stall
+bound is the one the ranks publish, 8 s from FSDPMON_STALL_FLOOR_SECONDS) and sends alerts to
+Debian's Alertmanager, which delivers them to a webhook receiver
 run by this test.
 
 Healthy run:
@@ -89,7 +90,7 @@ STRAGGLING = "FsdpmonRankStraggling"
 # alert's `for` is 15m shipped, 5 s here: the rule also needs the monitor's flag (a low score in
 # two busy medians over disjoint steps), so one transient low window (a rank SIGSTOPped for the
 # stall check gave a score of 0.56 for a moment, in a CI run) is no alert even without a `for`.
-FAST = RuleBounds(stall_floor_seconds=8, stall_for="0s", straggler_for="5s")
+FAST = RuleBounds(stall_for="0s", straggler_for="5s")
 # The faulty run: scores exist from BUSY_MIN_STEPS on; SLOW_FROM leaves healthy scored steps
 # before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the
 # monitor flags the rank once a second, disjoint median agrees and DIAGNOSIS_EVIDENCE_SECONDS

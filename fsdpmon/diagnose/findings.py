@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from fsdpmon.conventions import Severity
+from fsdpmon.conventions import Severity, cause_severities
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places
 from fsdpmon.diagnose.stacks import StackClass
 from fsdpmon.job.snapshot import RankRow
@@ -85,6 +85,12 @@ class Finding:
 
     def __post_init__(self) -> None:  # "critical" and Severity.CRITICAL are one severity
         object.__setattr__(self, "severity", Severity(self.severity))
+        # one severity per cause, the alerts' too (conventions.CAUSE_SEVERITY): a rule that
+        # strays from it is a bug for the tests to catch, not a verdict to print
+        if self.severity not in cause_severities(self.cause):
+            allowed = sorted(s.value for s in cause_severities(self.cause))
+            raise ValueError(f"{self.cause} is {allowed} in conventions.CAUSE_SEVERITY, "
+                             f"not {self.severity.value}")
 
     @property
     def next_step(self) -> str:

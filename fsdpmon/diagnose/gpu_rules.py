@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fsdpmon.conventions import GPU_XID_CRITICAL, Severity
+from fsdpmon.conventions import Severity, cause_severity, xid_severity
 from fsdpmon.diagnose.findings import Finding, age, waiters, where
 from fsdpmon.diagnose.observe import GpuKey, Observations, Places
 from fsdpmon.diagnose.stacks import RankStack
@@ -26,7 +26,7 @@ def gpu_lost(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
             obs.unresponsive.discard(rank)
             obs.missing.discard(rank)
             evidence += waiters(obs, {rank})
-        out.append(Finding("gpu_lost", Severity.CRITICAL, f"GPU {key[1]} on {key[0]} lost"
+        out.append(Finding("gpu_lost", cause_severity("gpu_lost"), f"GPU {key[1]} on {key[0]} lost"
                            + (f" (rank {rank})" if rank is not None else ""),
                            evidence=tuple(evidence), **where(places, rank, key)))
     return out
@@ -40,7 +40,7 @@ def gpu_ecc(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> 
         if rank is not None:
             evidence += waiters(obs, {rank})
             obs.stragglers.discard(rank)
-        out.append(Finding("gpu_ecc", Severity.CRITICAL,
+        out.append(Finding("gpu_ecc", cause_severity("gpu_ecc"),
                            f"GPU {key[1]} on {key[0]}: uncorrected ECC errors "
                            f"(+{now - before:.0f})", evidence=tuple(evidence),
                            **where(places, rank, key)))
@@ -54,17 +54,26 @@ def gpu_xid(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> 
     out = []
     for key, events in by_gpu.items():
         rank = places.rank_of(key)
-        critical = any(code.isdigit() and int(code) in GPU_XID_CRITICAL for code, _, _ in events)
+        # the most urgent of its codes (conventions.xid_severity: the alerts' own table)
+        severity = min((xid_severity(code) for code, _, _ in events),
+                       key=lambda s: s is not Severity.CRITICAL)
+        critical = severity is Severity.CRITICAL
         codes = ", ".join(code for code, _, _ in events)
         evidence = [f"XID {code}: {a:.0f} → {b:.0f}" for code, a, b in events]
         if rank is not None:
             evidence.append(f"it serves rank {rank}")
             if critical:
                 evidence += waiters(obs, {rank})
-        out.append(Finding("gpu_xid", Severity.CRITICAL if critical else Severity.WARNING,
+        out.append(Finding("gpu_xid", severity,
                            f"GPU {key[1]} on {key[0]} raised XID {codes}", evidence=tuple(evidence),
                            **where(places, rank, key)))
     return out
+
+
+def _throttle_severity(reasons: Sequence[str]) -> Severity:
+    """The most urgent of the reasons' severities (conventions.THROTTLE_SEVERITY)."""
+    return min((cause_severity("gpu_throttled", r) for r in reasons),
+               key=lambda s: s is not Severity.CRITICAL, default=cause_severity("gpu_throttled"))
 
 
 def throttled(obs: Observations, places: Places) -> list[Finding]:
@@ -76,8 +85,9 @@ def throttled(obs: Observations, places: Places) -> list[Finding]:
         if row is not None and row.straggler_score is not None:
             evidence.append(f"rank {rank} straggler score {row.straggler_score:.2f} "
                             "(not below the threshold yet)")
-        out.append(Finding("gpu_throttled", Severity.WARNING, f"GPU {key[1]} on {key[0]} throttled "
-                           f"({', '.join(reasons)})", evidence=tuple(evidence),
+        out.append(Finding("gpu_throttled", _throttle_severity(reasons),
+                           f"GPU {key[1]} on {key[0]} throttled ({', '.join(reasons)})",
+                           evidence=tuple(evidence),
                            **where(places, rank, key)))
     return out
 
@@ -95,5 +105,6 @@ def memory(obs: Observations, places: Places) -> list[Finding]:
         evidence.append(f"GPU {key[1]} on {key[0]} at {(g.memory_ratio or 0) if g else 0:.0%}")
     rank = min(obs.rank_memory) if obs.rank_memory else (
         places.rank_of(min(obs.gpu_memory)) if obs.gpu_memory else None)
-    return [Finding("memory_pressure", Severity.WARNING, f"memory pressure: {evidence[0]}",
-                    evidence=tuple(evidence), **where(places, rank))]
+    return [Finding("memory_pressure", cause_severity("memory_pressure"),
+                    f"memory pressure: {evidence[0]}", evidence=tuple(evidence),
+                    **where(places, rank))]

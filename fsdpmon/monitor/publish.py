@@ -17,7 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from fsdpmon import catalog
-from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM, PROGRESS_PHASES
+from fsdpmon.conventions import (
+    EXIT_ERROR,
+    EXIT_NORMAL,
+    EXIT_SIGTERM,
+    PROGRESS_PHASES,
+    STRAGGLER_SCORE_THRESHOLD,
+)
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import collectives, exit_cleanup, exit_record, statedir
@@ -249,6 +255,8 @@ class Publication:
             totals[phase] = totals.get(phase, 0.0) + seconds
         self.snapshot["phase_means"] = dict(stats.phase_means)
         loss = record.get("loss")
+        scored = record.get("straggler_score") is not None or record.get(
+            "waited_for_score") is not None
         self._set_values({
             catalog.TRAIN_TOKENS_PER_SECOND.name: stats.tokens_per_second,
             catalog.TRAIN_STEP_TIME_SECONDS.name: stats.step_time_s,
@@ -259,6 +267,9 @@ class Publication:
             catalog.TRAIN_STRAGGLING.name: (None if record.get("straggler_score") is None
                                             else record["straggling"]),
             catalog.TRAIN_WAITED_FOR_SCORE.name: record.get("waited_for_score"),
+            # the line the scores are judged by (straggling.py), beside them: the rules read it
+            catalog.TRAIN_STRAGGLER_SCORE_THRESHOLD.name: (STRAGGLER_SCORE_THRESHOLD if scored
+                                                           else None),
             catalog.TRAIN_DESCHEDULED_RATIO.name: record.get("descheduled_span_ratio"),
             catalog.TRAIN_CPU_THROTTLED_RATIO.name: record.get("cpu_throttled_ratio"),
             catalog.TRAIN_MFU_RATIO.name: stats.mfu,
