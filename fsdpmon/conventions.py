@@ -6,6 +6,7 @@ they live in one place.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from enum import Enum
 
@@ -82,6 +83,15 @@ class Severity(str, Enum):
 # A rank whose busy time (step time not spent waiting in collectives) is this share of the
 # median rank's or less is a straggler: median busy / own busy < 0.75 (nvidia-resiliency-ext).
 STRAGGLER_SCORE_THRESHOLD = 0.75
+
+
+def below_straggler_line(score: float | None) -> bool:
+    """Whether a score (the others' median busy, or held, time over a rank's own) says the
+    others wait for the rank: below STRAGGLER_SCORE_THRESHOLD. No score, or NaN: no. The one
+    comparison the judge's observations, goodput's split and top's SLOWEST mark all ask."""
+    return score is not None and math.isfinite(score) and score < STRAGGLER_SCORE_THRESHOLD
+
+
 # Device (or GPU) memory in use at or above this share of capacity is memory pressure.
 MEMORY_PRESSURE_RATIO = 0.95
 # A verdict needs its evidence in every sample spanning at least this long (never one sample);

@@ -17,6 +17,7 @@ from fsdpmon.conventions import (
 )
 from fsdpmon.diagnose.after import slow_save_groups
 from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES
+from fsdpmon.diagnose.replay import run_stragglers
 from fsdpmon.incidents.history import _increase, spans
 from fsdpmon.incidents.incidents import (
     Incident,
@@ -32,7 +33,7 @@ from fsdpmon.monitor.stacks import MAX_TEXT
 
 def _found(logs) -> list[Incident]:
     run = load_run(logs)
-    return incidents(run, goodput(run))
+    return incidents(run, goodput(run, run_stragglers(run)))
 
 
 def test_a_killed_rank_is_named_from_the_files_alone(tmp_path):

@@ -9,11 +9,11 @@ import pytest
 from fsdpmon import conventions
 from fsdpmon.diagnose.after import slow_save_groups
 from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
-from fsdpmon.diagnose.replay import spans
+from fsdpmon.diagnose.replay import run_stragglers, spans
 from fsdpmon.incidents import incidents as inc_mod
 from fsdpmon.incidents.incidents import Incident, incidents, lemon_nodes
-from fsdpmon.incidents.run_reader import step_snapshots
 from fsdpmon.job.run_goodput import goodput
+from fsdpmon.job.run_snapshots import step_snapshots
 from fsdpmon.job.runlog import Incarnation, RunLog
 
 LIMIT = conventions.CHECKPOINT_SHARE_LIMIT
@@ -41,7 +41,7 @@ def run_of(*lives: Incarnation, name: str = "hand") -> RunLog:
 
 
 def found(run: RunLog) -> list[Incident]:
-    return incidents(run, goodput(run))
+    return incidents(run, goodput(run, run_stragglers(run)))
 
 
 def plain(items: list[Incident]) -> list[tuple]:
@@ -128,7 +128,8 @@ def test_goodput_charges_straggler_time_only_where_the_judge_names_a_straggler(s
     """The same windows (rank 1's own work 1.5 s against rank 0's 1.0 s, below the line by
     the window's own figures): straggler time only when the recorded score made the judge
     name rank 1 (steps 2-16, from its evidence's start to its last finding)."""
-    gp = goodput(straggling_run(0.5, score=score))
+    run = straggling_run(0.5, score=score)
+    gp = goodput(run, run_stragglers(run))
     assert gp.badput_seconds["straggler_wait"] == pytest.approx(charged), gp.badput_seconds
     assert gp.by_rank.get("straggler_wait", {}) == ({1: pytest.approx(charged)} if charged
                                                     else {}), gp.by_rank

@@ -19,8 +19,8 @@ from fsdpmon.conventions import (
     HOST_CPU_BUSY_RATIO,
     LOSS_SPIKE_FACTOR,
     STRAGGLER_CAUSE_SHARE,
+    below_straggler_line,
 )
-from fsdpmon.diagnose.score import below_line
 from fsdpmon.diagnose.window import Window
 from fsdpmon.job.snapshot import GpuRow, JobSnapshot, RankRow
 
@@ -61,7 +61,7 @@ def _power_capped(snap: JobSnapshot) -> list[GpuKey]:
 
 
 def _stragglers(snap: JobSnapshot) -> list[int]:
-    return [r.rank for r in _live(snap) if below_line(r.straggler_score)]
+    return [r.rank for r in _live(snap) if below_straggler_line(r.straggler_score)]
 
 
 def _starved(snap: JobSnapshot) -> list[int]:
@@ -72,9 +72,9 @@ def _starved(snap: JobSnapshot) -> list[int]:
     out = []
     for r in live:
         waited, own = r.waited_for_score, r.descheduled_ratio
-        if waited is None or own is None or not below_line(waited):
+        if waited is None or own is None or not below_straggler_line(waited):
             continue
-        if below_line(r.straggler_score):
+        if below_straggler_line(r.straggler_score):
             continue  # busy: a compute or data straggler
         others = [o.descheduled_ratio for o in live if o is not r and o.descheduled_ratio
                   is not None]

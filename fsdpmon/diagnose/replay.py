@@ -8,13 +8,17 @@ readers only build the evidence; every cause is decided here, by the engine, as 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import itertools
+import statistics
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS
+from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, INCIDENT_MERGE_GAP_STEPS
 from fsdpmon.diagnose.engine import diagnose
 from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
 from fsdpmon.diagnose.history import SnapshotHistory
+from fsdpmon.job.run_snapshots import step_snapshots
+from fsdpmon.job.runlog import Incarnation, RunLog
 from fsdpmon.job.snapshot import JobSnapshot
 
 Timed = tuple[float, Finding]  # (the moment the judge said it, the finding)
@@ -67,7 +71,33 @@ def spans(timed: Iterable[Timed], gap: float,
     return sorted([*done, *open_.values()], key=lambda s: (s.start, s.finding.cause))
 
 
-def straggler_at(timed: Iterable[Timed], t: float, slack: float) -> Finding | None:
-    """The slowdown the judge named at (or within ``slack`` before) ``t``, if any."""
-    found = [(at, f) for at, f in slowdowns(timed) if t - slack <= at <= t]
-    return max(found, key=lambda x: x[0])[1] if found else None
+def run_slowdowns(run: RunLog, inc: Incarnation) -> tuple[dict[int, float], list[Span]]:
+    """(log step -> its snapshot's time, the spans in which the judge replayed over the
+    incarnation's log steps named a rank the others wait for); findings
+    INCIDENT_MERGE_GAP_STEPS log steps apart (at their median spacing) are one span."""
+    snaps = step_snapshots(run, inc)
+    times = [s.time for s in snaps]
+    spacing = statistics.median(b - a for a, b in itertools.pairwise(times)) if len(
+        times) > 1 else 0.0
+    return ({s.step: s.time for s in snaps if s.step is not None},
+            spans(slowdowns(replay(snaps)), INCIDENT_MERGE_GAP_STEPS * spacing))
+
+
+def named_at(found: Iterable[Span], t: float) -> frozenset[int]:
+    """The ranks the spans name at ``t``."""
+    return frozenset(s.finding.rank for s in found
+                     if s.start <= t <= s.end and s.finding.rank is not None)
+
+
+def run_stragglers(run: RunLog) -> Callable[[Incarnation, int], frozenset[int]]:
+    """For goodput's attribution: (incarnation, log step) -> the ranks the judge, replayed over
+    that incarnation, named stragglers then (each incarnation replayed once, when first
+    asked)."""
+    judged: dict[int, tuple[dict[int, float], list[Span]]] = {}
+
+    def named(inc: Incarnation, step: int) -> frozenset[int]:
+        if inc.index not in judged:
+            judged[inc.index] = run_slowdowns(run, inc)
+        times, found = judged[inc.index]
+        return named_at(found, times[step]) if step in times else frozenset()
+    return named

@@ -12,6 +12,7 @@ import json
 import time
 from datetime import datetime, timezone
 
+from fsdpmon.diagnose.replay import run_stragglers
 from fsdpmon.errors import ConfigError
 from fsdpmon.incidents.history import job_incidents
 from fsdpmon.incidents.incidents import Incident, incidents, lemon_nodes
@@ -52,7 +53,7 @@ def _from_logs(paths: list[str]) -> list[Incident]:
     found: list[Incident] = []
     for path in paths:
         run = load_run(path)
-        found += incidents(run, goodput(run))
+        found += incidents(run, goodput(run, run_stragglers(run)))
     return found
 
 

@@ -9,6 +9,7 @@ import argparse
 import json
 from typing import Any
 
+from fsdpmon.diagnose.replay import run_stragglers
 from fsdpmon.job.goodput import CATEGORIES
 from fsdpmon.job.run_goodput import Goodput, goodput
 from fsdpmon.job.runlog import RunLog, load_run
@@ -48,7 +49,7 @@ def as_json(gp: Goodput, run: RunLog) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     runs = [load_run(path) for path in args.runs]
-    figures = [(goodput(r), r) for r in runs]
+    figures = [(goodput(r, run_stragglers(r)), r) for r in runs]
     if args.json:
         doc: dict[str, Any] = (figures[0][0].as_json() if len(figures) == 1
                                else {"runs": [as_json(g, r) for g, r in figures]})

@@ -12,8 +12,7 @@ from typing import Any
 from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.scrape.aggregate import aggregate
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
-from fsdpmon.scrape.sources.prometheus import TRAINING_NAMES, select
-from fsdpmon.scrape.sources.prometheus import _results as results_of
+from fsdpmon.scrape.sources.prometheus import TRAINING_NAMES, select, target_results
 from fsdpmon.scrape.wanted import TRAIN_INFO
 
 
@@ -35,7 +34,7 @@ def snapshots(api: PrometheusAPI, job: str, start: float, end: float,
     previous = None
     for t in sorted(at):
         # a target known to the job without a sample now is down, as the live source says
-        previous = aggregate(results_of(known, {}, at[t]), now=t, source="prometheus",
+        previous = aggregate(target_results(known, {}, at[t]), now=t, source="prometheus",
                              previous=previous, job_name=job)
         out.append(previous)
     return out

@@ -3,7 +3,7 @@
 
 The verdicts are the diagnosis' own where it has one for the evidence: a straggler is the live
 judge replayed over the figures each log step recorded (fsdpmon.diagnose.replay over
-run_reader's snapshots), the rank that brought a restart down is ``exits.died``'s with
+fsdpmon.job.run_snapshots), the rank that brought a restart down is ``exits.died``'s with
 ``exits.exit_evidence``. A stall's culprit is the
 rank that did not see it when the others did (its Python was not running: stopped, or holding
 the GIL), else the rank whose flight-recorder stack is outside the phase the others wait in.
@@ -17,7 +17,7 @@ from typing import Any
 from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, INCIDENT_MIN_LOST_SECONDS
 from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall_from_records
 from fsdpmon.diagnose.exits import exit_evidence
-from fsdpmon.incidents.run_reader import judged_slowdowns
+from fsdpmon.diagnose.replay import run_slowdowns
 from fsdpmon.job.run_goodput import Goodput, endings, restore_of, saves
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 
@@ -65,9 +65,9 @@ def _incident(run: RunLog, start: float, end: float, cause: str, rank: int | Non
 # ---- stragglers: where the judge named the rank the others wait for ------------------------
 
 def _straggler_incidents(run: RunLog, inc: Incarnation, gp: Goodput) -> list[Incident]:
-    """The live judge replayed over the incarnation's log steps (run_reader); lost: the data
+    """The live judge replayed over the incarnation's log steps (job.run_snapshots); lost: the data
     and straggler badput of the steps inside each span."""
-    step_time, found = judged_slowdowns(run, inc)
+    step_time, found = run_slowdowns(run, inc)
     lost = {step: s.data_wait + s.straggler_wait for i, step, s in gp.windows if i == inc.index}
     out = []
     for span in found:

@@ -12,7 +12,7 @@ least), and what that rank did with it is what the job did:
 - ``straggler_wait``: its own work beyond the other ranks' median own work (the time they
   waited for it, beyond what a median rank takes), when the judge names it a straggler (in
   ``fsdpmon goodput``: the judge replayed over the run's records; live: the judge's score line,
-  fsdpmon.diagnose.score, over the window);
+  conventions.below_straggler_line, over the window);
 - ``stall``: a stall's time beyond one ordinary step (from the stall records), taken out of the
   rank's own figures first, so that a rank stopped in its data phase is not also data-slow;
 - ``productive``: the rest of the step time.
@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from fsdpmon.diagnose.score import below_line
+from fsdpmon.conventions import below_straggler_line
 
 CATEGORIES = ("startup", "data_wait", "checkpoint_save", "checkpoint_restore", "restart",
               "recompute", "stall", "straggler_wait", "unaccounted")
@@ -84,7 +84,7 @@ def split_window(windows: list[RankWindow], stall: float = 0.0, between: float =
     """The job's window from every rank's (None: no rank measured a step). ``named``: the ranks
     the judge, replayed over the run (``fsdpmon goodput``), named stragglers then; None where no
     replay is at hand (the monitor's live meter), which asks the judge's line
-    (fsdpmon.diagnose.score) of this window's own work instead."""
+    (conventions.below_straggler_line) of this window's own work instead."""
     live = [w for w in windows if w.steps > 0]
     if not live:
         return None
@@ -103,7 +103,7 @@ def split_window(windows: list[RankWindow], stall: float = 0.0, between: float =
     # of who arrives last at each collective, part of every synchronous step. (A rank without
     # own work is never a straggler.)
     if named is None:
-        straggling = core.own_seconds > 0 and below_line(usual / core.own_seconds)
+        straggling = core.own_seconds > 0 and below_straggler_line(usual / core.own_seconds)
     else:
         straggling = critical.rank in named and core.own_seconds > usual
     straggler = core.own_seconds - usual if straggling else 0.0

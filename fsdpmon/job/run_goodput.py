@@ -5,9 +5,8 @@ Wall: the first process start (incarnation 0) to the last step record. Then:
 
 - ``startup``: process start to the first step's begin, less a restore before it;
 - per log window, the job's split (``fsdpmon.job.goodput.split_window``): productive,
-  ``data_wait``, ``straggler_wait`` (only in the spans where the judge, replayed over the
-  run's records, named the window's critical rank a straggler) and ``stall`` (a stall's
-  seconds from its end record);
+  ``data_wait``, ``straggler_wait`` (given the judge's replay, only where it named the
+  window's critical rank a straggler) and ``stall`` (a stall's seconds from its end record);
 - ``checkpoint_save``: each save's wall time (the slowest rank's), saves inside the wall;
 - ``checkpoint_restore``: each restore's time (the slowest rank's);
 - ``restart``: from the last step of an incarnation to the first step's begin of the next,
@@ -22,10 +21,10 @@ node) the time was lost to, where a cause has one.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpmon.incidents.run_reader import judged_slowdowns, named_at
 from fsdpmon.job.goodput import CATEGORIES, RankWindow, WindowSplit, split_window
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 
@@ -55,6 +54,10 @@ class Goodput:
                 "goodput_ratio": self.goodput_ratio, "badput_seconds": dict(self.badput_seconds)}
 
 
+# (incarnation, log step) -> the ranks the judge named stragglers then
+Named = Callable[[Incarnation, int], Collection[int]]
+
+
 def window_of(record: dict[str, Any], rank: int) -> RankWindow | None:
     values = [number(record.get(k)) for k in ("step_seconds", "data_seconds", "wait_seconds",
                                               "steps")]
@@ -74,7 +77,7 @@ def _stall_seconds(inc: Incarnation) -> dict[int, float]:
     return out
 
 
-def _windows(run: RunLog, inc: Incarnation, gp: Goodput) -> None:
+def _windows(inc: Incarnation, gp: Goodput, named: Named | None) -> None:
     """Add the incarnation's step windows."""
     by_step: dict[int, list[RankWindow]] = {}
     between: dict[int, float] = {}  # the window's time outside its steps (least over ranks)
@@ -87,11 +90,9 @@ def _windows(run: RunLog, inc: Incarnation, gp: Goodput) -> None:
                 gap = (number(rec.get("window_seconds")) or 0.0) - window.step_seconds
                 between[step] = min(between.get(step, gap), gap)
     stalls = _stall_seconds(inc)
-    # straggler time is charged only where the judge, replayed over the run, named one
-    step_time, named = judged_slowdowns(run, inc)
     for step in sorted(by_step):
         split = split_window(by_step[step], stalls.get(step, 0.0), between[step],
-                             named_at(named, step_time.get(step, float("nan"))))
+                             named(inc, step) if named is not None else None)
         if split is None:
             continue
         gp.windows.append((inc.index, step, split))
@@ -144,7 +145,11 @@ def killed_ranks(prev: Incarnation, nxt: Incarnation) -> list[int]:
     return sorted(r for r, (how, _) in endings(prev, nxt).items() if how == "killed")
 
 
-def goodput(run: RunLog) -> Goodput:
+def goodput(run: RunLog, named: Named | None = None) -> Goodput:
+    """The run's split. ``named``: (incarnation, log step) -> the ranks the judge named
+    stragglers then (fsdpmon.diagnose.replay.run_stragglers), the only ones charged straggler
+    time; None: each window's own figures against the judge's line, as the monitor's live
+    meter charges it."""
     gp = Goodput(run.name)
     live = [inc for inc in run.incarnations if inc.last_step is not None]
     if not live:
@@ -174,7 +179,7 @@ def goodput(run: RunLog) -> Goodput:
             gp.productive_seconds -= lost
         for save in saves(inc, end):
             gp.add("checkpoint_save", save["seconds"], save["rank"])
-        _windows(run, inc, gp)
+        _windows(inc, gp, named)
         previous = inc
     gp.badput_seconds["unaccounted"] = 0.0
     gp.badput_seconds["unaccounted"] = (gp.wall_seconds - gp.productive_seconds

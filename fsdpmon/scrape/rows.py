@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import replace
 
-from fsdpmon.diagnose.score import below_line
+from fsdpmon.conventions import below_straggler_line
 from fsdpmon.job.snapshot import (
     SPARK_WIDTH,
     GpuRow,
@@ -206,9 +206,9 @@ def mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
     published score, else the longest step. Its row is flagged SLOWEST only when it is a
     straggler: by the monitor's own persistent verdict (fsdpmon_train_straggling: the score
     below STRAGGLER_SCORE_THRESHOLD in two disjoint busy-time medians) where it publishes one,
-    else by the score against the judge's line (fsdpmon.diagnose.score); so ranks equal to
-    the millisecond, or one noisy window, are never flagged and the flag does not hop between
-    ranks from one refresh to the next. Step time alone cannot name a compute straggler
+    else by the score against the judge's line (conventions.below_straggler_line); so ranks
+    equal to the millisecond, or one noisy window, are never flagged and the flag does not hop
+    between ranks from one refresh to the next. Step time alone cannot name a compute straggler
     (every rank's step lasts as long as the slowest one's), so it only stands in where no
     score is published."""
     live = [r for r in ranks if not r.down and r.step_time_s is not None]
@@ -226,7 +226,7 @@ def mark_slowest(ranks: list[RankRow], job: dict[str, float]) -> int | None:
         score = r.straggler_score
         if score is None and r.step_time_s:  # no published score: median step time ÷ own
             score = statistics.median(r.step_time_s or 0.0 for r in live) / r.step_time_s
-        straggles = below_line(score)  # the judge's line, not one of our own
+        straggles = below_straggler_line(score)  # the judge's line, not one of our own
     if straggles:
         ranks[i] = replace(r, slowest=True)
     return slowest

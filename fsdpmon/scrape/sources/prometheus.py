@@ -140,7 +140,7 @@ class PrometheusSource:
             for future in (training, node_series):
                 if future is not None:
                     future.cancel()
-        results = [self.cadence.complete(r) for r in _results(known, up, series)]
+        results = [self.cadence.complete(r) for r in target_results(known, up, series)]
         self._previous = aggregate(results, now=time.time(), source="prometheus",
                                    previous=self._previous, job_name=self.job_name)
         self.cadence.check(self._previous)
@@ -161,8 +161,8 @@ def _value(result: dict[str, Any]) -> float:
         return float("nan")
 
 
-def _results(known: dict[Key, dict[str, str]], up: dict[Key, float],
-             series: list[dict[str, Any]]) -> list[ScrapeResult]:
+def target_results(known: dict[Key, dict[str, str]], up: dict[Key, float],
+                   series: list[dict[str, Any]]) -> list[ScrapeResult]:
     """Query results regrouped per scrape target, as if each had been scraped directly."""
     samples: dict[Key, list[Sample]] = {}
     shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}  # label set → one dict

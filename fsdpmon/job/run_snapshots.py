@@ -1,17 +1,14 @@
 """A run's JSONL as the judge's evidence: at each log step, the snapshot of the figures every
 rank recorded then, which are the figures its endpoint served (the monitor writes one record
 and publishes the same values), so that the replayed judge (fsdpmon.diagnose.replay) decides
-from the files what it decided live. The files have no GPU, node or target series.
+from the files what it decided live (`fsdpmon incidents`, goodput's straggler time). The
+files have no GPU, node or target series.
 """
 
 from __future__ import annotations
 
-import itertools
-import statistics
 from typing import Any
 
-from fsdpmon.conventions import INCIDENT_MERGE_GAP_STEPS
-from fsdpmon.diagnose.replay import Span, replay, slowdowns, spans
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
 
@@ -49,20 +46,3 @@ def step_snapshots(run: RunLog, inc: Incarnation) -> list[JobSnapshot]:
     # a step recorded later than the next (clocks apart) must not go back in time
     return sorted(out, key=lambda s: (s.time, s.step or 0))
 
-
-def judged_slowdowns(run: RunLog, inc: Incarnation) -> tuple[dict[int, float], list[Span]]:
-    """(log step -> its snapshot's time, the spans in which the judge replayed over ``inc``
-    named a rank the others wait for); findings INCIDENT_MERGE_GAP_STEPS log steps apart (at the
-    median spacing) are one span."""
-    snaps = step_snapshots(run, inc)
-    times = [s.time for s in snaps]
-    spacing = statistics.median(b - a for a, b in itertools.pairwise(times)) if len(
-        times) > 1 else 0.0
-    return ({s.step: s.time for s in snaps if s.step is not None},
-            spans(slowdowns(replay(snaps)), INCIDENT_MERGE_GAP_STEPS * spacing))
-
-
-def named_at(found: list[Span], t: float) -> frozenset[int]:
-    """The ranks a span names at ``t``."""
-    return frozenset(s.finding.rank for s in found
-                     if s.start <= t <= s.end and s.finding.rank is not None)
