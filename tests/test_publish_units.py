@@ -14,7 +14,13 @@ import pytest
 from support import free_port
 
 from fsdpmon import catalog
-from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM, PROGRESS_PHASES
+from fsdpmon.conventions import (
+    EXIT_ERROR,
+    EXIT_NORMAL,
+    EXIT_SIGTERM,
+    PROGRESS_PHASES,
+    STRAGGLER_SCORE_THRESHOLD,
+)
 from fsdpmon.distenv import DistEnv
 from fsdpmon.monitor import collectives, exit_cleanup
 from fsdpmon.monitor import publish as publish_mod
@@ -89,6 +95,7 @@ def test_a_log_step_serves_the_window_and_the_record():
                 catalog.TRAIN_DATA_WAIT_RATIO: 0.1, catalog.TRAIN_BUSY_SECONDS: 0.4,
                 catalog.TRAIN_COLLECTIVE_WAIT_RATIO: 0.2, catalog.TRAIN_STRAGGLER_SCORE: 0.6,
                 catalog.TRAIN_STRAGGLING: 1.0, catalog.TRAIN_WAITED_FOR_SCORE: 0.9,
+                catalog.TRAIN_STRAGGLER_SCORE_THRESHOLD: STRAGGLER_SCORE_THRESHOLD,
                 catalog.TRAIN_LOSS: 2.5, catalog.TRAIN_LOSS_NONFINITE: 0.0,
                 catalog.TRAIN_LEARNING_RATE: 3e-4, catalog.TRAIN_GRAD_NORM: 1.5,
                 catalog.MONITOR_INTERNAL_ERRORS_TOTAL: 0.0}
@@ -102,6 +109,7 @@ def test_unknown_figures_are_no_series_rather_than_a_wrong_one():
     values = _log(pub, straggling=True)  # no score: the flag means nothing; no loss: no flag
     for metric in (catalog.TRAIN_LOSS, catalog.TRAIN_LOSS_NONFINITE,
                    catalog.TRAIN_STRAGGLER_SCORE, catalog.TRAIN_STRAGGLING,
+                   catalog.TRAIN_STRAGGLER_SCORE_THRESHOLD,  # no score, no line beside it
                    catalog.TRAIN_MFU_RATIO, catalog.TRAIN_DESCHEDULED_RATIO):
         assert metric.name not in values, (metric.name, values)
 
@@ -263,6 +271,17 @@ def test_the_heartbeat_before_any_step_says_nothing_happened_yet(calls):
     (beat,) = pub.writer.beats
     floor = MonitorConfig().stall_floor_seconds
     assert beat[:7] == (0.0, 0.0, 0.0, 0.0, 0.0, floor, 0.0), beat
+
+
+def test_the_stall_bound_published_before_any_step_is_the_configured_floor(calls):
+    """FSDPMON_STALL_FLOOR_SECONDS reaches the heartbeat (and so the served stall bound the
+    alert rules compare with) from the first beat, whatever the default."""
+    pub = Publication(MonitorConfig.from_env({"FSDPMON_STALL_FLOOR_SECONDS": "7.5"}, port=0,
+                                             job_name="j"),
+                      DistEnv(rank=0, local_rank=0), {}, lambda where, exc: None)
+    pub.writer = Writer()
+    pub._beat()
+    assert pub.writer.beats[0][5] == 7.5 != MonitorConfig().stall_floor_seconds
 
 
 def test_each_step_beats_with_its_number_the_steps_and_tokens(calls):
