@@ -11,6 +11,7 @@ by hand fails always.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 import yaml
@@ -27,6 +28,8 @@ from fsdpmon.conventions import (
 from fsdpmon.dashboards.generate import GENERATED, RULES_FILE
 from fsdpmon.dashboards.rules import rule_groups
 from fsdpmon.diagnose.findings import CAUSES
+
+REPO = Path(__file__).resolve().parents[1]
 
 # The conventions constants each alert compares with; an alert not named compares with none.
 THRESHOLDS = {
@@ -150,3 +153,15 @@ def test_the_severity_table_covers_every_cause_and_only_those():
     assert set(CAUSE_SEVERITY) == set(CAUSES)
     assert xid_severity(79) is xid_severity("79") is conventions.Severity.CRITICAL
     assert xid_severity(13) is xid_severity("13") is conventions.Severity.WARNING
+
+
+def test_the_docs_severity_table_is_the_conventions_one():
+    text = (REPO / "docs" / "alerts.md").read_text()
+    rows = dict(re.findall(r"^\| (critical|warning) \| ([\w, ]+) \|$", text, flags=re.M))
+    documented = {cause: severity for severity, causes in rows.items()
+                  for cause in causes.split(", ")}
+    # gpu_xid, gpu_throttled's reasons and target_down are told apart in the text below it
+    table = {c: s.value for c, s in CAUSE_SEVERITY.items() if c not in ("gpu_xid", "target_down")}
+    assert documented == table
+    codes = ", ".join(str(c) for c in GPU_XID_CRITICAL)
+    assert f"`GPU_XID_CRITICAL` ({codes}:" in " ".join(text.split())
