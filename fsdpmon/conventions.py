@@ -198,7 +198,7 @@ CAUSE_SEVERITY = {
     "checkpoint_slow": Severity.WARNING,
     "memory_pressure": Severity.WARNING,
     "loss_spike": Severity.WARNING,
-    "target_down": Severity.WARNING,  # a target of unknown kind
+    "target_down": Severity.CRITICAL,  # a target never read: it may be a training one
 }
 # A clock-event reason's severity (the throttle reasons, and power capping on a straggler).
 THROTTLE_SEVERITY = {reason: Severity.WARNING

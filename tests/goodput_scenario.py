@@ -1,6 +1,5 @@
 """One 2-rank CPU training run with faults whose cost the test knows from outside, for the
-goodput and incidents proofs (tests/test_e2e_goodput.py) and their matrix
-(benchmarks/bench_goodput.py).
+goodput and incidents proofs (tests/test_e2e_goodput.py).
 
 Faults, each optional, in this order:
 - data-slow: rank ``data_rank``'s loader ``data_s`` slower for steps ``data_steps`` (the

@@ -11,7 +11,6 @@ After the job is gone:
   the JSONL and from Prometheus' history (range queries), and no other;
 - the live badput counters, as Prometheus kept them, agree with the truth of what came after
   its first sample.
-The per-fault matrix (each fault alone, and a healthy run) is benchmarks/bench_goodput.py.
 """
 
 from __future__ import annotations

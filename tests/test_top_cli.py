@@ -117,7 +117,8 @@ def test_once_exit_status_follows_the_findings_severity():
         with pytest.raises(JobUnhealthyError) as raised:  # exit 4
             check_health(healthy, verdict)
         assert str(raised.value) == "job llama is RUNNING (gpu_lost: GPU lost: node-1/1)"
-    warned = replace(LOST, severity=Severity.WARNING)
+    # a GPU fault that only warns (an XID outside GPU_XID_CRITICAL)
+    warned = replace(LOST, cause="gpu_xid", severity=Severity.WARNING)
     check_health(healthy, Verdict(glance=(warned, SLOW)))  # warnings only: 0
     done = replace(healthy, state=JobState.DONE)
     check_health(done, Verdict(glance=(LOST,)))  # a job that ended well: 0

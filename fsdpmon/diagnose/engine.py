@@ -17,6 +17,7 @@ from fsdpmon.conventions import (
     DIAGNOSIS_EVIDENCE_SECONDS,
     EXIT_KILLED,
     Severity,
+    cause_severity,
 )
 from fsdpmon.diagnose.after import restart_cause
 from fsdpmon.diagnose.cpu_rules import starved
@@ -251,7 +252,9 @@ def _targets(obs: Observations, places: Places) -> list[Finding]:
     status = {t.url: t for t in obs.now.targets}
     for url in sorted(obs.targets_down):
         t = status[url]
-        out.append(Finding("target_down", Severity.WARNING, f"target {t.pod or url} down",
+        # a training endpoint is critical, an exporter a warning: the alerts' table
+        out.append(Finding("target_down", cause_severity("target_down", t.kind),
+                           f"target {t.pod or url} down",
                            evidence=(f"{url} ({t.kind}) not answering for {obs.seconds:.0f}s: "
                                      f"{t.error or 'no answer'}",),
                            pod=t.pod or None, node=t.node or None))

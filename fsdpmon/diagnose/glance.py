@@ -28,6 +28,7 @@ from fsdpmon.conventions import (
     MEMORY_PRESSURE_RATIO,
     STRAGGLER_SCORE_THRESHOLD,
     Severity,
+    cause_severity,
 )
 from fsdpmon.diagnose.findings import Finding, where, where_all
 from fsdpmon.diagnose.observe import Places
@@ -66,7 +67,11 @@ def _targets_down(now: JobSnapshot, urls: list[Any], places: Places) -> Finding:
     down = [t for t in now.targets if t.url in asked]
     names = ", ".join(t.pod or t.url for t in down[:4]) + (" ..." if len(down) > 4 else "")
     pods, nodes = {t.pod for t in down}, {t.node for t in down}
-    return Finding("target_down", Severity.CRITICAL,
+    # the most urgent of theirs (conventions.TARGET_DOWN_SEVERITY: a training endpoint is
+    # critical, an exporter a warning), as the alerts have it
+    severity = min((cause_severity("target_down", t.kind) for t in down),
+                   key=lambda s: s is not Severity.CRITICAL, default=cause_severity("target_down"))
+    return Finding("target_down", severity,
                    f"{len(down)} of {len(now.targets)} targets down: {names}",
                    evidence=tuple(f"{t.url} ({t.kind}) does not answer: "
                                   f"{t.error or 'no answer'}" for t in down[:MAX_EVIDENCE]),
