@@ -127,6 +127,10 @@ THROUGHPUT_DROP_RATIO = 0.6
 # judge's findings replayed over the run and merged into spans. Findings of one cause and rank
 # this many log steps apart (files) or query steps apart (Prometheus: a missed scrape or two)
 # are one incident; a stall's flags split alike.
+# The replayed judge looks at most once this often (a live view refreshes every 2 s by default:
+# no coarser than it), however short the log steps, so a long run of fast steps costs its wall
+# time, not its step count.
+REPLAY_INTERVAL_SECONDS = 1.0
 INCIDENT_MERGE_GAP_STEPS = 2
 INCIDENT_MERGE_GAP_QUERY_STEPS = 3
 # A straggling stretch or a run of slow saves that cost less than this is noise, no incident.

@@ -9,7 +9,14 @@ import pytest
 from fsdpmon import conventions
 from fsdpmon.diagnose.after import slow_save_groups
 from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
-from fsdpmon.diagnose.replay import run_stragglers, spans
+from fsdpmon.diagnose.replay import (
+    may_slow,
+    replay,
+    run_slowdowns,
+    run_stragglers,
+    slowdowns,
+    spans,
+)
 from fsdpmon.incidents import incidents as inc_mod
 from fsdpmon.incidents.incidents import Incident, incidents, lemon_nodes
 from fsdpmon.job.run_goodput import goodput
@@ -133,6 +140,23 @@ def test_goodput_charges_straggler_time_only_where_the_judge_names_a_straggler(s
     assert gp.badput_seconds["straggler_wait"] == pytest.approx(charged), gp.badput_seconds
     assert gp.by_rank.get("straggler_wait", {}) == ({1: pytest.approx(charged)} if charged
                                                     else {}), gp.by_rank
+
+
+def test_the_replay_judges_once_a_replay_interval_and_only_where_a_slowdown_can_stand():
+    """Log steps of a twentieth of REPLAY_INTERVAL_SECONDS: judged once each interval, so the
+    straggler's findings are as far apart, and still one span; the moments skipped for want
+    of a rank below the line change nothing."""
+    runs = {0: run_rec(0), 1: run_rec(1)}
+    dt = conventions.REPLAY_INTERVAL_SECONDS / 20
+    steps = {r: [scored(r, n, 100.0 + n * dt, 1.0, 0.5 if r == 1 and n > 60 else 1.0)
+                 for n in range(1, 401)] for r in (0, 1)}
+    run = run_of(life(0, runs, steps))
+    snaps = step_snapshots(run, run.incarnations[0])
+    every = replay(snaps)
+    assert len({t for t, _ in every}) <= 20 / conventions.REPLAY_INTERVAL_SECONDS + 1, every
+    assert slowdowns(every) == slowdowns(replay(snaps, judge_at=may_slow))
+    _, found = run_slowdowns(run, run.incarnations[0])
+    assert [(s.finding.cause, s.finding.rank) for s in found] == [("straggler_compute", 1)]
 
 
 def test_findings_of_one_cause_and_rank_merge_within_the_gap():

@@ -201,7 +201,9 @@ def observe(window: Window) -> Observations:
     obs.stalled = window.lasting(_stalled)
     obs.unresponsive = window.lasting(_unresponsive)
     obs.missing = window.lasting(_missing)
-    obs.missing_since = window.first_seen(_missing)
+    # when each went (the culprits are the first to go): only asked of ranks missing now, and
+    # it reads the whole history, so not asked of a job with none (a replay asks every step)
+    obs.missing_since = window.first_seen(_missing) if obs.missing else {}
     obs.lost = window.lasting(_lost)
     for key, reason in window.lasting(_throttled):
         obs.throttled.setdefault(key, []).append(reason)

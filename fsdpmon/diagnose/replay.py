@@ -13,7 +13,12 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, INCIDENT_MERGE_GAP_STEPS
+from fsdpmon.conventions import (
+    DIAGNOSIS_EVIDENCE_SECONDS,
+    INCIDENT_MERGE_GAP_STEPS,
+    REPLAY_INTERVAL_SECONDS,
+    below_straggler_line,
+)
 from fsdpmon.diagnose.engine import diagnose
 from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
 from fsdpmon.diagnose.history import SnapshotHistory
@@ -35,16 +40,32 @@ class Span:
     said: int
 
 
-def replay(snapshots: Sequence[JobSnapshot],
-           span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> list[Timed]:
-    """The live judge's findings at each snapshot, given the history before it as a live view
-    keeps it (SnapshotHistory)."""
+def replay(snapshots: Sequence[JobSnapshot], span_s: float = DIAGNOSIS_EVIDENCE_SECONDS,
+           judge_at: Callable[[JobSnapshot], bool] | None = None) -> list[Timed]:
+    """The live judge's findings at each snapshot (at most one each REPLAY_INTERVAL_SECONDS),
+    given the history before it as a live view keeps it (SnapshotHistory); ``judge_at``: the
+    moments worth judging (a snapshot that cannot start or hold a finding asked for need not
+    be: the history still keeps it)."""
     history = SnapshotHistory()
     out: list[Timed] = []
+    last: float | None = None
     for snap in snapshots:
+        if last is not None and snap.time - last < REPLAY_INTERVAL_SECONDS:
+            continue
         history.push(snap)
-        out += [(snap.time, f) for f in diagnose(history.snapshots(), (), span_s)]
+        last = snap.time
+        if judge_at is None or judge_at(snap):
+            out += [(snap.time, f) for f in diagnose(history.snapshots(), (), span_s)]
     return out
+
+
+def may_slow(snap: JobSnapshot) -> bool:
+    """Whether a slowdown can stand at ``snap``: each needs, in every snapshot of its window,
+    a live rank whose straggler or waited-for score is below the line, or a GPU's clock events
+    (observe.py). A snapshot without any cannot be the last of such a window."""
+    return any(g.clock_events for g in snap.gpus) or any(
+        below_straggler_line(r.straggler_score) or below_straggler_line(r.waited_for_score)
+        for r in snap.ranks if not r.down)
 
 
 def slowdowns(timed: Iterable[Timed]) -> list[Timed]:
@@ -74,13 +95,17 @@ def spans(timed: Iterable[Timed], gap: float,
 def run_slowdowns(run: RunLog, inc: Incarnation) -> tuple[dict[int, float], list[Span]]:
     """(log step -> its snapshot's time, the spans in which the judge replayed over the
     incarnation's log steps named a rank the others wait for); findings
-    INCIDENT_MERGE_GAP_STEPS log steps apart (at their median spacing) are one span."""
+    INCIDENT_MERGE_GAP_STEPS log steps apart (at their median spacing, or the replay's
+    interval if longer) are one span."""
     snaps = step_snapshots(run, inc)
     times = [s.time for s in snaps]
     spacing = statistics.median(b - a for a, b in itertools.pairwise(times)) if len(
         times) > 1 else 0.0
+    # the replay judges at most once each REPLAY_INTERVAL_SECONDS: steps closer than that
+    # are as far apart as its findings
+    gap = INCIDENT_MERGE_GAP_STEPS * max(spacing, REPLAY_INTERVAL_SECONDS)
     return ({s.step: s.time for s in snaps if s.step is not None},
-            spans(slowdowns(replay(snaps)), INCIDENT_MERGE_GAP_STEPS * spacing))
+            spans(slowdowns(replay(snaps, judge_at=may_slow)), gap))
 
 
 def named_at(found: Iterable[Span], t: float) -> frozenset[int]:

@@ -34,7 +34,7 @@ from fsdpmon.conventions import (
 from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall
 from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
-from fsdpmon.diagnose.replay import replay, slowdowns
+from fsdpmon.diagnose.replay import may_slow, replay, slowdowns
 from fsdpmon.diagnose.replay import spans as finding_spans
 from fsdpmon.incidents.history_reader import snapshots
 from fsdpmon.incidents.incidents import Incident
@@ -193,7 +193,7 @@ class HistoryJudge:
         at each query step (history_reader): each stretch it named a rank the others wait for;
         lost: the goodput counters' data and straggler badput meanwhile."""
         timed = slowdowns(replay(snapshots(self.h.api, self.h.job, self.h.start, self.h.end,
-                                           self.h.step)))
+                                           self.h.step), judge_at=may_slow))
         badput = {cause: sorted(x for s in self.h.labelled(
             catalog.TRAIN_BADPUT_SECONDS_TOTAL, f',cause="{cause}"').values() for x in s)
             for cause in ("data_wait", "straggler_wait")}
