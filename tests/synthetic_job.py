@@ -156,6 +156,7 @@ _FIXED = {  # everything else a healthy node reports
     catalog.HOST_LOAD1.name: 12.0, catalog.PROCESS_CPU_UTILIZATION_RATIO.name: 1.0,
     catalog.PROCESS_RESIDENT_MEMORY_BYTES.name: 12e9, catalog.TRAIN_RESTARTS.name: 0.0,
     catalog.MONITOR_INTERNAL_ERRORS_TOTAL.name: 0.0, catalog.GPU_ECC_ERRORS_TOTAL.name: 0.0,
+    catalog.TRAIN_STRAGGLER_SCORE_THRESHOLD.name: STRAGGLER_SCORE_THRESHOLD,  # the monitor's line
 }
 
 
