@@ -75,6 +75,10 @@ AREAS = {
     "fsdpmon/monitor/goodput_meter.py": "goodput goodput_units",
     "fsdpmon/monitor/flight.py": "incidents incidents_flight",
     "fsdpmon/incidents/history.py": "incidents_history_judge incidents_history incidents",
+    "fsdpmon/incidents/history_reader.py": "incidents_history_judge",
+    "fsdpmon/diagnose/replay.py": "incidents_units incidents incidents_history_judge",
+    "fsdpmon/diagnose/after.py": "incidents_units incidents incidents_history_judge",
+    "fsdpmon/job/run_snapshots.py": "incidents_units incidents",
 }
 PYTEST = ["-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not slow"]
 _COPY_SKIP = shutil.ignore_patterns(".git", ".venv", "__pycache__", ".hypothesis", "*_cache",
