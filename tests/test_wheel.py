@@ -80,3 +80,23 @@ def test_the_command_is_the_one_entry_point(wheel: zipfile.ZipFile) -> None:
     [entry] = [n for n in wheel.namelist() if n.endswith(".dist-info/entry_points.txt")]
     text = wheel.read(entry).decode()
     assert "fsdpmon = fsdpmon.cli:main" in text, text
+
+
+def test_the_install_imports_the_folders_under_fsdpmon_from_any_directory(tmp_path: Path) -> None:
+    """The editable install (scripts/setup.sh) maps the folders too: torchrun's workers and the
+    tests start `python -m fsdpmon.trainer.train` from other directories. Outside the
+    repository, `trainer` by its folder name is not importable: it is not installed."""
+    code = ("import importlib.util, fsdpmon.trainer.config, fsdpmon.exporters.cli, "
+            "fsdpmon.dashboards.build as b\n"
+            "print(fsdpmon.trainer.config.__file__, b.__file__)\n"
+            "print([n for n in ('trainer', 'exporters', 'dashboards') "
+            "if importlib.util.find_spec(n)])\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    files, top = out.stdout.splitlines()
+    config, build = (Path(f) for f in files.split())
+    # This checkout's files (editable) or copies of them (installed): the same text either way.
+    assert config.read_text() == (ROOT / "trainer" / "config.py").read_text(), config
+    assert build.read_text() == (ROOT / "dashboards" / "build.py").read_text(), build
+    assert top == "[]", f"importable by their folder names outside the repository: {top}"
