@@ -1,5 +1,6 @@
 """Nothing outlives the job (issue 52).
 
+- A lock file a SIGKILLed server left is removed by the last rank out (a held one never).
 - The pod's server leaves by itself, within a few seconds, when its state directory or its lock
   file is removed under it; and, on each side of POD_SERVER_SILENCE_SECONDS, leaves or stays
   when no rank has published.
@@ -23,7 +24,7 @@ from shutdown_job import EXIT_BOUND_S, one_round
 from support import free_port
 
 from fsdpmon.conventions import POD_SERVER_SILENCE_SECONDS
-from fsdpmon.monitor import podserver
+from fsdpmon.monitor import podserver, state, statedir
 from fsdpmon.monitor.state import RankStateWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,6 +89,20 @@ def test_the_server_leaves_when_no_rank_has_published_past_the_bound(tmp_path):
     finally:
         os.close(fd)
         writer.close(remove=False)
+
+
+def test_a_killed_servers_lock_is_removed_a_held_one_is_not(tmp_path):
+    fd = podserver.take_lock(tmp_path)
+    assert fd is not None
+    try:
+        assert not statedir.remove_unheld_lock(tmp_path)  # a server holds it: it stays
+        assert podserver.running(tmp_path)
+    finally:
+        os.close(fd)  # the server SIGKILLed: the kernel drops the lock, the file stays
+    assert (tmp_path / podserver.LOCK_NAME).exists()
+    state.tidy(tmp_path)  # what the last rank out runs
+    assert not (tmp_path / podserver.LOCK_NAME).exists()
+    assert not statedir.remove_unheld_lock(tmp_path)  # nothing there: nothing to do
 
 
 @pytest.mark.slow

@@ -53,7 +53,7 @@ from fsdpmon.webconfig import load_web_config
 
 log = logging.getLogger("fsdpmon.podserver")
 
-LOCK_NAME = "server.lock"
+LOCK_NAME = statedir.SERVER_LOCK
 MODULE = "fsdpmon.monitor.podserver"
 # How often the server looks for live ranks: how long it outlives the last one at most.
 WATCH_SECONDS = 0.5

@@ -142,6 +142,7 @@ def tidy(directory: Path) -> None:
     exit_record.sweep(directory)
     _remove_dead_writes(directory)
     _remove_dead_stacks(directory)
+    statedir.remove_unheld_lock(directory)  # a killed server's
 
 
 def read_job_states(directory: Path) -> list[RankState]:

@@ -16,6 +16,7 @@ own on exit (``exit_cleanup`` adds SIGTERM).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import stat
@@ -26,6 +27,8 @@ from fsdpmon.errors import InputError
 from fsdpmon.monitor.heartbeat import pid_alive, read_heartbeat
 
 PREFIX = "fsdpmon-"
+# The pod server's lock file (podserver): held with flock as long as a server serves the directory.
+SERVER_LOCK = "server.lock"
 # A directory younger than this may belong to a job whose ranks have not written a heartbeat yet.
 STALE_AFTER_SECONDS = 60.0
 
@@ -74,6 +77,25 @@ def live_pids(directory: Path) -> dict[str, int]:
             if hb is not None and pid_alive(hb.pid):
                 found[hb_path.name] = hb.pid
     return found
+
+
+def remove_unheld_lock(directory: Path) -> bool:
+    """Remove the server's lock file when no server holds it: one SIGKILLed leaves it behind,
+    and the last rank out would find its directory not empty. Taken before it is unlinked, so a
+    server holding it is never robbed; one that opened it a moment before finds it replaced and
+    leaves (podserver.orphaned), and the ranks start another."""
+    try:
+        fd = os.open(directory / SERVER_LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        (directory / SERVER_LOCK).unlink()
+        return True
+    except OSError:  # held: a server serves (BlockingIOError), or already gone
+        return False
+    finally:
+        os.close(fd)
 
 
 def _ours(path: Path) -> bool:
