@@ -101,9 +101,8 @@ def draw_compare(payloads: list[bytes], views: tuple[tuple[str, str], ...],
 
 def filing_compare(payloads: list[bytes], rounds: int = 7) -> None:
     """Reading and filing what the Processes view asks for: parsing into Samples and then
-    filing them, against filing the stored figures as they are read (fused.FilingParser: from
-    each target's layout after the first round, as on every refresh after a target's first),
-    CPU time, best of ``rounds`` each, in turn."""
+    filing them, against filing the stored figures as they are read (fused.FilingParser), CPU
+    time, best of ``rounds`` each, in turn."""
     bodies = [(Target(f"http://stand-in/{i}"), restrict(body, set(WANTED - STATIC_NAMES)))
               for i, body in enumerate(payloads)]
     plain, fused = new_parser(), new_filing_parser(SLOW_NAMES)

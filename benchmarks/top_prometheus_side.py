@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -35,19 +34,6 @@ print("RESULT " + json.dumps(r))
 """
 
 
-def extract(ref: str, into: Path) -> Path:
-    """The base revision's files (git archive: no checkout changes), with this tree's built C
-    halves where the base's sources are the same (else the base runs its pure Python)."""
-    tree = base_tree(ref, into)
-    scrape = REPO / "fsdpmon" / "scrape"
-    same = all((scrape / name).read_bytes() == (tree / "fsdpmon/scrape" / name).read_bytes()
-               for name in ("_filing.c", "_filing_rows.h", "_lines.c", "_rows.c"))
-    if same:
-        for built in scrape.glob("*.so"):
-            shutil.copy2(built, tree / "fsdpmon" / "scrape" / built.name)
-    return tree
-
-
 def probe(tree: Path, nodes: int, gpus: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     out = subprocess.run([sys.executable, "-c", PROBE, str(nodes), str(gpus)], cwd=tree, env=env,
@@ -65,7 +51,7 @@ def main() -> None:
     load = os.getloadavg()[0]
     rows: dict[str, list[dict]] = {"base": [], "head": []}
     with tempfile.TemporaryDirectory() as tmp:
-        base = extract(args.base, Path(tmp))
+        base = base_tree(args.base, Path(tmp))  # both trees run the same Python scrape layer
         for _ in range(args.rounds):
             for name, tree in (("base", base), ("head", REPO)):
                 rows[name].append(probe(tree, args.nodes, args.gpus))

@@ -143,10 +143,6 @@ def checkout(revision: str, into: Path) -> Path:
     tree = into / revision.replace("/", "_").replace("~", "-").replace("^", "-")
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--quiet",
                     str(tree), revision], check=True)
-    # Its C halves, as the install builds them (a checkout holds only their sources): without
-    # them a revision would be measured on its Python fallbacks.
-    subprocess.run([sys.executable, "-c", "from setuptools import setup; setup()", "build_ext",
-                    "--inplace", "--quiet"], cwd=tree, check=True, stdout=subprocess.DEVNULL)
     return tree
 
 

@@ -85,7 +85,7 @@ def test_every_path_named_exists(page):
 
 
 def test_the_path_check_tells_paths_from_other_code():
-    assert _path_exists("fsdpmon/catalog.py") and _path_exists("fsdpmon/scrape/_*.c")
+    assert _path_exists("fsdpmon/catalog.py") and _path_exists("fsdpmon/scrape/*.py")
     assert _path_exists("scrape/wanted.py") and _path_exists("celltable.py")
     assert _path_exists("fsdpmon/nope.py") is False and _path_exists("gone.py") is False
     assert _path_exists("tests/rules/*.nope") is False
