@@ -49,7 +49,7 @@ AREAS = {
     "fsdpmon/monitor/straggling.py": "straggling monitor_stats",
     "fsdpmon/monitor/stats.py": "monitor_stats straggling monitor",
     "fsdpmon/monitor/watchdog.py": "monitor_watchdog monitor_state monitor",
-    "fsdpmon/scrape/rows.py": "aggregate filing_c fused targets_asking",
+    "fsdpmon/scrape/rows.py": "aggregate fused targets_asking",
     "fsdpmon/monitor/exit_record.py": "exit_record",
     "fsdpmon/diagnose/exits.py": "diagnose_crash diagnose",
     "fsdpmon/diagnose/gpu_rules.py": "diagnose diagnose_cli",
