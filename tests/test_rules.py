@@ -50,6 +50,15 @@ def test_promtool_accepts_the_shipped_rule_file():
     assert f"SUCCESS: {total} rules found" in out.stdout
 
 
+@pytest.mark.skipif(shutil.which("vmalert") is None,
+                    reason="vmalert missing (Debian's victoria-metrics)")
+def test_vmalert_accepts_the_shipped_rule_file():
+    """VictoriaMetrics' rule evaluator (Debian's 1.79) parses every expression and template."""
+    out = subprocess.run(["vmalert", f"-rule={GENERATED / RULES_FILE}", "-dryRun"],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+
+
 def test_promtool_accepts_a_fast_variant(tmp_path):
     fast = RuleBounds(stall_for="0s", missing_for="0s")
     path = tmp_path / "fast.yaml"
