@@ -44,8 +44,9 @@ def _server(directory: Path) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize("removed", ["directory", "lock"])
-def test_the_server_leaves_when_its_directory_or_lock_is_removed(tmp_path, removed):
+@pytest.mark.parametrize("removed, said", [
+    ("directory", "gone"), ("lock", "gone"), ("replaced", "replaced")])
+def test_the_server_leaves_when_its_directory_or_lock_is_removed(tmp_path, removed, said):
     directory = tmp_path / "job"
     directory.mkdir(mode=0o700)
     writer = RankStateWriter(directory, 0)  # a live rank: this process, still running
@@ -54,8 +55,11 @@ def test_the_server_leaves_when_its_directory_or_lock_is_removed(tmp_path, remov
         time.sleep(1.0)
         assert proc.poll() is None  # a live rank, its files in place: it serves on
         gone = time.monotonic()
-        if removed == "lock":
+        other = None
+        if removed in ("lock", "replaced"):
             (directory / podserver.LOCK_NAME).unlink()
+            if removed == "replaced":  # another server took the name: it must keep it
+                other = podserver.take_lock(directory)
         else:
             writer.close(remove=False)
             for path in directory.iterdir():
@@ -64,7 +68,10 @@ def test_the_server_leaves_when_its_directory_or_lock_is_removed(tmp_path, remov
         assert proc.wait(timeout=10) == 0, proc.stderr.read()
         took = time.monotonic() - gone
         assert took < LEAVE_BOUND_S, f"{took:.1f} s"
-        assert "gone" in proc.stderr.read()
+        assert said in proc.stderr.read()
+        if other is not None:
+            assert podserver.running(directory)  # the other server's lock is left alone
+            os.close(other)
     finally:
         proc.kill()
         proc.wait()

@@ -209,11 +209,13 @@ def _close_within(bound_s: float, keeper: PortKeeper, directory: Path, fd: int) 
 
 def _leave(directory: Path, fd: int) -> None:
     """What the last rank out would do, then the lock (unlinked before it is released, so a
-    rank that finds the file finds it held or finds none) and the directory if empty."""
+    rank that finds the file finds it held or finds none) and the directory if empty. Only
+    our own lock file: after a replaced one, the name may be another server's now."""
     with contextlib.suppress(OSError):
         state.tidy(directory)
     with contextlib.suppress(OSError):
-        (directory / LOCK_NAME).unlink()
+        if os.stat(directory / LOCK_NAME).st_ino == os.fstat(fd).st_ino:
+            (directory / LOCK_NAME).unlink()
     os.close(fd)
     with contextlib.suppress(OSError):
         directory.rmdir()
