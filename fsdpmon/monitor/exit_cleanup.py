@@ -12,8 +12,9 @@ on an ``Event``). So the handler only records the signal and writes a byte; the 
 reaches ``signal.set_wakeup_fd``, written by the C-level handler even while the main thread is
 inside a collective and runs no Python for minutes. A small watcher thread wakes on that byte,
 runs the clean-ups (taking their locks as any thread does: the main thread, never blocked by
-us, lets go of them; each one bounded, for a lock held in a write that hangs), then signals the process again: the handler, seeing the clean-ups done,
-restores the default action and dies of SIGTERM. A main thread stuck in C never runs it, so
+us, lets go of them; each one bounded, for a lock held in a write that hangs), then signals
+the process again: the handler, seeing the clean-ups done, restores the default action and
+dies of SIGTERM. A main thread stuck in C never runs it, so
 after ``MAIN_THREAD_GRACE_SECONDS`` the watcher ends the process with 128 + SIGTERM. A second
 SIGTERM meanwhile is harmless; a third ends the process at once (``signals.FORCE_AFTER``).
 What a SIGKILL leaves behind is removed by the next job to start (``statedir.remove_stale``).
