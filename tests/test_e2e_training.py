@@ -1,13 +1,15 @@
 """End to end under real torchrun with 2 CPU ranks: training, JSONL logs, and recovery.
 
-Three runs of the same 30-step job (same seed): an uninterrupted reference; one whose rank 1
-is killed with SIGKILL from outside at step 15 under ``--max-restarts 1``; one whose last rank
-dies in the middle of the step-20 checkpoint save. Both faulty runs must resume from the
+Three runs of the same 30-step job (same seed), side by side (the state compared is exact
+whatever the timing, so they share one start-up's wait): an uninterrupted reference; one whose
+rank 1 is killed with SIGKILL from outside at step 15 under ``--max-restarts 1``; one whose last
+rank dies in the middle of the step-20 checkpoint save. Both faulty runs must resume from the
 step-10 checkpoint and end with exactly the reference's model and optimiser state.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -29,6 +31,8 @@ pytestmark = pytest.mark.slow
 
 SECRET = "hf_e2eSecretTokenValue123"
 STEPS = 30
+# Three 2-rank jobs share the cores: each bound is twice what one job alone had (120 s).
+RUN_TIMEOUT_S = 240
 
 
 def job_args(workdir: Path) -> list[str]:
@@ -40,13 +44,49 @@ def job_args(workdir: Path) -> list[str]:
             "--job-name", "e2e"]
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict:
-    work = tmp_path_factory.mktemp("reference")
-    code, log = run(torchrun_args(2, job_args(work)), work / "out.txt", timeout=120,
-                    HF_TOKEN=SECRET)
+def _reference(work: Path) -> dict:
+    code, log = run(torchrun_args(2, job_args(work)), work / "out.txt", timeout=RUN_TIMEOUT_S,
+                    HF_TOKEN=SECRET, FSDPMON_STATE_DIR=str(work / "state"))
     assert code == 0, log[-4000:]
     return {"work": work, "log": log}
+
+
+def _killed_at_step_15(work: Path) -> tuple[int, str]:
+    """Rank 1 paused at step 15 and SIGKILLed there from outside; (exit code, output)."""
+    pause_dir = work / "pause"
+    pause_dir.mkdir()
+    env = child_env(**{FAULT: f"pause:at_step=15,dir={pause_dir}"},
+                    FSDPMON_STATE_DIR=str(work / "state"))
+    args = torchrun_args(2, job_args(work), max_restarts=1)
+    with launched(args, env, work / "out.txt") as proc:
+        wait_for(pause_dir / "pause.rank1", timeout=RUN_TIMEOUT_S)
+        os.kill(int((pause_dir / "pause.rank1").read_text()), signal.SIGKILL)
+        try:
+            code = proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail("restarted job did not finish:\n" + (work / "out.txt").read_text())
+    return code, (work / "out.txt").read_text()
+
+
+def _crashed_in_save(work: Path) -> tuple[int, str]:
+    args = torchrun_args(2, job_args(work), max_restarts=1)
+    return run(args, work / "out.txt", timeout=RUN_TIMEOUT_S,
+               **{FAULT: "crash-in-save:at_step=20"}, FSDPMON_STATE_DIR=str(work / "state"))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """The three runs, started together: name -> its result (the first to fail raises)."""
+    jobs = {"reference": _reference, "killed": _killed_at_step_15, "crashed": _crashed_in_save}
+    with concurrent.futures.ThreadPoolExecutor(len(jobs)) as pool:
+        futures = {name: (pool.submit(job, work := tmp_path_factory.mktemp(name)), work)
+                   for name, job in jobs.items()}
+    return {name: (future.result(), work) for name, (future, work) in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def reference(runs) -> dict:
+    return runs["reference"][0]
 
 
 def final_state(work: Path) -> dict:
@@ -123,34 +163,22 @@ def wait_for(path: Path, timeout: float) -> None:
         time.sleep(0.1)
 
 
-def test_kill_9_one_rank_resumes_and_matches_uninterrupted_run(reference, tmp_path):
-    pause_dir = tmp_path / "pause"
-    pause_dir.mkdir()
-    env = child_env(**{FAULT: f"pause:at_step=15,dir={pause_dir}"})
-    args = torchrun_args(2, job_args(tmp_path), max_restarts=1)
-    with launched(args, env, tmp_path / "out.txt") as proc:
-        wait_for(pause_dir / "pause.rank1", timeout=120)
-        os.kill(int((pause_dir / "pause.rank1").read_text()), signal.SIGKILL)
-        try:
-            code = proc.wait(timeout=150)
-        except subprocess.TimeoutExpired:
-            pytest.fail("restarted job did not finish:\n" + (tmp_path / "out.txt").read_text())
-    log = (tmp_path / "out.txt").read_text()
+def test_kill_9_one_rank_resumes_and_matches_uninterrupted_run(reference, runs):
+    (code, log), work = runs["killed"]
     assert code == 0, log[-4000:]
     assert "resumed from" in log and "step_00000010 (step 10, restart 1)" in log, log[-4000:]
-    assert_same_state(final_state(tmp_path), final_state(reference["work"]))
+    assert_same_state(final_state(work), final_state(reference["work"]))
 
 
-def test_crash_during_checkpoint_save_is_never_resumed_from(reference, tmp_path):
-    args = torchrun_args(2, job_args(tmp_path), max_restarts=1)
-    code, log = run(args, tmp_path / "out.txt", timeout=200, **{FAULT: "crash-in-save:at_step=20"})
+def test_crash_during_checkpoint_save_is_never_resumed_from(reference, runs):
+    (code, log), work = runs["crashed"]
     assert code == 0, log[-4000:]
     # The first attempt died with the step-20 files written but not committed ...
     assert "removing incomplete checkpoint" in log and ".tmp-step_00000020" in log, log[-4000:]
     # ... so the restart went back to step 10, and redid 11..30 identically.
     assert "step_00000010 (step 10, restart 1)" in log, log[-4000:]
-    assert (tmp_path / "ckpt" / "step_00000020" / MARKER).is_file()
-    assert_same_state(final_state(tmp_path), final_state(reference["work"]))
+    assert (work / "ckpt" / "step_00000020" / MARKER).is_file()
+    assert_same_state(final_state(work), final_state(reference["work"]))
 
 
 def corpus_args(tmp_path: Path) -> list[str]:
