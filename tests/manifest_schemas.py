@@ -24,6 +24,9 @@ import yaml
 CRD_DIR = Path(__file__).resolve().parent / "data" / "crds"
 K8S_VERSION = "1.33.0"  # a version EKS supports
 CORE_GROUPS = ("v1", "apps/v1", "rbac.authorization.k8s.io/v1")
+# libyaml's safe loader where PyYAML was built with it: the CRDs are 4 MB of YAML, 6.2 s to
+# read in pure Python on the 2-core VM and 0.36 s with libyaml (the same documents).
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 @functools.cache
@@ -31,7 +34,7 @@ def crd_schemas() -> dict[tuple[str, str], dict[str, Any]]:
     """(apiVersion, kind) -> strict JSON schema, for every CRD file."""
     out = {}
     for path in sorted(CRD_DIR.glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
+        for doc in yaml.load_all(path.read_text(), Loader=SAFE_LOADER):
             if not doc or doc.get("kind") != "CustomResourceDefinition":
                 continue
             group, kind = doc["spec"]["group"], doc["spec"]["names"]["kind"]
