@@ -12,7 +12,6 @@ job under /dev/shm but the exit records of ranks killed (for a restart to read).
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import re
 import signal
@@ -26,19 +25,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from prometheus_client.parser import text_string_to_metric_families
 
+from fsdpmon import catalog
 from fsdpmon.monitor import podserver
 from fsdpmon.monitor.state import job_state_dir
 
 REPO = Path(__file__).resolve().parents[1]
 EXIT_BOUND_S = 10.0  # from the stop to nothing left (the bound)
 START_BOUND_S = 120.0  # a loaded 2-core machine starts two torch ranks in well under this
-TRAINER = ("fsdpmon.trainer.train" if importlib.util.find_spec("fsdpmon.trainer")
-           else "trainer.train")
+TRAINER = "fsdpmon.trainer.train"
 STOPS = ("term_twice", "term_then_int", "term_at_startup", "kill_rank_then_term",
          "kill_server_then_term", "normal_end")
 SHORT_RUN_STEPS = 10
-_STEP = re.compile(r'^fsdpmon_train_step\{[^}]*rank="(\d+)"[^}]*\} ([0-9.e+]+)$', re.M)
 
 
 @dataclass
@@ -55,7 +54,8 @@ def _steps(port: int) -> dict[int, float]:
             text = resp.read().decode()
     except OSError:
         return {}
-    return {int(r): float(v) for r, v in _STEP.findall(text)}
+    return {int(s.labels["rank"]): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == catalog.TRAIN_STEP.name}
 
 
 def _start(port: int, job: str, steps: int, log: Path) -> subprocess.Popen:
