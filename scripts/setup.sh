@@ -36,6 +36,7 @@ if [ "$want_test" = 1 ] && [ "${FSDPMON_NO_APT:-0}" != 1 ]; then
   command -v promtool >/dev/null || need+=(prometheus)
   command -v prometheus-alertmanager >/dev/null || need+=(prometheus-alertmanager)
   command -v tmux >/dev/null || need+=(tmux)
+  command -v vmalert >/dev/null || need+=(victoria-metrics)  # the shipped rules load in vmalert
 fi
 [ ${#need[@]} -eq 0 ] || apt_install "${need[@]}"
 

@@ -51,7 +51,7 @@ def test_promtool_accepts_the_shipped_rule_file():
 
 
 @pytest.mark.skipif(shutil.which("vmalert") is None,
-                    reason="vmalert missing (Debian's victoria-metrics)")
+                    reason="needs vmalert (scripts/setup.sh --test installs victoria-metrics)")
 def test_vmalert_accepts_the_shipped_rule_file():
     """VictoriaMetrics' rule evaluator (Debian's 1.79) parses every expression and template."""
     out = subprocess.run(["vmalert", f"-rule={GENERATED / RULES_FILE}", "-dryRun"],
