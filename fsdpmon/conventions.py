@@ -103,6 +103,12 @@ STRAGGLER_CAUSE_SHARE = 0.5
 # Job loss above this multiple of its recent median (sustained) is a loss spike (diagnose: a
 # jump within minutes).
 LOSS_SPIKE_FACTOR = 2.0
+# The "recent" of that median: the job losses of this many seconds before the evidence window.
+# Not the whole run: on a falling loss curve the first, high losses would hide a spike (issue
+# 51). A median over 5 minutes keeps the level before a spike while the spike lasts under about
+# half of it (2.5 minutes, hundreds of steps); a level held longer is the new level, and a slow
+# climb is FsdpmonLossDiverging's.
+LOSS_SPIKE_BASELINE_SECONDS = 300.0
 # Job loss averaged over 10 minutes above this multiple of its lowest such average in the last
 # hour is diverging (FsdpmonLossDiverging, cause loss_spike too): a slow climb, which averages
 # over minutes make visible where a step's loss is noise, so a lower factor than a spike's.

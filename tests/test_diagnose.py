@@ -10,7 +10,11 @@ from collections.abc import Callable
 import pytest
 from top_snapshots import REFRESH_S, diagnosis_history
 
-from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
+from fsdpmon.conventions import (
+    DIAGNOSIS_EVIDENCE_SECONDS,
+    LOSS_SPIKE_BASELINE_SECONDS,
+    STRAGGLER_SCORE_THRESHOLD,
+)
 from fsdpmon.diagnose import CAUSES, Finding, RankStack, diagnose, merge, parse_stacks
 from fsdpmon.diagnose.stacks import Frame
 from fsdpmon.job.snapshot import JobSnapshot, TargetStatus
@@ -533,8 +537,9 @@ def spike(losses: list[float]) -> list[Finding]:
 def test_a_loss_spike_is_every_loss_of_the_span_above_twice_the_median_before():
     calm, n = [1.0, 1.0, 1.0], N + 2
     f = only(spike(calm + [1.0] + [3.0] * (n - 4)), "loss_spike")  # 3 before, the span high
+    recent = f"median of the {LOSS_SPIKE_BASELINE_SECONDS:.0f}s before 1"
     assert (f.summary, f.evidence) == ("loss spiked: 3 vs 1 before",
-                                       ("job loss ≥ 3 for 10s, median before 1",)), f
+                                       (f"job loss ≥ 3 for 10s, {recent}",)), f
     assert spike(calm + [1.0] + [2.0] * (n - 4)) == [], "twice the median is not above it"
     assert spike(calm + [1.0, 1.0] + [3.0] * (n - 5)) == [], "one calm loss in the span"
     assert spike(calm + [1.0] + [3.0] * (n - 5) + [math.nan]) == [], "non-finite: its own rule"

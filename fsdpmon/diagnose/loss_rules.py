@@ -1,5 +1,5 @@
 """The training-quality rules of the diagnosis: a non-finite loss, named where it was born, and
-a loss spike.
+a loss spike, named with the rank it began on (fsdpmon.diagnose.spike).
 
 A NaN born in one rank's logits at step S is in that rank's loss at S, in every rank's gradient
 norm at S (the gradient reduce-scatter carries it), and in every rank's loss from S+1. Each
@@ -10,9 +10,10 @@ was born, and "every rank at step S" is said only when every rank shares that ea
 
 from __future__ import annotations
 
-from fsdpmon.conventions import Severity
+from fsdpmon.conventions import LOSS_SPIKE_BASELINE_SECONDS, LOSS_SPIKE_FACTOR, Severity
 from fsdpmon.diagnose.findings import Finding, ranks_text, where
 from fsdpmon.diagnose.observe import Observations, Places
+from fsdpmon.diagnose.spike import Spike
 from fsdpmon.job.snapshot import RankRow
 
 _ORDER = ("loss", "grad norm")  # within a step: the loss, then the gradients
@@ -47,11 +48,7 @@ def loss(obs: Observations, places: Places) -> list[Finding]:
     if obs.nonfinite:
         return [_nonfinite(obs, places)]
     if obs.loss_spike:
-        base, low = obs.loss_spike
-        return [Finding("loss_spike", Severity.WARNING,
-                        f"loss spiked: {low:.3g} vs {base:.3g} before",
-                        evidence=(f"job loss ≥ {low:.3g} for {obs.seconds:.0f}s, median "
-                                  f"before {base:.3g}",))]
+        return [_spike(obs, places, obs.loss_spike)]
     return []
 
 
@@ -74,3 +71,20 @@ def _nonfinite(obs: Observations, places: Places) -> Finding:
     evidence[1:1] = later
     return Finding("loss_nonfinite", Severity.CRITICAL, summary, evidence=tuple(evidence),
                    **where(places, born[0] if len(born) == 1 else None))
+
+
+def _spike(obs: Observations, places: Places, spike: Spike) -> Finding:
+    """The spike, with the rank whose own loss crossed the line first when one rank did."""
+    evidence = [f"job loss ≥ {spike.low:.3g} for {obs.seconds:.0f}s, median of the "
+                f"{LOSS_SPIKE_BASELINE_SECONDS:.0f}s before {spike.base:.3g}"]
+    one = len(spike.first) == 1 and spike.ranks > 1
+    if one:
+        at = f" at step {spike.step}" if spike.step is not None else ""
+        evidence.insert(0, f"first above {LOSS_SPIKE_FACTOR:g}× the recent level: "
+                           f"{ranks_text(spike.first)}{at}, before the others")
+    elif spike.first:
+        who = "every rank" if len(spike.first) == spike.ranks else ranks_text(spike.first)
+        evidence.append(f"{who} rose together: no one rank first")
+    return Finding("loss_spike", Severity.WARNING,
+                   f"loss spiked: {spike.low:.3g} vs {spike.base:.3g} before",
+                   evidence=tuple(evidence), **where(places, spike.first[0] if one else None))

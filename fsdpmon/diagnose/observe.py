@@ -5,7 +5,6 @@ ties between a GPU and the rank it serves. Pure functions of the snapshots.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -17,10 +16,10 @@ from fsdpmon.conventions import (
     GPU_POWER_CAP_REASON,
     GPU_THROTTLE_REASONS,
     HOST_CPU_BUSY_RATIO,
-    LOSS_SPIKE_FACTOR,
     STRAGGLER_CAUSE_SHARE,
     below_straggler_line,
 )
+from fsdpmon.diagnose.spike import Spike, loss_spike
 from fsdpmon.diagnose.window import Window
 from fsdpmon.job.snapshot import GpuRow, JobSnapshot, RankRow
 
@@ -189,7 +188,7 @@ class Observations:
     # How each rank's previous incarnation ended, when it did recently: a record, not a
     # sample, so it is read from the newest snapshot.
     exits: dict[int, tuple[str, int | None]] = field(default_factory=dict)
-    loss_spike: tuple[float, float] | None = None
+    loss_spike: Spike | None = None
     checkpoint_heavy: bool = False
     checkpoint_holdups: set[int] = field(default_factory=set)
 
@@ -221,23 +220,10 @@ def observe(window: Window) -> Observations:
     # while every rank is gone (the agent restarting them) no restart count is known, not 0
     obs.restarts = window.rise(_restarts, absent=None).get("job")
     obs.exits = _exits(window.now)
-    obs.loss_spike = _loss_spike(window)
+    obs.loss_spike = loss_spike(window)
     obs.checkpoint_heavy = bool(window.lasting(_checkpoint_heavy))
     obs.checkpoint_holdups = window.lasting(_checkpoint_holdups)
     return obs
-
-
-def _loss_spike(window: Window) -> tuple[float, float] | None:
-    """(median before the span, lowest loss within it) when every loss of the span is above
-    LOSS_SPIKE_FACTOR x the median of the history before it."""
-    before = [s.loss for s in window.history[:-len(window.recent)] if s.loss is not None
-              and math.isfinite(s.loss)]
-    during = [s.loss for s in window.recent[1:] if s.loss is not None]
-    if len(before) < 3 or not during or not all(math.isfinite(v) for v in during):
-        return None
-    base = statistics.median(before)
-    low = min(during)
-    return (base, low) if base > 0 and low > LOSS_SPIKE_FACTOR * base else None
 
 
 class Places:
