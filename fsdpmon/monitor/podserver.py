@@ -45,7 +45,7 @@ from pathlib import Path
 from fsdpmon.conventions import POD_SERVER_SILENCE_SECONDS
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import state, statedir
-from fsdpmon.monitor.heartbeat import read_heartbeat
+from fsdpmon.monitor.heartbeat import pid_alive, read_heartbeat
 from fsdpmon.monitor.server import PortKeeper
 from fsdpmon.monitor.stacks import stacks_app
 from fsdpmon.signals import Catcher
@@ -178,13 +178,10 @@ def orphaned(directory: Path, fd: int, started: float, now: float | None = None)
             return "its lock file was replaced"
     except OSError:
         return "its state directory or lock file is gone"
-    if not statedir.live_pids(directory):
+    beats = [hb for hb in map(read_heartbeat, directory.glob("rank*.hb")) if hb is not None]
+    if not any(pid_alive(hb.pid) for hb in beats):  # statedir.live_pids, on the beats read once
         return "no rank is left"
-    last = started
-    for path in directory.glob("rank*.hb"):
-        hb = read_heartbeat(path)
-        if hb is not None:
-            last = max(last, hb.watchdog_unix, hb.last_step_unix)
+    last = max([started, *(max(hb.watchdog_unix, hb.last_step_unix) for hb in beats)])
     silent = (time.time() if now is None else now) - last
     if silent > POD_SERVER_SILENCE_SECONDS:
         return f"no rank has published for {silent:.0f} s"
