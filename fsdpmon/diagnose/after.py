@@ -60,15 +60,22 @@ def stall(unresponsive: Sequence[int], culprits: Sequence[int]) -> Judged:
 def stall_from_records(starts: Sequence[dict[str, Any]], ranks: Sequence[int]) -> Judged:
     """A stall from the flight recorder's start records: a rank that recorded it more than
     STALL_SEEN_LATE_SECONDS after its threshold, while others did in time, ran no Python
-    meanwhile (unresponsive); else the one rank whose phase differs from the others'."""
+    meanwhile (unresponsive); else, as the live judge's progress evidence, the ranks behind
+    the others in collectives (their last one's sequence number lower), else the one rank
+    whose phase differs from the others' (a majority's: two ranks in two phases tell nothing,
+    whichever recorded first)."""
     on_time = {int(r["rank"]) for r in starts
                if r["time"] - (_num(r.get("since")) or r["time"])
                <= (_num(r.get("threshold")) or 0.0) + STALL_SEEN_LATE_SECONDS}
     late = [r for r in ranks if r not in on_time]
+    seqs = {int(r["rank"]): s for r in starts
+            if (s := _num((r.get("last_collective") or {}).get("seq"))) is not None}
+    behind = sorted(k for k, s in seqs.items() if s < max(seqs.values()))
     phases = [r.get("phase") for r in starts]
     common = statistics.mode(phases) if phases else None
-    odd = [int(r["rank"]) for r in starts if r.get("phase") != common]
-    return stall(late if len(late) == 1 and on_time else [], odd)
+    odd = [int(r["rank"]) for r in starts if r.get("phase") != common] \
+        if phases.count(common) > len(phases) / 2 else []
+    return stall(late if len(late) == 1 and on_time else [], behind or odd)
 
 
 def _num(value: Any) -> float | None:

@@ -1,0 +1,55 @@
+"""A stall's culprit from the flight recorder's start records (fsdpmon/diagnose/after.py), the
+way `incidents` from files judges it, against the live judge's order: unresponsive, then behind
+in collectives, then the one odd phase of a majority.
+
+Found by tests/test_doors_agree.py on the recorded `hang (data)`: rank 1 hung in its data
+loader (phase data, last collective #492) while rank 0 waited in the next all-gather (phase
+forward, #493). With two ranks in two phases the "odd phase" was whichever rank recorded the
+stall second, so the files named rank 0 where every other door named rank 1.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fsdpmon.conventions import STALL_SEEN_LATE_SECONDS
+from fsdpmon.diagnose.after import stall_from_records
+
+SINCE, THRESHOLD = 1000.0, 8.0
+
+
+def start(rank: int, phase: str, seq: int | None, late_s: float = 0.0) -> dict:
+    record = {"kind": "stall", "state": "start", "rank": rank, "phase": phase,
+              "since": SINCE, "threshold": THRESHOLD,
+              "time": SINCE + THRESHOLD + late_s + 0.1 * rank}
+    if seq is not None:
+        record["last_collective"] = {"op": "all_gather", "seq": seq}
+    return record
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_the_rank_behind_in_collectives_whichever_recorded_first(order):
+    records = {0: start(0, "forward", 493), 1: start(1, "data", 492)}
+    judged = stall_from_records([records[r] for r in order], [0, 1])
+    assert (judged.cause, judged.rank) == ("hang", 1)
+
+
+def test_two_ranks_in_two_phases_at_one_collective_name_nobody():
+    records = [start(1, "data", 492), start(0, "forward", 492)]
+    judged = stall_from_records(records, [0, 1])
+    assert (judged.cause, judged.rank) == ("hang", None)
+
+
+def test_the_odd_phase_of_a_majority_without_sequence_numbers():
+    records = [start(2, "data", None), start(0, "forward", None), start(1, "forward", None)]
+    assert stall_from_records(records, [0, 1, 2]).rank == 2
+
+
+@pytest.mark.parametrize("late_s, unresponsive", [
+    (STALL_SEEN_LATE_SECONDS + 1.0, True), (STALL_SEEN_LATE_SECONDS - 1.0, False)])
+def test_a_rank_that_saw_the_stall_late_is_unresponsive_before_it_is_behind(late_s,
+                                                                           unresponsive):
+    records = [start(0, "forward", 493), start(1, "backward", 492, late_s)]
+    judged = stall_from_records(records, [0, 1])
+    assert (judged.cause, judged.rank) == (
+        ("rank_unresponsive", 1) if unresponsive else ("hang", 1))
