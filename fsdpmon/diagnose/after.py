@@ -104,9 +104,12 @@ def slow_save_groups(found: Sequence[Save]) -> list[list[Save]]:
 
 def slow_saves(found: Sequence[Save]) -> list[tuple[Judged, list[Save], float]]:
     """Each run of slow saves that cost INCIDENT_MIN_LOST_SECONDS or more beyond the fastest
-    save: (its verdict, named by its first save's slowest writer; the saves; the seconds lost).
-    Cheaper ones are a healthy save that followed a short stretch of steps."""
-    usual = min((s["seconds"] for s, _ in found), default=0.0)
+    healthy save (within CHECKPOINT_SHARE_LIMIT; none: every save was slow from the first, and
+    all its time is lost): (its verdict, named by its first save's slowest writer; the saves;
+    the seconds lost). Cheaper ones are a healthy save that followed a short stretch of
+    steps."""
+    usual = min((s["seconds"] for s, share in found if share <= CHECKPOINT_SHARE_LIMIT),
+                default=0.0)
     out = []
     for group in slow_save_groups(found):
         lost = sum(s["seconds"] - usual for s, _ in group)
