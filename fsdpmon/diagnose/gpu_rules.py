@@ -37,6 +37,11 @@ def gpu_ecc(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> 
     for key, (before, now) in sorted(obs.ecc.items()):
         rank = places.rank_of(key)
         evidence = [f"uncorrected ECC errors {before:.0f} → {now:.0f}"]
+        # the XIDs an uncorrected error raises (48, 94, 95...) are its symptoms, as the alerts
+        # have them (FsdpmonGPUXidErrors pages none on a GPU with uncorrected errors)
+        evidence += [f"XID {code} ({a:.0f} → {b:.0f})" for (n, g, code), (a, b)
+                     in sorted(obs.xids.items()) if (n, g) == key]
+        obs.xids = {k: v for k, v in obs.xids.items() if k[:2] != key}
         if rank is not None:
             evidence += waiters(obs, {rank})
             obs.stragglers.discard(rank)
@@ -49,7 +54,12 @@ def gpu_ecc(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> 
 
 def gpu_xid(obs: Observations, places: Places, _stacks: Sequence[RankStack]) -> list[Finding]:
     by_gpu: dict[GpuKey, list[tuple[str, float, float]]] = {}
+    # a GPU down now (XID 79: off the bus) is the lost GPU's, named once its loss has held
+    # the window; the alerts page no XID of a GPU that is down (FsdpmonGPUXidErrors)
+    down = {(g.node, g.gpu) for g in obs.now.lost_gpus}
     for (node, gpu, code), (a, b) in sorted(obs.xids.items()):
+        if (node, gpu) in down:
+            continue
         by_gpu.setdefault((node, gpu), []).append((code, a, b))
     out = []
     for key, events in by_gpu.items():
