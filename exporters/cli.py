@@ -166,14 +166,17 @@ def start(cfg: ExporterConfig) -> Exporter:
 
 def run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
-    exporter = start(cfg)
-    scheme = "https" if exporter.tls else "http"
-    log.info("fsdpmon exporter on node %s serving %s://%s:%d/metrics (interval %.1fs%s)",
-             cfg.node_name, scheme, cfg.listen_address, exporter.server.port, cfg.interval_s,
-             f", {cfg.simulate_gpus} simulated GPUs" if cfg.simulate_gpus else "")
     # The handler only records the signal and wakes this wait (fsdpmon.signals): a second
-    # SIGTERM or SIGINT changes nothing, a third ends the process at once.
+    # SIGTERM or SIGINT changes nothing, a third ends the process at once. It is installed
+    # before the exporter starts and says "serving": a SIGTERM right after that line (an
+    # orchestrator that waits for it, on a loaded node) must find it, not the default action.
     with Catcher((signal.SIGTERM, signal.SIGINT)) as stop:
+        exporter = start(cfg)
+        scheme = "https" if exporter.tls else "http"
+        log.info("fsdpmon exporter on node %s serving %s://%s:%d/metrics (interval %.1fs%s)",
+                 cfg.node_name, scheme, cfg.listen_address, exporter.server.port,
+                 cfg.interval_s, f", {cfg.simulate_gpus} simulated GPUs"
+                 if cfg.simulate_gpus else "")
         while not stop.wait(3600):
             pass
         log.info("stopping")

@@ -7,4 +7,8 @@ bash scripts/setup.sh --test
 echo "==> ruff"
 .venv/bin/ruff check .
 echo "==> pytest"
-exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# Two workers: most of the suite's wall time is real jobs waiting on real clocks (evidence
+# windows, scrapes, alert durations), which overlap well on two cores. Whole files go to one
+# worker (--dist loadfile): a module's shared run (a fixture) starts once, not once per worker.
+# A later -n (e.g. -n 0) wins.
+exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile "$@"

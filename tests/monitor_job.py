@@ -75,9 +75,15 @@ def main() -> None:
                   run_info={"model": "tiny", "config": vars(args)})
     interval = mon.config.log_interval
     gen = torch.Generator().manual_seed(1000 + rank)
-    marks, tokens, loss = [(0, time.perf_counter())], 0, torch.tensor(0.0)
+    # marks: (step, before, after) around each moment the monitor reads its clock for a
+    # window's end (the log inside a log step's close) or its start (the first step's open):
+    # the monitor's reading lies between the two, whatever the load.
+    marks, tokens, loss = [], 0, torch.tensor(0.0)
     for step in range(1, args.steps + 1):
+        before = time.perf_counter()
         with mon.step():
+            if step == 1:
+                marks.append((0, before, time.perf_counter()))
             with mon.phase("data"):
                 batch = torch.randint(0, 512, (args.batch, args.seq_len + 1), generator=gen)
                 if rank == args.slow_rank:
@@ -91,9 +97,10 @@ def main() -> None:
                 opt.step()
                 opt.zero_grad()
             mon.record(loss=loss.detach(), lr=1e-3)
+            before = time.perf_counter()
         tokens += batch[:, :-1].numel()
         if step % interval == 0:
-            marks.append((step, time.perf_counter()))
+            marks.append((step, before, time.perf_counter()))
         if stop_step(control) == step:
             break
     done = {"steps": step, "tokens": tokens, "final_loss": float(loss.detach()), "marks": marks}
