@@ -118,9 +118,14 @@ def slow_saves(found: Sequence[Save]) -> list[tuple[Judged, list[Save], float]]:
     return out
 
 
-def first_nonfinite(firsts: dict[int, float | None]) -> Judged | None:
+def first_nonfinite(firsts: dict[int, float | None],
+                    gradient_first: frozenset[int] = frozenset()) -> Judged | None:
     """The rank whose loss (or gradient) went non-finite first: the earliest step (unknown
-    counts as 0), then the lowest rank."""
+    counts as 0); within a step a loss before a gradient (``gradient_first``: the ranks whose
+    first non-finite value in that step was their gradient norm; the live judge's order, as a
+    NaN loss on one rank reaches every rank's gradients in the same step); then the lowest
+    rank."""
     if not firsts:
         return None
-    return Judged("loss_nonfinite", min(firsts, key=lambda r: (firsts[r] or 0, r)))
+    return Judged("loss_nonfinite", min(firsts, key=lambda r: (firsts[r] or 0,
+                                                               r in gradient_first, r)))

@@ -175,11 +175,18 @@ def _restart_incident(run: RunLog, prev: Incarnation, inc: Incarnation,
     return _incident(run, last[0], begin, judged.cause, rank, evidence, lost or begin - last[0])
 
 
+def _nonfinite_order(rec: dict[str, Any]) -> tuple[float, bool]:
+    return number(rec.get("step")) or 0.0, rec.get("what") != "loss"
+
+
 def _nonfinite_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
     firsts: dict[int, dict[str, Any]] = {}
-    for rec in inc.of_kind("nonfinite"):
-        firsts.setdefault(int(rec["rank"]), rec)
-    judged = first_nonfinite({r: number(rec.get("step")) for r, rec in firsts.items()})
+    for rec in inc.of_kind("nonfinite"):  # each rank's first: earliest step, its loss first
+        rank, known = int(rec["rank"]), firsts.get(int(rec["rank"]))
+        if known is None or _nonfinite_order(rec) < _nonfinite_order(known):
+            firsts[rank] = rec
+    judged = first_nonfinite({r: number(rec.get("step")) for r, rec in firsts.items()},
+                             frozenset(r for r, rec in firsts.items() if rec.get("what") != "loss"))
     if judged is None or judged.rank is None:
         return []
     first = firsts[judged.rank]
