@@ -100,7 +100,7 @@ def _served(rec: Recording, at: list[int]) -> Iterator[list[str]]:
                 pass
 
         server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
         servers.append(server)
     try:
         yield [f"127.0.0.1:{s.server_port}" for s in servers]

@@ -42,9 +42,19 @@ def _labels(labels: dict[str, str]) -> str:
     return ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
 
 
-def scraped(rec: Recording) -> dict[str, dict[str, list[tuple[float, float]]]]:
+Scraped = dict[str, dict[str, list[tuple[float, float]]]]
+_SCRAPED: dict[str, Scraped] = {}  # slug -> scraped(): the backfill and the rules read it
+
+
+def scraped(rec: Recording) -> Scraped:
     """name -> label text -> [(t, value)], as Prometheus would have stored the scrapes."""
-    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    if rec.slug not in _SCRAPED:
+        _SCRAPED[rec.slug] = _scrape(rec)
+    return _SCRAPED[rec.slug]
+
+
+def _scrape(rec: Recording) -> Scraped:
+    out: Scraped = {}
     parser = Parser()
     for frame in rec.frames:
         for index, body in enumerate(frame["metrics"]):
@@ -61,7 +71,7 @@ def scraped(rec: Recording) -> dict[str, dict[str, list[tuple[float, float]]]]:
 
 def openmetrics(recs: list[Recording]) -> str:
     """One backfill file: families contiguous, each series' samples in time order."""
-    families: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    families: Scraped = {}
     for rec in recs:
         for name, series in scraped(rec).items():
             families.setdefault(name, {}).update(series)
