@@ -1,7 +1,7 @@
 """The shipped rules over the recorded matrix: `promtool test rules` over the series each
 recording's scrapes would have given Prometheus (tests/matrix_prometheus.py's `scraped`), laid
-on promtool's 1 s grid, every alert that was pending or firing at any moment read back from
-``ALERTS``.
+on promtool's 1 s input grid and evaluated every EVALUATION; every alert that fired, or was
+pending long enough, at any moment is read back from ``ALERTS`` / ``ALERTS_FOR_STATE``.
 
 On the grid, a series has at each second its value in the last scrape before it, and a
 staleness marker once a scrape came without it (as a live scrape writes). promtool's clock
@@ -10,7 +10,9 @@ starts at 0, so every value that is a unix time (``*_timestamp_seconds``,
 An alert counts once firing, or once its condition has held (pending) as long as the judge's
 evidence window, DIAGNOSIS_EVIDENCE_SECONDS: the rules' `for` (up to 15 min) is longer than
 any recording, and what this door is asked is whether the rules' condition names the judge's
-cause and rank, held as long as the judge holds its evidence.
+cause and rank, held as long as the judge holds its evidence. Only the series some rule names
+are given to promtool (the others cannot change what a rule says), two promtool processes
+sharing the recordings.
 """
 
 from __future__ import annotations
