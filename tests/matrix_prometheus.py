@@ -29,7 +29,7 @@ from fsdpmon.scrape.prometheus_api import PrometheusAPI
 from fsdpmon.scrape.sources import prometheus as prometheus_module
 from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
-STALE_AFTER_S = 4  # the recordings' scrapes are 1-2.5 s apart
+STALE_AFTER_S = 2  # the recordings' scrapes are 0.9-1.2 s apart
 TARGET_JOBS = ("fsdpmon-train", "fsdpmon-exporter")  # the scrape jobs, by target index
 RELABELLED = {"job_name": "e2e-diagnose", "node": "vm"}  # the recorded values of the two
 
