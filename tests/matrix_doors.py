@@ -11,6 +11,7 @@ clock); the Prometheus doors read them backfilled into a real Prometheus
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import lzma
@@ -31,6 +32,7 @@ from fsdpmon.scrape.sources import targets as targets_module
 from fsdpmon.scrape.sources.targets import TargetsSource
 
 MATRIX = Path(__file__).resolve().parent / "data" / "matrix"
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 Named = set[tuple[str, "int | None"]]
 
 
@@ -59,6 +61,21 @@ def recordings() -> list[Recording]:
                              doc["rank"], tuple(doc.get("also", ())), doc["frames"],
                              doc["files"]))
     return out
+
+
+def benchmark_faults() -> set[str]:
+    """The fault names of bench_diagnose's MATRIX and bench_blind's FAULTS, read from their
+    source (importing them would import torch)."""
+    names: set[str] = set()
+    for file, table in (("bench_diagnose.py", "MATRIX"), ("bench_blind.py", "FAULTS")):
+        for node in ast.parse((BENCHMARKS / file).read_text()).body:
+            target = node.target if isinstance(node, ast.AnnAssign) else (
+                node.targets[0] if isinstance(node, ast.Assign) else None)
+            if isinstance(target, ast.Name) and target.id == table:
+                keys = node.value.keys if isinstance(node.value, ast.Dict) else [
+                    e.elts[0] for e in node.value.elts]  # type: ignore[union-attr]
+                names |= {k.value for k in keys if isinstance(k, ast.Constant)}
+    return names
 
 
 class _Clock:
