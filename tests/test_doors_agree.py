@@ -57,9 +57,11 @@ KNOWN: dict[tuple[str, str], tuple[frozenset, frozenset]] = {
     ("crash", "incidents --prometheus"): (frozenset({("rank_missing", None)}), frozenset()),
 }
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("promtool") is None or not Path(PROMETHEUS).is_file(),
-    reason="promtool or prometheus missing: run scripts/setup.sh --test")
+pytestmark = [
+    pytest.mark.slow,  # promtool and Prometheus over the whole matrix: both cores, ~30 s
+    pytest.mark.skipif(shutil.which("promtool") is None or not Path(PROMETHEUS).is_file(),
+                       reason="promtool or prometheus missing: run scripts/setup.sh --test"),
+]
 
 
 def blind() -> dict[str, frozenset[str]]:

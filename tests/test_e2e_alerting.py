@@ -75,6 +75,7 @@ from fsdpmon.monitor.stats import BUSY_MIN_STEPS
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.timeout(180),
     pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(ALERTMANAGER, os.X_OK)),
                        reason="Debian prometheus/prometheus-alertmanager missing"),

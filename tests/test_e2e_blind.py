@@ -49,6 +49,7 @@ def watch(job: Job, done, forbidden, what: str) -> tuple[float, list]:
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_nan_origin_cpu_starvation_and_cpu_limit_are_named_on_their_rank(tmp_path):
     probe = subprocess.Popen(["sleep", "30"])
     try:

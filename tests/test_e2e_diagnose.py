@@ -52,6 +52,7 @@ TRAIN_FAULTS = f"compute-slow:rank=0,factor=3,after={TRAIN_AFTER_S:g};" \
 
 
 @pytest.mark.slow
+@pytest.mark.alone
 def test_faults_named_with_their_rank_by_diagnose_and_in_top(tmp_path):
     t0 = time.monotonic()
     extra = ("--checkpoint-every", str(CKPT_EVERY), "--checkpoint-dir", str(tmp_path / "ckpt"))

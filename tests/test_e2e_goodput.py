@@ -30,6 +30,7 @@ from fsdpmon.dashboards.generate import rules_yaml
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.timeout(300),
     pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK), reason="Debian prometheus missing"),
 ]

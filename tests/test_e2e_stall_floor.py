@@ -27,6 +27,7 @@ from fsdpmon.dashboards.rulebase import RuleBounds
 
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.alone,
     pytest.mark.timeout(120),
     pytest.mark.skipif(not (os.access(PROMETHEUS, os.X_OK) and os.access(ALERTMANAGER, os.X_OK)),
                        reason="Debian prometheus/prometheus-alertmanager missing"),

@@ -71,6 +71,7 @@ def test_promtool_accepts_a_fast_variant(tmp_path):
     assert "for" not in stall and "> fsdpmon_train_stall_threshold_seconds" in stall["expr"]
 
 
+@pytest.mark.slow  # promtool evaluates hours of series: ~20 s of CPU
 def test_promtool_unit_tests_pass():
     assert len(RULE_TESTS) >= 4
     out = promtool("test", "rules", *map(str, RULE_TESTS))

@@ -1,0 +1,64 @@
+"""How the suite's two workers (scripts/test.sh: pytest-xdist, whole files per worker) share the
+machine's cores.
+
+Most end-to-end tests run real jobs that keep every core busy while they wait on real clocks.
+Two of them side by side still pass; but the tests marked ``alone`` judge time itself (a stall
+booked as its seconds, a hang named within its bound, a starved rank named within a window)
+and a second job beside them adds its load to what they measure. So, across the workers of one
+run, an ``alone`` test holds an exclusive lock, a ``slow`` test a shared one, and the rest none:
+an ``alone`` test runs beside unit tests only. The lock is taken before pytest-timeout's timer
+starts (the outermost hook), so waiting for it never counts against a test's timeout. Outside
+xdist (one process) nothing is locked.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_held: dict[str, object] = {"kind": None, "fd": None}
+
+
+def _kind(item: pytest.Item) -> int | None:
+    if item.get_closest_marker("alone") is not None:
+        return fcntl.LOCK_EX
+    if item.get_closest_marker("slow") is not None:
+        return fcntl.LOCK_SH
+    return None
+
+
+def _lock_file(config: pytest.Config) -> Path | None:
+    workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
+    if workerinput is None:
+        return None
+    return Path(tempfile.gettempdir()) / f"fsdpmon-tests-{workerinput['testrunuid']}.lock"
+
+
+def _release() -> None:
+    fd = _held["fd"]
+    if fd is not None:
+        os.close(fd)  # type: ignore[arg-type]  # closing drops the flock
+    _held.update(kind=None, fd=None)
+
+
+def _acquire(path: Path, kind: int) -> None:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, kind)
+    _held.update(kind=kind, fd=fd)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):
+    path = _lock_file(item.config)
+    kind = _kind(item) if path is not None else None
+    if kind != _held["kind"]:
+        _release()
+        if kind is not None:
+            _acquire(path, kind)  # type: ignore[arg-type]
+    yield
+    if nextitem is None:  # the worker's last item for now (its teardown is done)
+        _release()
