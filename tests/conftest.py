@@ -9,6 +9,11 @@ run, an ``alone`` test holds an exclusive lock, a ``slow`` test a shared one, an
 an ``alone`` test runs beside unit tests only. The lock is taken before pytest-timeout's timer
 starts (the outermost hook), so waiting for it never counts against a test's timeout. Outside
 xdist (one process) nothing is locked.
+
+The files are handed to the workers in the order collected (scripts/test.sh turns off xdist's
+reordering by test count, which put the longest one-test file last, alone at the tail). The
+order: each ``alone`` file followed by a share of the unit-test files, which the other worker
+runs beside it, then the ``slow`` files, two at a time.
 """
 
 from __future__ import annotations
@@ -49,6 +54,23 @@ def _acquire(path: Path, kind: int) -> None:
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
     fcntl.flock(fd, kind)
     _held.update(kind=kind, fd=fd)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    files: dict[object, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    alone, slow, light = [], [], []
+    for tests in files.values():
+        kinds = {_kind(t) for t in tests}
+        (alone if fcntl.LOCK_EX in kinds else slow if fcntl.LOCK_SH in kinds else light).append(
+            tests)
+    order = []
+    share = -(-len(light) // max(1, len(alone)))  # ceil: every light file placed
+    for n, tests in enumerate(alone):
+        order += [tests, *light[n * share:(n + 1) * share]]
+    order += light[len(alone) * share:] + slow
+    items[:] = [t for tests in order for t in tests]
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
