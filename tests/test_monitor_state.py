@@ -126,3 +126,24 @@ def test_the_last_rank_out_removes_what_dead_writers_left_half_written(tmp_path)
         live.wait()
     RankStateWriter(job_dir, 3).close()  # its writer is gone now: the next last rank out
     assert not job_dir.exists(), list(job_dir.iterdir())
+
+
+def test_the_last_rank_out_removes_a_dead_ranks_heartbeat_that_never_had_a_snapshot(tmp_path):
+    """A rank stopped during start-up, after its heartbeat and before its first snapshot
+    (issue 52's leftover: ``rank1.hb`` alone): the last rank out removes it by its pid; a live
+    rank's lone heartbeat stays."""
+    exited = subprocess.Popen(["true"])
+    exited.wait()  # reaped: the PID is gone
+    live = subprocess.Popen(["sleep", "30"])
+    job_dir = tmp_path / "job"
+    try:
+        for rank, pid in ((1, exited.pid), (2, live.pid)):
+            lone = RankStateWriter(job_dir, rank)  # a heartbeat, no snapshot
+            lone.pid = pid
+            lone.heartbeat(1.0, 1, 1, 1, 0, 1)
+        RankStateWriter(job_dir, 0).close()
+        left = sorted(p.name for p in job_dir.iterdir())
+        assert left == ["rank2.hb"], left
+    finally:
+        live.kill()
+        live.wait()

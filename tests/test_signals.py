@@ -166,6 +166,36 @@ def test_a_ranks_sigterm_clean_up_runs_once_on_sigterm_twice(tmp_path):
         proc.wait()
 
 
+def test_a_sigterm_during_a_ranks_start_up_leaves_none_of_its_files(tmp_path):
+    """SIGTERM after the rank made its heartbeat and exit record, before it registered their
+    clean-ups (what torchrun's stop during start-up hit: ``rank1.hb`` and both exit records
+    outlived the job). Forced there by a hook; the clean-ups wait for the start-up to finish
+    registering, then remove everything."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import os, signal, time
+        from fsdpmon.monitor import Monitor, MonitorConfig, exit_record
+        made = exit_record.ExitRecord.__init__
+        def stopped_here(self, *args):
+            made(self, *args)
+            os.kill(os.getpid(), signal.SIGTERM)  # the stop, between the files and clean-ups
+            time.sleep(0.3)  # handled here; nothing registered yet
+        exit_record.ExitRecord.__init__ = stopped_here
+        Monitor(MonitorConfig.from_env(), tokens_per_step=1, total_steps=10)
+        time.sleep(30)
+    """)], env={**ENV, "FSDPMON_STATE_DIR": str(tmp_path), "FSDPMON_PORT": str(port),
+                "FSDPMON_JOB_NAME": "startup", "FSDPMON_LISTEN_ADDRESS": "127.0.0.1",
+                "FSDPMON_SERVER_RETRY_SECONDS": "30", "RANK": "1", "LOCAL_RANK": "1",
+                "WORLD_SIZE": "2"}, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.wait(timeout=30) == -signal.SIGTERM, proc.stderr.read()
+        left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+        assert left == [], left
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_the_exporter_stops_once_on_sigterm_twice():
     proc = subprocess.Popen(
         [sys.executable, "-m", "fsdpmon.cli", "exporter", "--port", str(free_port()),

@@ -29,14 +29,14 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 from fsdpmon.signals import FORCE_AFTER
 
 log = logging.getLogger(__name__)
 
-_lock = threading.RLock()  # never taken in a signal handler: only register, unregister, run_all
+_lock = threading.RLock()  # never taken in a signal handler: register, covering, run_all
 _cleanups: list[Callable[[], None]] = []
 _installed = False
 _received: list[int] = []  # SIGTERMs seen by the handler (list.append: whole under re-entry)
@@ -53,13 +53,28 @@ CLEANUP_STEP_SECONDS = 2.0
 
 
 def register(fn: Callable[[], None]) -> None:
-    global _installed
     with _lock:
+        _install()
         _cleanups.append(fn)
-        if not _installed:
-            _installed = True
-            atexit.register(run_all)
-            _install_sigterm()
+
+
+@contextlib.contextmanager
+def covering() -> Iterator[None]:
+    """Make files and register their clean-ups inside this block: a SIGTERM that arrives
+    meanwhile is handled (the handler is installed first) and its clean-ups wait for the block
+    to end, so they find every file made in it. Without it, a SIGTERM between a file's creation
+    and its clean-up's registration left the file (a rank stopped during start-up)."""
+    with _lock:  # the watcher takes the clean-ups under this lock, after the block
+        _install()
+        yield
+
+
+def _install() -> None:
+    global _installed
+    if not _installed:
+        _installed = True
+        atexit.register(run_all)
+        _install_sigterm()
 
 
 def unregister(fn: Callable[[], None]) -> None:

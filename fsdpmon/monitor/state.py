@@ -138,7 +138,7 @@ def tidy(directory: Path) -> None:
     """Remove what ranks that are gone left: their state and stack files (they died without
     closing), half-written files, and every exit record unless one tells of a rank killed.
     What the last rank out does, and the pod's server when it outlives them all."""
-    read_job_states(directory)
+    _remove_dead_ranks(directory)
     exit_record.sweep(directory)
     _remove_dead_writes(directory)
     _remove_dead_stacks(directory)
@@ -191,6 +191,18 @@ def _owner_pid(path: Path) -> int | None:
 
 # A file being written before its rename into place: named by the writing process's pid.
 _UNFINISHED = re.compile(r"\.rank\d+\.(?:hb|json|exit)\.(\d+)")
+
+
+def _remove_dead_ranks(directory: Path) -> None:
+    """Every state or heartbeat file whose process is gone, paired or not: a rank that died
+    before its first snapshot left a heartbeat with no state file beside it, which
+    ``read_job_states`` (pairs only) never looks at."""
+    with contextlib.suppress(OSError):
+        for path in [*directory.glob("rank*.hb"), *directory.glob("rank*.json")]:
+            pid = _owner_pid(path)
+            if pid is not None and not pid_alive(pid):
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
 
 def _remove_dead_writes(directory: Path) -> None:
