@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,10 +36,11 @@ def _kind(item: pytest.Item) -> int | None:
 
 
 def _lock_file(config: pytest.Config) -> Path | None:
-    workerinput = getattr(config, "workerinput", None)  # set in xdist's workers only
-    if workerinput is None:
+    if getattr(config, "workerinput", None) is None:  # set in xdist's workers only
         return None
-    return Path(tempfile.gettempdir()) / f"fsdpmon-tests-{workerinput['testrunuid']}.lock"
+    # xdist gives each worker the run's base temp directory plus its own name (…/popen-gw0):
+    # the parent is the run's, shared by its workers and pruned with it by pytest.
+    return Path(config.option.basetemp).parent / "workers.lock"
 
 
 def _release() -> None:
