@@ -64,6 +64,9 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     obs = observe(window)
     places = Places(history)
     out: list[Finding] = []
+    # In this order: each rule takes the facts it explains out of ``obs`` before the next
+    # reads them (a lost or ECC-failing GPU's XIDs are not gpu_xid's; its rank's stall is
+    # not a hang of its own).
     for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing, _hang):
         out += rule(obs, places, stacks)
     for rule in (stragglers, starved, throttled, loss, memory, _checkpoint, _targets):
