@@ -16,12 +16,12 @@ import contextlib
 import json
 import lzma
 import re
-import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+
+from payload_server import PayloadServer
 
 from fsdpmon.diagnose.evidence import Diagnoser
 from fsdpmon.diagnose.replay import run_stragglers
@@ -89,56 +89,40 @@ class _Clock:
 
 
 @contextlib.contextmanager
-def _served(rec: Recording, at: list[int]) -> Iterator[list[str]]:
-    """One loopback server per recorded target, each answering its /metrics (and the pod its
-    /stacks) as recorded at frame ``at[0]``; a scrape that failed then answers 503."""
-    servers = []
-    for index in range(len(rec.frames[0]["metrics"])):
-        class Handler(BaseHTTPRequestHandler):
-            target = index
+def _served(rec: Recording) -> Iterator[tuple[list[str], Callable[[dict[str, Any]], None]]]:
+    """One loopback server per recorded target, and ``show(frame)``: each then answers its
+    /metrics (the pod also its /stacks) as recorded at that frame; a scrape that failed then
+    fails (404)."""
+    servers = [PayloadServer({}) for _ in rec.frames[0]["metrics"]]
 
-            def do_GET(self) -> None:
-                frame = rec.frames[at[0]]
-                body = (frame["stacks"] if self.path.startswith("/stacks") and self.target == 0
-                        else frame["metrics"][self.target]
-                        if self.path.startswith("/metrics") else None)
-                if body is None:
-                    self.send_response(503 if self.path.startswith("/metrics") else 404)
-                    self.end_headers()
-                    return
-                data = body.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+    def show(frame: dict[str, Any]) -> None:
+        for index, server in enumerate(servers):
+            body, stacks = frame["metrics"][index], frame["stacks"] if index == 0 else None
+            payloads = {} if body is None else {"/metrics": body.encode()}
+            if stacks is not None:
+                payloads["/stacks"] = stacks.encode()
+            server.payloads = payloads  # one assignment: a request sees one frame or the next
 
-            def log_message(self, *args: Any) -> None:
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
-        servers.append(server)
     try:
-        yield [f"127.0.0.1:{s.server_port}" for s in servers]
+        yield [f"127.0.0.1:{s.port}" for s in servers], show
     finally:
         for server in servers:
-            server.shutdown()
-            server.server_close()
+            server.close()
 
 
 def live(rec: Recording) -> Named:
     """`fsdpmon diagnose` on the pods (TargetsSource and Diagnoser, /stacks included), refreshed
     at every recorded moment."""
-    at, clock, said = [0], _Clock(), set()
+    clock, said = _Clock(), set()
     real_time = targets_module.time
-    with _served(rec, at) as urls:
+    with _served(rec) as (urls, show):
         source = TargetsSource(urls, timeout_s=2.0)
         diagnoser = Diagnoser(source, 2.0)
         targets_module.time = clock  # type: ignore[assignment]
         try:
-            for i, frame in enumerate(rec.frames):
-                at[0], clock.now = i, frame["t"]
+            for frame in rec.frames:
+                show(frame)
+                clock.now = frame["t"]
                 said |= {(f.cause, f.rank) for f in diagnoser.update(source.fetch()).findings}
         finally:
             targets_module.time = real_time
