@@ -515,12 +515,18 @@ def _job(n_nodes: int, per_node: int, at: Callable[[int], dict]) -> list[JobSnap
     return snaps
 
 
-def test_every_rank_gone_at_once_is_said_so_from_two_ranks_up():
-    """Two ranks vanishing together is the agent's doing (no culprit yet); a one-rank job's
-    rank gone is that rank."""
+def test_every_rank_gone_at_once_with_its_endpoint_is_the_endpoint_down():
+    """Two ranks vanishing together with the endpoint that served them is the agent's doing
+    (no culprit until a restarted rank says): the target is down, as the page says, its ranks
+    the evidence. Ranks gone while their endpoint still answers are missing, and a one-rank
+    job's rank gone is that rank."""
     gone = lambda i: {"down": (0,) if i >= 1 else ()}  # noqa: E731
-    both = only(diagnose(_job(1, 2, gone)), "rank_missing")
-    assert both.rank is None and "all at once" in both.evidence[0], both
+    said = diagnose(_job(1, 2, gone))  # the node's pod and its exporter: two targets down
+    assert causes(said) == ["target_down", "target_down"], said
+    (pod,) = [f for f in said if f.pod == "llama-worker-0"]
+    assert (pod.rank, pod.evidence[1:]) == (
+        None, ("it served ranks 0, 1, silent with it: which rank died first, its restarted "
+               "process will say",)), pod
     one = only(diagnose(_job(1, 1, gone)), "rank_missing")
     assert (one.rank, one.evidence[0]) == (0, "rank 0 stopped reporting 10s ago"), one
 

@@ -42,21 +42,6 @@ RECORDINGS = {rec.name: rec for rec in recordings()}
 REFERENCE = "top"  # the table's id of the door every other is compared with
 DOORS = ("diagnose --prometheus", "rules", "incidents", "incidents --prometheus")
 
-# Disagreements found and not fixed here (each too big for a reader's fix): (recording, door) ->
-# (what the door may miss of the reference's, what it may add). Nothing else may differ.
-KNOWN: dict[tuple[str, str], tuple[frozenset, frozenset]] = {
-    # While torchrun's agent restarts the group (18 s without the pod's endpoint), the judge
-    # names every rank missing (rank_missing, no culprit: "ranks 0, 1 missing"); the rules page
-    # the silent endpoint instead (FsdpmonTrainingTargetDown, up == 0: no series of the ranks
-    # is left for FsdpmonTrainingRankMissing to count). One of the two must change its name.
-    ("crash", "rules"): (frozenset({("rank_missing", None)}),
-                         frozenset({("target_down", None)})),
-    # The incident doors see that gap as the restart it was (rank_missing of rank 1, the one
-    # that died): the files have no record while no rank runs, Prometheus no training series.
-    ("crash", "incidents"): (frozenset({("rank_missing", None)}), frozenset()),
-    ("crash", "incidents --prometheus"): (frozenset({("rank_missing", None)}), frozenset()),
-}
-
 pytestmark = [
     pytest.mark.slow,  # promtool and Prometheus over the whole matrix: both cores, ~30 s
     pytest.mark.skipif(shutil.which("promtool") is None or not Path(PROMETHEUS).is_file(),
@@ -127,23 +112,11 @@ def test_the_reference_names_the_fault(said, name):
 def test_each_door_names_what_the_reference_names(said, name, door):
     ref = said[REFERENCE][name]
     can_see = {(c, r) for c, r in ref if c not in blind()[door]}
-    may_miss, may_add = KNOWN.get((name, door), (frozenset(), frozenset()))
     got = said[door][name]
-    assert got - may_add == can_see - may_miss, (
+    assert got == can_see, (
         f"{name}: {door} named {_show(got)}; {REFERENCE} named {_show(ref)}, of which "
         f"{door} can see {_show(can_see)} (missing: {_show(can_see - got)}; "
         f"extra: {_show(got - can_see)})")
-
-
-@pytest.mark.parametrize("name, door", sorted(KNOWN))
-def test_each_known_disagreement_is_still_there(said, name, door):
-    """An allowance outlives its cause silently: once fixed, this fails and it goes."""
-    may_miss, may_add = KNOWN[(name, door)]
-    ref = said[REFERENCE][name]
-    got = said[door][name]
-    assert may_miss <= ref - got and may_add <= got - ref, (
-        f"{name}: {door} named {_show(got)}, {REFERENCE} {_show(ref)}: the known disagreement "
-        f"(missing {_show(may_miss)}, extra {_show(may_add)}) is gone; drop it from KNOWN")
 
 
 @pytest.mark.parametrize("name", sorted(RECORDINGS))

@@ -107,6 +107,9 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
     later = sorted(obs.missing - set(culprits))
     evidence = [f"{ranks_text(culprits)} stopped reporting {obs.now.time - first:.0f}s ago"]
     everyone = len(culprits) > 1 and not later and all(r.down for r in obs.now.ranks)
+    if everyone and _only_the_endpoints(obs, places, culprits):
+        obs.missing.clear()  # _targets names the silent endpoints, with the ranks they served
+        return []
     if everyone:
         evidence[0] += " all at once (the elastic agent stops every rank when one dies)"
         evidence += [f"at the last restart: {e}" for e in exit_evidence(obs.exits)] or [
@@ -133,11 +136,25 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
                     **where_all(places, culprits, rank))]
 
 
+def _only_the_endpoints(obs: Observations, places: Places, ranks: list[int]) -> bool:
+    """Every rank went at once with the endpoints that served them (the elastic agent stopping
+    the group takes the pod's server with it), no restarted rank has said who died, and it is
+    no crash loop: all that is known is targets down, as the page has it (no series of a rank
+    is left for a rule to count); the rank to blame comes with the restart (``_died``)."""
+    targets = {places.ranks[r].target for r in ranks if r in places.ranks}
+    return (bool(targets) and targets <= obs.targets_down and not died(obs.exits)[0]
+            and restart_cause(_restarts(obs)) == "rank_missing")
+
+
+def _restarts(obs: Observations) -> float:
+    return 0 if obs.restarts is None else obs.restarts[1] - obs.restarts[0]
+
+
 def _cause(obs: Observations, evidence: list[str], missing: str, loop: str) -> tuple[str, str]:
     """crash_loop (with the restarts as evidence) when the job restarted CRASH_LOOP_RESTARTS
     times within the history, else rank_missing."""
     restarts = obs.restarts
-    cause = restart_cause(0 if restarts is None else restarts[1] - restarts[0])
+    cause = restart_cause(_restarts(obs))
     if restarts is not None and cause == "crash_loop":
         evidence.insert(0, f"job restarted {restarts[1] - restarts[0]:.0f} times "
                            f"({restarts[0]:.0f} → {restarts[1]:.0f})")
@@ -255,10 +272,14 @@ def _targets(obs: Observations, places: Places) -> list[Finding]:
     status = {t.url: t for t in obs.now.targets}
     for url in sorted(obs.targets_down):
         t = status[url]
+        evidence = [f"{url} ({t.kind}) not answering for {obs.seconds:.0f}s: "
+                    f"{t.error or 'no answer'}"]
+        served = sorted(r for r, row in places.ranks.items() if row.target == url and row.down)
+        if served:
+            evidence.append(f"it served {ranks_text(served)}, silent with it: which rank "
+                            "died first, its restarted process will say")
         # a training endpoint is critical, an exporter a warning: the alerts' table
         out.append(Finding("target_down", cause_severity("target_down", t.kind),
-                           f"target {t.pod or url} down",
-                           evidence=(f"{url} ({t.kind}) not answering for {obs.seconds:.0f}s: "
-                                     f"{t.error or 'no answer'}",),
+                           f"target {t.pod or url} down", evidence=tuple(evidence),
                            pod=t.pod or None, node=t.node or None))
     return out

@@ -14,8 +14,8 @@ A fact that held over the whole window is the engine's to state (as a finding, o
 of one), so the glance leaves it out: it shows what is newer than the window.
 
 The summaries are the header's lines; a silent target is critical here (one refresh cannot
-tell which ranks it held), where the engine, with the history, names its ranks missing and
-leaves the target a warning.
+tell which ranks it held), where the engine, with the history, names its ranks missing, or,
+when every rank went with it at once, the target, its ranks as evidence.
 """
 
 from __future__ import annotations
