@@ -531,6 +531,26 @@ def test_every_rank_gone_at_once_with_its_endpoint_is_the_endpoint_down():
     assert (one.rank, one.evidence[0]) == (0, "rank 0 stopped reporting 10s ago"), one
 
 
+def test_every_rank_gone_at_once_from_an_endpoint_that_still_answers_is_ranks_missing():
+    """The endpoint answers with no rank on it (its server outlived them): the ranks are
+    missing, all at once, and the target is not down."""
+    from top_snapshots import T0, ranks, results
+
+    from fsdpmon.scrape.aggregate import ScrapeResult, aggregate
+    from fsdpmon.scrape.wanted import new_parser
+
+    snaps: list[JobSnapshot] = []
+    for i in range(N):
+        found = results(ranks(1, 2), per_node=2)
+        if i >= 1:  # the training target's page, empty
+            found[0] = ScrapeResult(found[0].target, new_parser().parse(""))
+        snaps.append(aggregate(found, now=T0 + REFRESH_S * i, source="targets",
+                               previous=snaps[-1] if snaps else None))
+    said = diagnose(snaps)
+    both = only(said, "rank_missing")
+    assert both.rank is None and "all at once" in both.evidence[0], both
+
+
 # -- the lines each rule draws: a case on each side, or exactly on it ---------------------------
 
 def spike(losses: list[float]) -> list[Finding]:

@@ -138,23 +138,18 @@ def _missing(obs: Observations, places: Places, _stacks: Sequence[RankStack]) ->
 
 def _only_the_endpoints(obs: Observations, places: Places, ranks: list[int]) -> bool:
     """Every rank went at once with the endpoints that served them (the elastic agent stopping
-    the group takes the pod's server with it), no restarted rank has said who died, and it is
-    no crash loop: all that is known is targets down, as the page has it (no series of a rank
-    is left for a rule to count); the rank to blame comes with the restart (``_died``)."""
+    the group takes the pod's server with it) and no restarted rank has said who died: all that
+    is known is targets down, as the page has it (no series of a rank is left for a rule to
+    count); the rank to blame, or the crash loop, comes with the restart (``_died``)."""
     targets = {places.ranks[r].target for r in ranks if r in places.ranks}
-    return (bool(targets) and targets <= obs.targets_down and not died(obs.exits)[0]
-            and restart_cause(_restarts(obs)) == "rank_missing")
-
-
-def _restarts(obs: Observations) -> float:
-    return 0 if obs.restarts is None else obs.restarts[1] - obs.restarts[0]
+    return bool(targets) and targets <= obs.targets_down and not died(obs.exits)[0]
 
 
 def _cause(obs: Observations, evidence: list[str], missing: str, loop: str) -> tuple[str, str]:
     """crash_loop (with the restarts as evidence) when the job restarted CRASH_LOOP_RESTARTS
     times within the history, else rank_missing."""
     restarts = obs.restarts
-    cause = restart_cause(_restarts(obs))
+    cause = restart_cause(0 if restarts is None else restarts[1] - restarts[0])
     if restarts is not None and cause == "crash_loop":
         evidence.insert(0, f"job restarted {restarts[1] - restarts[0]:.0f} times "
                            f"({restarts[0]:.0f} → {restarts[1]:.0f})")
