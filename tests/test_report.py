@@ -215,3 +215,23 @@ def test_times():
     assert parse_time("f", "2026-11-30T07:00:00Z") == parse_time("f", "1796022000")
     with pytest.raises(ConfigError, match="no time zone"):
         parse_time("--until", "2026-11-30T07:00:00")
+
+
+@pytest.mark.parametrize(("score", "charged"), [(1.0, 0.0), (None, 7.5)])
+def test_the_reports_straggler_time_is_where_the_judge_names_a_straggler(tmp_path, score,
+                                                                         charged):
+    """Rank 1 works 0.5 s more per step in 15 steps; its recorded score says so (None: the
+    judge names it) or stays 1.0 (nobody is named): the report charges what `fsdpmon goodput`
+    charges, not the windows' own figures (7.5 s either way before)."""
+    from test_incidents_units import straggling_run
+
+    life = straggling_run(0.5, score=score).incarnations[-1]
+    for rank, header in life.runs.items():
+        records = [{**header, "time": 100.0, "model": "tiny", "device": "cpu"}] + [
+            {**s, "tokens_total": 64.0 * s["step"], "tokens_per_second": 64.0}
+            for s in life.steps[rank]]
+        (tmp_path / f"run.rank{rank}.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in records))
+    (run,) = load_runs([str(tmp_path)])
+    assert run.badput_seconds is not None, run
+    assert run.badput_seconds["straggler_wait"] == pytest.approx(charged), run.badput_seconds

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from fsdpmon.diagnose.replay import run_stragglers
 from fsdpmon.errors import InputError
 from fsdpmon.job.run_goodput import goodput
 from fsdpmon.job.runlog import read_run
@@ -97,7 +98,9 @@ def load_run(name: str, files: list[Path], source: str | None = None) -> RunData
         )
     device = str(first.get("device") or "unknown")
     per_rank = _by_rank(files)
-    figures = goodput(read_run(name, per_rank)) if per_rank else None
+    run = read_run(name, per_rank) if per_rank else None
+    # straggler time only where the judge names a straggler: `fsdpmon goodput`'s split
+    figures = goodput(run, run_stragglers(run)) if run is not None else None
     return RunData(
         name=name,
         source=source or name,
