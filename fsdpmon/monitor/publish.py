@@ -90,17 +90,23 @@ class Publication:
     def _start_serving(self, config: MonitorConfig, topo: DistEnv) -> None:
         directory = job_state_dir(config.job_name, config.port, config.state_dir)
         self.web = load_web_config(config.web_config_file, "FSDPMON_WEB_CONFIG_FILE")
+        try:
+            for stale in statedir.remove_stale(directory.parent):
+                log.info("fsdpmon: removed %s, left by a job that is gone", stale)
+            statedir.check_port_free(directory, config.port)
+        except FsdpmonError:
+            raise  # another job on our port: refuse at start
+        except OSError as exc:
+            self._fail("state directory", exc)
+            return
         with exit_cleanup.covering():  # a SIGTERM during start-up finds every file registered
             self._publish_files(directory, config, topo)
 
     def _publish_files(self, directory: Path, config: MonitorConfig, topo: DistEnv) -> None:
         try:
-            for stale in statedir.remove_stale(directory.parent):
-                log.info("fsdpmon: removed %s, left by a job that is gone", stale)
-            statedir.check_port_free(directory, config.port)
             self.writer = RankStateWriter(directory, topo.rank)
         except FsdpmonError:
-            raise  # someone else's directory, or another job on our port: refuse at start
+            raise  # someone else's directory: refuse at start
         except OSError as exc:
             self._fail("state directory", exc)
             return
