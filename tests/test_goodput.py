@@ -105,11 +105,13 @@ def test_one_rank_alone_waits_for_nobody_and_figures_past_the_step_are_capped():
 
 def test_a_stall_between_the_steps_is_taken_from_the_time_between_them():
     # rank 1 stopped 5 s in its log step: both ranks' steps are ordinary, the window is not
-    split = split_window([w(0, 0.2, 0.0, 0.1), w(1, 0.2, 0.0, 0.1)], stall=5.0, between=5.1)
-    assert (split.stall, split.stall_between) == (5.0, 5.0) and split.productive == 0.2
+    split = split_window([w(0, 0.25, 0.0, 0.125), w(1, 0.25, 0.0, 0.125)], stall=5.0,
+                         wall=5.375)
+    assert (split.stall, split.stall_between, split.productive) == (5.0, 5.0, 0.25), split
     # never more than the time between them
-    short = split_window([w(0, 0.2, 0.0, 0.1), w(1, 0.2, 0.0, 0.1)], stall=5.0, between=3.0)
-    assert (short.stall, short.stall_between, short.productive) == (3.2, 3.0, 0.0)
+    short = split_window([w(0, 0.25, 0.0, 0.125), w(1, 0.25, 0.0, 0.125)], stall=5.0,
+                         wall=3.25)
+    assert (short.stall, short.stall_between, short.productive) == (3.25, 3.0, 0.0), short
 
 
 def test_a_stall_never_exceeds_the_window_and_ranks_without_steps_are_left_out():

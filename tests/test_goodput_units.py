@@ -36,10 +36,18 @@ def test_a_rank_that_measured_no_step_is_not_in_the_others_median():
 
 def test_a_stall_exactly_one_window_long_is_in_the_steps_a_longer_one_between_them():
     ranks = [w(0, 1.0, 0.0, 1.0), w(1, 1.0, 0.0, 0.0)]
-    inside = split_window(ranks, stall=1.0, between=3.0)
+    inside = split_window(ranks, stall=1.0, wall=4.0)
     assert figures(inside) == (0.0, 0.0, 0.0, 1.0, 0.0), figures(inside)
-    between = split_window(ranks, stall=1.5, between=3.0)
+    between = split_window(ranks, stall=1.5, wall=4.0)
     assert figures(between) == (0.0, 0.0, 1.0, 1.5, 1.5), figures(between)
+
+
+def test_a_stall_between_the_critical_ranks_steps_is_booked_while_the_other_waited_inside():
+    # CI saw it: rank 1 stopped after its log step, rank 0 waited 5.875 s inside its next step;
+    # the time is between rank 1's steps (the job's), not between rank 0's (0.125 s)
+    ranks = [w(0, 6.0, 0.0, 5.875), w(1, 0.125, 0.0, 0.0)]
+    split = split_window(ranks, stall=5.75, wall=6.125)
+    assert figures(split) == (0.125, 0.0, 0.0, 5.75, 5.75), figures(split)
 
 
 def test_rank_window_reads_exactly_the_four_figures_of_a_window_row():

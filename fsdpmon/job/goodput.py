@@ -79,9 +79,10 @@ def _without_stall(window: RankWindow, stall: float) -> RankWindow:
                       window.wait_seconds)
 
 
-def split_window(windows: list[RankWindow], stall: float = 0.0, between: float = 0.0,
+def split_window(windows: list[RankWindow], stall: float = 0.0, wall: float = 0.0,
                  named: Collection[int] | None = None) -> WindowSplit | None:
-    """The job's window from every rank's (None: no rank measured a step). ``named``: the ranks
+    """The job's window from every rank's (None: no rank measured a step). ``wall``: the log
+    window's wall seconds, from log step to log step (the same on every rank). ``named``: the ranks
     the judge, replayed over the run (``fsdpmon goodput``), named stragglers then; None where no
     replay is at hand (the monitor's live meter), which asks the judge's line
     (conventions.below_straggler_line) of this window's own work instead."""
@@ -90,10 +91,12 @@ def split_window(windows: list[RankWindow], stall: float = 0.0, between: float =
         return None
     critical = min(live, key=lambda w: (w.wait_seconds, w.rank))
     step_seconds = critical.step_seconds
-    # A stall longer than the window's steps happened between them (a rank stopped in its log
-    # step: the others wait in that step's gather): it is taken from the time between steps.
+    # A stall longer than the critical rank's steps happened between them (it was stopped in
+    # its log step, or after it; the others waited in the gather or in their next step): it is
+    # taken from the critical rank's time between steps, which is the job's.
     stall = max(0.0, stall)
-    outside = min(stall, max(0.0, between)) if step_seconds < stall else 0.0
+    between = max(0.0, wall - step_seconds)
+    outside = min(stall, between) if step_seconds < stall else 0.0
     stall = min(stall - outside, step_seconds)
     trimmed = [_without_stall(w, stall) for w in live]
     core = next(w for w in trimmed if w.rank == critical.rank)

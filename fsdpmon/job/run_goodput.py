@@ -80,18 +80,18 @@ def _stall_seconds(inc: Incarnation) -> dict[int, float]:
 def _windows(inc: Incarnation, gp: Goodput, named: Named | None) -> None:
     """Add the incarnation's step windows."""
     by_step: dict[int, list[RankWindow]] = {}
-    between: dict[int, float] = {}  # the window's time outside its steps (least over ranks)
+    walls: dict[int, float] = {}  # the window's wall seconds (least over ranks)
     for rank, records in inc.steps.items():
         for rec in records:
             window = window_of(rec, rank)
             if window is not None:
                 step = int(rec["step"])
                 by_step.setdefault(step, []).append(window)
-                gap = (number(rec.get("window_seconds")) or 0.0) - window.step_seconds
-                between[step] = min(between.get(step, gap), gap)
+                wall = number(rec.get("window_seconds")) or 0.0
+                walls[step] = min(walls.get(step, wall), wall)
     stalls = _stall_seconds(inc)
     for step in sorted(by_step):
-        split = split_window(by_step[step], stalls.get(step, 0.0), between[step],
+        split = split_window(by_step[step], stalls.get(step, 0.0), walls[step],
                              named(inc, step) if named is not None else None)
         if split is None:
             continue

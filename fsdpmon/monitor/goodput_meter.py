@@ -66,7 +66,7 @@ class GoodputMeter:
         """Every rank's gathered row (its ``window_row`` from index ``at``): the job's split."""
         steps = list(stats.step_seconds)
         split = split_window([rank_window(r, row[at:at + 4]) for r, row in enumerate(rows)
-                              if len(row) >= at + 4], stall, stats.wall_seconds - sum(steps))
+                              if len(row) >= at + 4], stall, stats.wall_seconds)
         if split is not None:
             self.window(split, steps)
 
