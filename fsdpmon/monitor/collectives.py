@@ -73,6 +73,16 @@ C10D_NAMES = (
 # attribute, so it can be numbered and timed like the others (entry point -> op name).
 PRIVATE_NAMES = {"_broadcast_coalesced": "broadcast_coalesced"}
 _WRAPPED = "_fsdpmon_collective_wrapper"
+# Published as numbers (no free text in a series): an op's code is its index here + 1, a
+# dtype's likewise (0: none or unknown). Append only: a reader decodes a writer's codes.
+OPS = (*C10D_NAMES, *PRIVATE_NAMES.values())
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8",
+               "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+# The step's fingerprint: a polynomial rolling hash of each call's (op, elements, dtype) key,
+# cut to 52 bits so that it is exact in the float64 gauge it is published as.
+HASH_MASK = (1 << 52) - 1
+_HASH_PRIME = 1000003  # small: the product stays a short int (0.05 us less a call)
+PATTERN_CAP = 512  # a step's calls whose keys the next step compares with (by position)
 
 
 @dataclass(frozen=True)
@@ -119,6 +129,7 @@ class CollectiveTimer:
                 self.close()
                 self._rq, self._rq_thread = RunQueueDelay(), threading.get_ident()
             self._rq_step = self._rq.seconds() if self._rq.available else None
+        _calls.step_begin()
         self.armed = True
 
     def enter(self) -> Any:
@@ -153,6 +164,7 @@ class CollectiveTimer:
     def step_done(self, completed: bool = True) -> None:
         """Close the step's account: kept when the step completed, dropped when it was aborted."""
         self.armed = False
+        _calls.step_end(completed)
         if self._completed:
             self._seconds += ddp.blocked_tails(self._backward_ends, self._completed)
         self._backward_ends, self._completed = [], []
@@ -205,11 +217,14 @@ class CollectiveTimer:
 
 
 class _Calls:
-    """This process's collectives: the last one entered and its number, the number of the last
-    one completed, how deep the wrapper is nested now, and the timer it feeds (None: nothing is
-    timed)."""
+    """This process's collectives: the last one entered (op, number, and the code, elements and
+    dtype of its first tensor), the number of the last one completed, how deep the wrapper is
+    nested now, the timer it feeds (None: nothing is timed), and the open step's fingerprint:
+    its calls so far, their rolling hash, and each call's key by position, which the next step
+    compares with (``off_pattern``: this call's key differs from the previous step's there)."""
 
-    __slots__ = ("depth", "done", "op", "seq", "timer")
+    __slots__ = ("code", "depth", "done", "dtype", "elems", "hash", "keys", "last_step", "n",
+                 "off_pattern", "op", "prev_keys", "prev_n", "seq", "timer")
 
     def __init__(self) -> None:
         self.op: str | None = None
@@ -217,8 +232,46 @@ class _Calls:
         self.done = 0
         self.depth = 0
         self.timer: CollectiveTimer | None = None
+        self.code = self.elems = self.dtype = self.off_pattern = 0
+        self.n = self.hash = self.prev_n = 0
+        self.keys, self.prev_keys = [0] * PATTERN_CAP, [0] * PATTERN_CAP
+        self.last_step: tuple[int, int, int] | None = None  # (calls, hash, seq at its end)
+
+    def note(self, code: int, args: tuple[Any, ...], armed: bool) -> None:
+        """The call's op, first tensor's size and dtype; in a step also its fingerprint (no
+        allocation but the key's int)."""
+        if args:  # the tensor is first, or second after all_gather's output list
+            arg = args[1] if type(arg := args[0]) is list and len(args) > 1 else arg
+            try:  # not isinstance(arg, torch.Tensor): its metaclass check costs 0.1 us
+                elems, dtype = arg.numel(), _dtype_code.get(arg.dtype, 0)
+            except AttributeError:  # an object collective's list or object
+                elems = dtype = 0
+        else:
+            elems = dtype = 0
+        self.code, self.elems, self.dtype = code, elems, dtype
+        if not armed:
+            self.off_pattern = 0
+            return
+        key, at = code | dtype << 8 | elems << 16, self.n
+        self.n = at + 1
+        self.hash = (self.hash * _HASH_PRIME + key) & HASH_MASK
+        self.off_pattern = at >= self.prev_n or self.prev_keys[at] != key  # a bool: 0 or 1
+        if at < PATTERN_CAP:
+            self.keys[at] = key
+
+    def step_begin(self) -> None:
+        self.n = self.hash = 0
+
+    def step_end(self, completed: bool) -> None:
+        """The step's fingerprint becomes the last step's; its keys the pattern for the next."""
+        if completed:
+            self.last_step = (self.n, self.hash, self.seq)
+            self.keys, self.prev_keys = self.prev_keys, self.keys
+            self.prev_n = min(self.n, PATTERN_CAP)
+        self.n = self.hash = 0
 
 
+_dtype_code: dict[Any, int] = {}
 _calls = _Calls()
 
 
@@ -247,19 +300,32 @@ def progress() -> tuple[int, int, bool]:
     return calls.seq, calls.done, calls.depth > 0
 
 
+def entered_call() -> tuple[int, int, int, int]:
+    """(op code, elements, dtype code, off the previous step's pattern) of the last collective
+    entered: what a waiting rank waits in (read on another thread, like ``progress``)."""
+    calls = _calls
+    return calls.code, calls.elems, calls.dtype, calls.off_pattern
+
+
+def last_step() -> tuple[int, int, int] | None:
+    """(collectives, fingerprint, sequence number at its end) of the last completed step."""
+    return _calls.last_step
+
+
 def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` numbered as collective ``name`` (None: not numbered) and timed while armed."""
+    code = OPS.index(name) + 1 if name in OPS else 0
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         calls = _calls
         if calls.depth:  # only the outermost call: all_gather_object calls all_gather
             return fn(*args, **kwargs)
-        seq = calls.seq
+        seq, timer = calls.seq, calls.timer
         if name is not None:
             seq += 1
             calls.op, calls.seq = name, seq
-        timer = calls.timer
+            calls.note(code, args, timer is not None and timer.armed)
         calls.depth = 1
         try:
             if timer is None or not timer.armed or kwargs.get("async_op"):
@@ -277,6 +343,13 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _know_tensors() -> None:
+    import torch
+
+    _dtype_code.update({getattr(torch, n): i + 1 for i, n in enumerate(DTYPE_NAMES)
+                        if hasattr(torch, n)})
+
+
 def install() -> bool:
     """Wrap the collectives once per process (idempotent; the wrapper only numbers calls while
     no timer is armed); False without torch.distributed."""
@@ -288,6 +361,8 @@ def install() -> bool:
         return False
     from torch.distributed import _functional_collectives as funcol
     from torch.distributed import distributed_c10d as c10d
+
+    _know_tensors()
 
     for module in (dist, c10d):
         for name in C10D_NAMES:
