@@ -16,10 +16,12 @@ from fsdpmon.catalog import Recorded
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CPU_THROTTLED_RATIO,
+    CULPRIT_RULES_INTERVAL_SECONDS,
     GPU_LOW_UTILIZATION_RATIO,
     GPU_THROTTLED_TIME_SHARE,
     LOSS_DIVERGENCE_FACTOR,
     MEMORY_PRESSURE_RATIO,
+    STALL_FOR_SECONDS,
     STRAGGLER_CAUSE_SHARE,
     THROUGHPUT_DROP_RATIO,
     Severity,
@@ -45,10 +47,13 @@ class RuleBounds:
     # Stalled: no step within the stall bound each rank publishes (its own watchdog's:
     # max(FSDPMON_STALL_FACTOR x its median step time, FSDPMON_STALL_FLOOR_SECONDS)), so the
     # rules hold no stall bound of their own. That bound is already minutes (the floor), and
-    # the culprit needs no confirming: stall_for only rides out a scrape, so a hang pages
-    # within 4 minutes of its start at the default floor (120 s + scrape and evaluation
-    # 30 s + 30 s + Alertmanager's group_wait 30 s), sooner with a lower floor.
-    stall_for: str = "30s"
+    # the culprit needs no confirming: stall_for only rides out lost scrapes (conventions'
+    # STALL_FOR_SECONDS); docs/alerts.md adds up the page's whole path.
+    stall_for: str = f"{STALL_FOR_SECONDS}s"
+    # The culprit group's own evaluation interval ("": the server's). The shipped rules
+    # (SHIPPED) set conventions' CULPRIT_RULES_INTERVAL_SECONDS; a variant built for a test
+    # evaluates at the pace its own server sets (1 s), unless it names one.
+    culprit_interval: str = ""
     # A rank seen within this window whose series are gone while its pod/target is still there.
     missing_lookback: str = "15m"
     missing_for: str = "2m"
@@ -96,6 +101,10 @@ class RuleBounds:
     throughput_drop_ratio: float = THROUGHPUT_DROP_RATIO  # tokens/s below ratio x its recent mean
     throughput_window: str = "1h"
     throughput_for: str = "15m"
+
+
+# What ships: the defaults above, with the culprit group on its own short interval.
+SHIPPED = RuleBounds(culprit_interval=f"{CULPRIT_RULES_INTERVAL_SECONDS}s")
 
 
 def by_severity(table: dict[str, Severity]) -> dict[Severity, list[str]]:

@@ -3,10 +3,10 @@
 ``rule_groups()`` returns plain rule groups (only the keys promtool 2.42 accepts: ``name``,
 ``interval``, ``rules``), which ``python -m fsdpmon.dashboards`` writes to
 ``dashboards/generated/fsdpmon-rules.yaml`` and the Kubernetes manifests wrap in a
-PrometheusRule. Every threshold and ``for`` duration is a field of
-:class:`fsdpmon.dashboards.rulebase.RuleBounds`, so the end-to-end test can generate a fast variant
-while the shipped defaults suit real jobs; where the runbook is published (each alert's
-``runbook_url``) is ``rule_groups``' ``runbook_url``.
+PrometheusRule. Every threshold, ``for`` duration and group interval is a field of
+:class:`fsdpmon.dashboards.rulebase.RuleBounds`, so the end-to-end test can generate a fast
+variant while the shipped ones (``rulebase.SHIPPED``) suit real jobs; where the runbook is
+published (each alert's ``runbook_url``) is ``rule_groups``' ``runbook_url``.
 
 Recorded names follow ``level:metric:operations`` (``fsdpmon_job:tokens_per_second:sum``); each is
 a :class:`fsdpmon.catalog.Recorded` symbol (``catalog.REC_JOB_TOKENS_PER_SECOND_SUM``), and this
@@ -28,6 +28,7 @@ from fsdpmon.dashboards.rulebase import (
     AGE,
     DEFAULT_RUNBOOK_URL,
     HEARTBEAT,
+    SHIPPED,
     STEP_TIME,
     Rule,
     RuleBounds,
@@ -35,6 +36,8 @@ from fsdpmon.dashboards.rulebase import (
     runbook_base,
     with_runbook,
 )
+
+CULPRIT_GROUP = "fsdpmon-culprits"
 
 
 def training_records() -> list[Rule]:
@@ -88,18 +91,23 @@ def gpu_records() -> list[Rule]:
     ]
 
 
+def _group(name: str, rules: list[Rule], interval: str) -> dict[str, Any]:
+    return {"name": name, **({"interval": interval} if interval else {}), "rules": rules}
+
+
 def rule_groups(bounds: RuleBounds | None = None,
                 runbook_url: str = DEFAULT_RUNBOOK_URL) -> list[dict[str, Any]]:
     """Every rule group, in the order they are shipped; each alert's ``runbook_url`` is
     ``runbook_url#<cause>`` (ValueError for an address that cannot take a fragment)."""
-    b = bounds or RuleBounds()
+    b = bounds or SHIPPED
     base = runbook_base(runbook_url)
     return [
         {"name": "fsdpmon-training.rules", "rules": training_records()},
         # records and the alerts that read them in one group: evaluated in order, so an alert
-        # reads this evaluation's culprits (groups run apart, one an interval behind another)
-        {"name": "fsdpmon-culprits",
-         "rules": [*culprit_records(), *with_runbook(culprit_alerts(b), base)]},
+        # reads this evaluation's culprits (groups run apart, one an interval behind another);
+        # its own interval, so a hang's page waits for no server-wide default
+        _group(CULPRIT_GROUP, [*culprit_records(), *with_runbook(culprit_alerts(b), base)],
+               b.culprit_interval),
         {"name": "fsdpmon-gpu.rules", "rules": gpu_records()},
         {"name": "fsdpmon-dcgm.rules", "rules": dcgm_rules(b.error_window)},
         {"name": "fsdpmon-training.alerts", "rules": with_runbook(training_alerts(b), base)},

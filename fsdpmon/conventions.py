@@ -40,10 +40,29 @@ TRAINJOB_REPLICATED_JOB = "node"
 EXPORTER_APP_LABEL = "app.kubernetes.io/name"
 EXPORTER_APP_NAME = "fsdpmon-exporter"
 
-# Stall bound: no step for max(factor x median step time, floor). The monitor's stalled gauge
-# and the stall alert rule share these defaults.
+# Stall bound: no step for max(factor x median step time, floor). The rank's watchdog computes
+# it and publishes it (fsdpmon_train_stall_threshold_seconds); `top`, `diagnose` and the stall
+# rules read that published value, so none of them holds a copy of these.
 DEFAULT_STALL_FACTOR = 10.0
 DEFAULT_STALL_FLOOR_SECONDS = 120.0
+
+# The page's path after the stall bound, term by term (docs/alerts.md adds them up; a test holds
+# the doc to these). The PodMonitor scrapes the training pods this often: the culprit's
+# evidence (collective, phase, unresponsive flag) is in Prometheus within one scrape of the hang,
+# long before the bound runs out.
+TRAINING_SCRAPE_INTERVAL_SECONDS = 10
+# The culprit group (stall culprits and the stall alerts) is evaluated this often, whatever the
+# server's global interval (kube-prometheus-stack's is 30 s): the first evaluation past the bound
+# comes within one. At 2,048 ranks one evaluation must stay under 2 s (issue 49): 20 % of a core.
+CULPRIT_RULES_INTERVAL_SECONDS = 10
+# The stall alerts' `for`: three scrapes, so a rank that stepped just inside its bound does not
+# page while two scrapes in a row fail to bring its new step time in.
+STALL_FOR_SECONDS = 3 * TRAINING_SCRAPE_INTERVAL_SECONDS
+# Alertmanager's wait before a new group's first notification. Critical causes (a hang, a lost
+# rank or GPU) page within one evaluation of each other (one group, one batch), so a short wait
+# batches them; warnings keep Alertmanager's 30 s, batching what several evaluations raise.
+CRITICAL_GROUP_WAIT_SECONDS = 5
+WARNING_GROUP_WAIT_SECONDS = 30
 # A live process ticks its watchdog thread at least every second; one silent this long is
 # stopped, or hung while holding the GIL: the rank that hangs, not one waiting for it. The
 # monitor's unresponsive gauge and its catalog help text use it.

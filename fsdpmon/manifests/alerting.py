@@ -12,24 +12,41 @@ Helm value of kube-prometheus-stack or a Secret); the receiver is a placeholder 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
 
+from fsdpmon import conventions as conv
+
 FILE = "alertmanager.yml"
 GROUP_BY = ("namespace", "job_name", "cause")
-# Alertmanager's own defaults for the timers, but group_wait: a hang's page must leave within
-# 4 minutes of its start (the stall bound, the rule's `for`, scrape and evaluation, then this).
-GROUP_WAIT, GROUP_INTERVAL, REPEAT_INTERVAL = "30s", "5m", "4h"
+# Alertmanager's own defaults but group_wait, which conventions holds per severity: critical
+# causes (a hang) leave after CRITICAL_GROUP_WAIT_SECONDS, warnings after the longer wait.
+GROUP_WAIT = f"{conv.WARNING_GROUP_WAIT_SECONDS}s"
+CRITICAL_GROUP_WAIT = f"{conv.CRITICAL_GROUP_WAIT_SECONDS}s"
+GROUP_INTERVAL, REPEAT_INTERVAL = "5m", "4h"
 RECEIVER = "fsdpmon-oncall"
 PLACEHOLDER_URL = "http://alert-receiver.example.invalid/fsdpmon"
+CRITICAL = f'severity="{conv.Severity.CRITICAL.value}"'
+_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600}
+
+
+def seconds(duration: str) -> float:
+    """A plain duration of the route's ("5s", "2m", "250ms") in seconds."""
+    match = re.fullmatch(r"([0-9]+)(ms|s|m|h)", duration)
+    if match is None:
+        raise ValueError(f"{duration!r} is not a duration such as 5s, 2m or 250ms")
+    return int(match[1]) * _UNIT_SECONDS[match[2]]
 
 
 def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, *, group_wait: str = GROUP_WAIT,
                         group_interval: str = GROUP_INTERVAL,
                         repeat_interval: str = REPEAT_INTERVAL) -> dict[str, Any]:
     """The route (grouped by job and cause) and one webhook receiver; the timers can be
-    shortened for a test, the grouping cannot."""
+    shortened for a test, the grouping cannot. Critical alerts wait the shorter of
+    CRITICAL_GROUP_WAIT and ``group_wait``, so a test's shortened wait shortens both."""
+    critical_wait = min(group_wait, CRITICAL_GROUP_WAIT, key=seconds)
     return {
         "route": {
             "receiver": RECEIVER,
@@ -39,7 +56,10 @@ def alertmanager_config(webhook_url: str = PLACEHOLDER_URL, *, group_wait: str =
             "repeat_interval": repeat_interval,
             # fsdpmon's alerts only: a cluster's other alerts keep their own routes above this
             "routes": [{"receiver": RECEIVER, "matchers": ['alertname=~"Fsdpmon.+"'],
-                        "group_by": list(GROUP_BY)}],
+                        "group_by": list(GROUP_BY),
+                        # the page first: a critical cause waits only to batch one evaluation
+                        "routes": [{"receiver": RECEIVER, "matchers": [CRITICAL],
+                                    "group_wait": critical_wait}]}],
         },
         "receivers": [{"name": RECEIVER,
                        "webhook_configs": [{"url": webhook_url, "send_resolved": True}]}],

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpmon import conventions as conv
 from fsdpmon import validate
 from fsdpmon.errors import ConfigError
 
@@ -106,7 +107,8 @@ class ManifestConfig:
     hf_token: str | None = field(default=None, repr=False)
     # monitoring
     release_label: str = "kube-prometheus-stack"
-    scrape_interval: str = "15s"
+    # the PodMonitor's: one of the terms of a hang's page (docs/alerts.md)
+    scrape_interval: str = f"{conv.TRAINING_SCRAPE_INTERVAL_SECONDS}s"
     # where the alerts' runbook_url points (None: FSDPMON_RUNBOOK_URL, else
     # fsdpmon.dashboards.rulebase's default, the repository's docs/runbook.md); checked when the
     # rules are built
