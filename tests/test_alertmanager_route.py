@@ -42,3 +42,22 @@ def test_it_groups_by_job_and_cause_and_routes_fsdpmon_alerts_to_its_receiver(wr
                           "cause=hang", "rank=1"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.strip() == alerting.RECEIVER, run.stdout
+
+
+def _matched_route(written, *labels: str) -> str:
+    """The deepest route amtool matches for an alert with these labels."""
+    run = subprocess.run(["amtool", "config", "routes", "test", "--tree",
+                          f"--config.file={written / alerting.FILE}",
+                          "alertname=FsdpmonTrainingStalled", "job_name=llama", *labels],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return [line for line in run.stdout.splitlines() if "└──" in line][-1]
+
+
+def test_a_critical_alert_takes_the_short_wait_branch_a_warning_does_not(written):
+    config = yaml.safe_load((written / alerting.FILE).read_text())
+    branch = config["route"]["routes"][0]["routes"][0]
+    assert branch["group_wait"] == alerting.CRITICAL_GROUP_WAIT
+    assert alerting.CRITICAL in _matched_route(written, "cause=hang", "severity=critical")
+    warning = _matched_route(written, "cause=straggler_compute", "severity=warning")
+    assert alerting.CRITICAL not in warning and 'alertname=~"Fsdpmon.+"' in warning
