@@ -284,6 +284,36 @@ TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS = Metric(
     "fsdpmon_train_position_since_timestamp_seconds", Gg, "seconds",
     "Unix time this rank got where it is now (its step, phase, last collective and whether it "
     "is inside it); it stays put while the rank is stuck there (to about a second).", T)
+# Collective identity (issue 51): what each rank's collectives were, so that ranks that made
+# different calls (a desync) are told apart from ranks that only wait. Op and dtype are codes
+# (no free text in a series): index + 1 in fsdpmon.monitor.collectives.OPS / DTYPE_NAMES.
+TRAIN_STEP_COLLECTIVE_CALLS = Metric(
+    "fsdpmon_train_step_collective_calls", Gg, "",
+    "Collectives this rank made in its last completed step (the step fsdpmon_train_step "
+    "names).", T)
+TRAIN_STEP_COLLECTIVE_FINGERPRINT = Metric(
+    "fsdpmon_train_step_collective_fingerprint", Gg, "",
+    "Rolling hash of the (op, elements, dtype) of each collective of this rank's last "
+    "completed step: ranks that made the same calls at the same step have the same.", T)
+TRAIN_STEP_COLLECTIVE_END_SEQ = Metric(
+    "fsdpmon_train_step_collective_end_seq", Gg, "",
+    "Sequence number of this rank's last collective when its last completed step ended: "
+    "ranks at equal steps that made the same calls have the same.", T)
+TRAIN_COLLECTIVE_ENTERED_OP = Metric(
+    "fsdpmon_train_collective_entered_op", Gg, "",
+    "Code of the last collective this rank entered (index + 1 in "
+    "fsdpmon.monitor.collectives.OPS; 0: none).", T)
+TRAIN_COLLECTIVE_ENTERED_ELEMENTS = Metric(
+    "fsdpmon_train_collective_entered_elements", Gg, "",
+    "Elements of the first tensor of the last collective this rank entered.", T)
+TRAIN_COLLECTIVE_ENTERED_DTYPE = Metric(
+    "fsdpmon_train_collective_entered_dtype", Gg, "",
+    "Code of that tensor's dtype (index + 1 in fsdpmon.monitor.collectives.DTYPE_NAMES; 0: "
+    "none or another).", T)
+TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN = Metric(
+    "fsdpmon_train_collective_entered_off_pattern", Gg, "",
+    "1 when the last collective this rank entered differs from the one it made at the same "
+    "position in its step before (or is beyond that step's calls), else 0.", T)
 MONITOR_INTERNAL_ERRORS_TOTAL = Metric(
     "fsdpmon_monitor_internal_errors_total", C, "",
     "Internal monitor failures (logged once, never raised into training).", T)
@@ -334,7 +364,10 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP, TRAIN_STALLED,
     TRAIN_HEARTBEAT_AGE_SECONDS, TRAIN_STALL_THRESHOLD_SECONDS, TRAIN_UNRESPONSIVE,
     TRAIN_COLLECTIVE_ENTERED_SEQ, TRAIN_COLLECTIVE_COMPLETED_SEQ, TRAIN_IN_COLLECTIVE,
-    TRAIN_PHASE, TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS, MONITOR_INTERNAL_ERRORS_TOTAL,
+    TRAIN_PHASE, TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS, TRAIN_STEP_COLLECTIVE_CALLS,
+    TRAIN_STEP_COLLECTIVE_FINGERPRINT, TRAIN_STEP_COLLECTIVE_END_SEQ, TRAIN_COLLECTIVE_ENTERED_OP,
+    TRAIN_COLLECTIVE_ENTERED_ELEMENTS, TRAIN_COLLECTIVE_ENTERED_DTYPE,
+    TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN, MONITOR_INTERNAL_ERRORS_TOTAL,
     JOB_STEP_TIME_MIN_SECONDS, JOB_STEP_TIME_MEDIAN_SECONDS,
     JOB_STEP_TIME_MAX_SECONDS, JOB_SLOWEST_RANK, JOB_SLOWEST_RANK_STEP_TIME_SECONDS,
     JOB_PEAK_MEMORY_MAX_BYTES, JOB_PEAK_MEMORY_MAX_RANK, JOB_LOSS_MEAN, JOB_LOSS_MAX,

@@ -74,6 +74,17 @@ class RankRow:
     # inside, is the one they wait for.
     collective_entered: int | None = None
     in_collective: bool | None = None
+    # Collective identity (None: not published): the last completed step's calls, their
+    # fingerprint and the sequence number at its end; the entered call's op and dtype codes
+    # (fsdpmon.monitor.collectives.OPS / DTYPE_NAMES, from 1), elements, and whether it breaks
+    # the rank's own pattern of the step before. Ranks that differ made different calls.
+    step_collectives: int | None = None
+    step_fingerprint: int | None = None
+    step_end_seq: int | None = None
+    entered_op: int | None = None
+    entered_elements: int | None = None
+    entered_dtype: int | None = None
+    entered_off_pattern: bool | None = None
     loss_nonfinite: bool = False
     # the first step its loss / grad norm was NaN or infinite (None: not yet)
     loss_first_nonfinite_step: int | None = None

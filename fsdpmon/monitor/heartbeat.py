@@ -18,8 +18,14 @@ HB_RECORD = struct.Struct("<qqddddddd q")
 # /dev/shm) still finds it whole instead of torn, and does not take a live job's files for a
 # dead one's; a position whose seq is 0 was never written (an older writer).
 HB_POSITION = struct.Struct("<ddddd q")
-HB_SIZE = 128  # room to grow without changing the file size
-assert HB_RECORD.size + HB_POSITION.size <= HB_SIZE
+# Then, at HB_CALLS_AT: the collectives' identity (fsdpmon.monitor.collectives): the last
+# completed step's calls (-1: none known), fingerprint and sequence number at its end; the
+# entered call's op code, elements, dtype code and whether it breaks the previous step's
+# pattern; seq. Likewise after the others, for the same reason (seq 0: not written).
+HB_CALLS = struct.Struct("<ddddddd q")
+HB_CALLS_AT = HB_RECORD.size + HB_POSITION.size
+HB_SIZE = 192  # room to grow without changing the file size
+assert HB_CALLS_AT + HB_CALLS.size <= HB_SIZE
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,14 @@ class Heartbeat:
     in_collective: float = 0.0
     phase: float = -1.0  # an index of conventions.PROGRESS_PHASES; -1: not published
     position_since_unix: float = 0.0
+    # The collectives' identity (HB_CALLS; the defaults: not published).
+    step_calls: float = -1.0
+    step_fingerprint: float = 0.0
+    step_end_seq: float = 0.0
+    entered_op: float = 0.0
+    entered_elements: float = 0.0
+    entered_dtype: float = 0.0
+    entered_off_pattern: float = 0.0
 
 
 def read_heartbeat(path: Path) -> Heartbeat | None:
@@ -57,13 +71,26 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
                 position = []  # an older writer: no position
             elif seq_position != seq:
                 seq_end = seq - 1  # torn between the two parts: read again
+        calls = _calls(raw, seq) if position else []
+        if calls is None:
+            seq_end = seq - 1
         if seq == seq_end:
-            return Heartbeat(pid, *values, *position)
+            return Heartbeat(pid, *values, *position, *(calls or []))
         try:
             raw = path.read_bytes()
         except OSError:
             return None
     return None
+
+
+def _calls(raw: bytes, seq: int) -> list[float] | None:
+    """The collectives' section: [] when absent or never written, None when torn."""
+    if len(raw) < HB_CALLS_AT + HB_CALLS.size:
+        return []
+    *calls, seq_calls = HB_CALLS.unpack_from(raw, HB_CALLS_AT)
+    if seq_calls == 0:
+        return []
+    return calls if seq_calls == seq else None
 
 
 def pid_alive(pid: int) -> bool:

@@ -90,25 +90,34 @@ class Publication:
     def _start_serving(self, config: MonitorConfig, topo: DistEnv) -> None:
         directory = job_state_dir(config.job_name, config.port, config.state_dir)
         self.web = load_web_config(config.web_config_file, "FSDPMON_WEB_CONFIG_FILE")
-        try:
-            for stale in statedir.remove_stale(directory.parent):
-                log.info("fsdpmon: removed %s, left by a job that is gone", stale)
-            statedir.check_port_free(directory, config.port)
-        except FsdpmonError:
-            raise  # another job on our port: refuse at start
-        except OSError as exc:
-            self._fail("state directory", exc)
+        if not self._in_state_dir(lambda: self._sweep(directory, config.port)):
             return
         with exit_cleanup.covering():  # a SIGTERM during start-up finds every file registered
             self._publish_files(directory, config, topo)
 
-    def _publish_files(self, directory: Path, config: MonitorConfig, topo: DistEnv) -> None:
+    def _in_state_dir(self, action: Callable[[], None]) -> bool:
+        """Run a start-up step on the state directory: another job's directory or port refuses
+        the start (FsdpmonError); any other trouble there turns publishing off (False)."""
         try:
-            self.writer = RankStateWriter(directory, topo.rank)
+            action()
         except FsdpmonError:
-            raise  # someone else's directory: refuse at start
+            raise
         except OSError as exc:
             self._fail("state directory", exc)
+            return False
+        return True
+
+    @staticmethod
+    def _sweep(directory: Path, port: int) -> None:
+        for stale in statedir.remove_stale(directory.parent):
+            log.info("fsdpmon: removed %s, left by a job that is gone", stale)
+        statedir.check_port_free(directory, port)
+
+    def _open_writer(self, directory: Path, rank: int) -> None:
+        self.writer = RankStateWriter(directory, rank)
+
+    def _publish_files(self, directory: Path, config: MonitorConfig, topo: DistEnv) -> None:
+        if not self._in_state_dir(lambda: self._open_writer(directory, topo.rank)):
             return
         self._keep_exit_record(directory, topo)
         exit_cleanup.register(self.writer.close)  # SIGTERM too, not only a normal exit
@@ -179,7 +188,7 @@ class Publication:
         with self._lock:
             if self.writer is not None:
                 self.writer.heartbeat(*self._progress, *self._stall, self._watchdog_seen,
-                                      self._where())
+                                      self._where(), _calls())
 
     def _where(self) -> tuple[float, float, float, float, float]:
         """The progress evidence, stamped with the time it was first seen unchanged: a stuck
@@ -353,3 +362,11 @@ def _bucket(seconds: float) -> int:
         if seconds <= bound:
             return i
     return len(STEP_BUCKETS)
+
+
+def _calls() -> tuple[float, ...]:
+    """The collectives' identity for the heartbeat: the last completed step's fingerprint (its
+    calls, hash, sequence number at its end; -1 calls: none yet) and the call entered last."""
+    calls, fingerprint, seq = collectives.last_step() or (-1, 0, 0)
+    return (float(calls), float(fingerprint), float(seq),
+            *(float(v) for v in collectives.entered_call()))

@@ -2,7 +2,7 @@
 
 Each rank owns two files in a per-job directory (under /dev/shm when it exists, so nothing hits a
 disk):
-- ``rank<R>.hb``: a fixed 64-byte memory-mapped record (pid, heartbeat, step counters, stall flag)
+- ``rank<R>.hb``: a fixed-size memory-mapped record (pid, heartbeat, step counters, stall flag)
   rewritten on every step with one ``pack_into`` — no syscall on the hot path. A sequence number
   written at both ends lets a reader detect a torn read and retry.
 - ``rank<R>.json``: everything else (labels, gauges, histogram, job figures), replaced atomically
@@ -32,6 +32,8 @@ from typing import Any
 
 from fsdpmon.monitor import exit_record, statedir
 from fsdpmon.monitor.heartbeat import (
+    HB_CALLS,
+    HB_CALLS_AT,
     HB_POSITION,
     HB_RECORD,
     HB_SIZE,
@@ -42,6 +44,8 @@ from fsdpmon.monitor.heartbeat import (
 
 # No progress evidence published (yet): no collective, no phase (-1), no time.
 NO_POSITION = (0.0, 0.0, 0.0, -1.0, 0.0)
+# No collectives' identity: no step's calls (-1), no call entered.
+NO_CALLS = (-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
 @dataclass(frozen=True)
@@ -92,13 +96,15 @@ class RankStateWriter:
     def heartbeat(self, last_step_unix: float, step: float, steps_total: float,
                   tokens_total: float, stalled: float, stall_threshold: float,
                   watchdog_unix: float = 0.0,
-                  position: tuple[float, float, float, float, float] = NO_POSITION) -> None:
+                  position: tuple[float, float, float, float, float] = NO_POSITION,
+                  calls: tuple[float, ...] = NO_CALLS) -> None:
         """``position``: the progress evidence (collective entered and completed, inside one,
-        the phase's index, since when all of it is unchanged)."""
+        the phase's index, since when all of it is unchanged); ``calls``: the collectives'
+        identity (heartbeat.HB_CALLS)."""
         self._pack(last_step_unix, step, steps_total, tokens_total, stalled, stall_threshold,
-                   watchdog_unix, *position)
+                   watchdog_unix, *position, calls=calls)
 
-    def _pack(self, *values: float) -> None:
+    def _pack(self, *values: float, calls: tuple[float, ...] = NO_CALLS) -> None:
         with self._lock:
             if self._closed:
                 return  # a SIGTERM's clean-up got here first: nothing more to publish
@@ -106,6 +112,7 @@ class RankStateWriter:
             record, position = values[:-len(NO_POSITION)], values[-len(NO_POSITION):]
             HB_RECORD.pack_into(self._map, 0, self._seq, self.pid, *record, self._seq)
             HB_POSITION.pack_into(self._map, HB_RECORD.size, *position, self._seq)
+            HB_CALLS.pack_into(self._map, HB_CALLS_AT, *calls, self._seq)
 
     def snapshot(self, data: dict[str, Any]) -> None:
         with self._lock:

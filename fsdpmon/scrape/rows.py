@@ -64,6 +64,13 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
         restarts=opt_int(get("restarts")), seen_at=now, gpus=gpus,
         collective_entered=opt_int(get("collective_entered")),
         in_collective=None if inside is None else inside == 1.0,
+        step_collectives=opt_int(get("step_collectives")),
+        step_fingerprint=opt_int(get("step_fingerprint")),
+        step_end_seq=opt_int(get("step_end_seq")), entered_op=opt_int(get("entered_op")),
+        entered_elements=opt_int(get("entered_elements")),
+        entered_dtype=opt_int(get("entered_dtype")),
+        entered_off_pattern=None if get("entered_off_pattern") is None
+        else get("entered_off_pattern") == 1.0,
         previous_exit_step=opt_int(get("previous_exit_step")),
         loss_first_nonfinite_step=opt_int(get("loss_first_nonfinite_step")),
         grad_norm_first_nonfinite_step=opt_int(get("grad_norm_first_nonfinite_step")),
