@@ -176,6 +176,7 @@ class Publication:
 
     def step_done(self, step: int, steps: int, tokens: int, host_seconds: float) -> None:
         self.watchdog.step_done(host_seconds)
+        self._fingerprint = (float(step), collectives.last_step())  # one store: see _calls
         self._progress = (time.time(), float(step), float(steps), float(tokens))
         if self.writer is not None:
             self._beat()
@@ -188,7 +189,7 @@ class Publication:
         with self._lock:
             if self.writer is not None:
                 self.writer.heartbeat(*self._progress, *self._stall, self._watchdog_seen,
-                                      self._where(), _calls())
+                                      self._where(), _calls(self._fingerprint, self._progress[1]))
 
     def _where(self) -> tuple[float, float, float, float, float]:
         """The progress evidence, stamped with the time it was first seen unchanged: a stuck
@@ -364,9 +365,14 @@ def _bucket(seconds: float) -> int:
     return len(STEP_BUCKETS)
 
 
-def _calls() -> tuple[float, ...]:
-    """The collectives' identity for the heartbeat: the last completed step's fingerprint (its
-    calls, hash, sequence number at its end; -1 calls: none yet) and the call entered last."""
-    calls, fingerprint, seq = collectives.last_step() or (-1, 0, 0)
-    return (float(calls), float(fingerprint), float(seq),
+def _calls(fingerprint: tuple[float, tuple[int, int, int] | None] | None,
+           step: float) -> tuple[float, ...]:
+    """The collectives' identity for the heartbeat: the fingerprint of the step the heartbeat
+    names (its calls, hash, sequence number at its end; -1 calls: none), taken when that step
+    was published, not read now: the watchdog's beat may fall between the next step's end and
+    its publication, and would pair that step's fingerprint with this one's number. Then the
+    call entered last."""
+    stepped, last = fingerprint or (None, None)
+    calls, hashed, seq = last if last is not None and stepped == step else (-1, 0, 0)
+    return (float(calls), float(hashed), float(seq),
             *(float(v) for v in collectives.entered_call()))
