@@ -58,8 +58,20 @@ def test_served_after_a_step_and_not_before():
     fields = dict(zip(names, CALLS, strict=True))
     text = _served(**fields)
     assert [_values(text, m.name) for m in SERIES] == [{"0": v} for v in CALLS]
-    none = _served(**{**fields, "step_calls": -1.0})  # no step completed yet (or older writer)
-    assert [_values(none, m.name) for m in SERIES] == [{}] * len(SERIES)
+    unstepped = _served(**{**fields, "step_calls": -1.0})  # no fingerprint for the step named
+    assert [_values(unstepped, m.name) for m in SERIES] == [{}] * 3 + [{"0": v} for v in CALLS[3:]]
+    older = _served()  # an older writer: neither
+    assert [_values(older, m.name) for m in SERIES] == [{}] * len(SERIES)
+
+
+def test_a_fingerprint_is_published_only_with_the_step_it_belongs_to(monkeypatch):
+    from fsdpmon.monitor import collectives, publish
+
+    monkeypatch.setattr(collectives, "entered_call", lambda: (1, 1024, 1, 0))
+    same = publish._calls((7.0, (3, 99, 40)), 7.0)
+    assert same == (3.0, 99.0, 40.0, 1.0, 1024.0, 1.0, 0.0)
+    assert publish._calls((8.0, (3, 99, 40)), 7.0)[:3] == (-1.0, 0.0, 0.0)  # the next step's
+    assert publish._calls(None, 0.0)[:3] == (-1.0, 0.0, 0.0)
 
 
 def test_the_scraped_row_holds_the_identity():

@@ -117,11 +117,13 @@ def _position(builder: Families, labels: tuple[str, ...], hb: Heartbeat) -> None
         builder.add(name, labels, value)
     for i, name in enumerate(PROGRESS_PHASES):
         builder.add(catalog.TRAIN_PHASE, (*labels, name), 1.0 if i == phase else 0.0)
-    if hb.step_calls >= 0:  # a monitor that publishes the collectives' identity, after a step
+    if hb.step_calls >= 0:  # the fingerprint of the step it names (none before a step)
         for name, value in ((catalog.TRAIN_STEP_COLLECTIVE_CALLS, hb.step_calls),
                             (catalog.TRAIN_STEP_COLLECTIVE_FINGERPRINT, hb.step_fingerprint),
-                            (catalog.TRAIN_STEP_COLLECTIVE_END_SEQ, hb.step_end_seq),
-                            (catalog.TRAIN_COLLECTIVE_ENTERED_OP, hb.entered_op),
+                            (catalog.TRAIN_STEP_COLLECTIVE_END_SEQ, hb.step_end_seq)):
+            builder.add(name, labels, value)
+    if hb.entered_op > 0:  # the call entered last (none before the first, or older writer)
+        for name, value in ((catalog.TRAIN_COLLECTIVE_ENTERED_OP, hb.entered_op),
                             (catalog.TRAIN_COLLECTIVE_ENTERED_ELEMENTS, hb.entered_elements),
                             (catalog.TRAIN_COLLECTIVE_ENTERED_DTYPE, hb.entered_dtype),
                             (catalog.TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN,

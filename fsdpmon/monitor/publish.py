@@ -54,6 +54,7 @@ class Publication:
         self._fail = fail
         self._lock = threading.Lock()
         self._progress = (0.0, 0.0, 0.0, 0.0)  # last step unix, step, steps, tokens
+        self._fingerprint: tuple[float, tuple[int, int, int] | None] | None = None
         self._stall = (0.0, config.stall_floor_seconds)
         self._watchdog_seen = 0.0
         self.writer: RankStateWriter | None = None
@@ -189,7 +190,8 @@ class Publication:
         with self._lock:
             if self.writer is not None:
                 self.writer.heartbeat(*self._progress, *self._stall, self._watchdog_seen,
-                                      self._where(), _calls(self._fingerprint, self._progress[1]))
+                                      self._where(),
+                                      _calls(self._fingerprint, self._progress[1]))
 
     def _where(self) -> tuple[float, float, float, float, float]:
         """The progress evidence, stamped with the time it was first seen unchanged: a stuck
