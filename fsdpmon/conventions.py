@@ -116,6 +116,9 @@ MEMORY_PRESSURE_RATIO = 0.95
 # A verdict needs its evidence in every sample spanning at least this long (never one sample);
 # with top's 2 s refresh that is 6 samples, and it stays under the 30 s the hang target allows.
 DIAGNOSIS_EVIDENCE_SECONDS = 10.0
+# collective_desync at two ranks, where no majority tells the odd rank: a rank's step breaks
+# its own pattern when it differs from what it made in this many earlier steps (all alike).
+DESYNC_PATTERN_STEPS = 2
 # A straggler's excess busy time is put down to data loading (or checkpointing) when at least
 # this share of it is extra data wait (or checkpoint time) compared to the median rank.
 STRAGGLER_CAUSE_SHARE = 0.5
@@ -211,6 +214,7 @@ GPU_XID_CRITICAL = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 # differs). Three causes depend on what raised them, each through its own table below: an XID
 # by its code, throttling by its clock-event reason, a target that is down by its kind.
 CAUSE_SEVERITY = {
+    "collective_desync": Severity.CRITICAL,  # the job hangs, or trains on mismatched data
     "hang": Severity.CRITICAL,
     "rank_unresponsive": Severity.CRITICAL,
     "rank_missing": Severity.CRITICAL,

@@ -42,7 +42,8 @@ def test_healthy_job_has_no_findings():
 
 def test_cause_names_are_the_documented_ones():
     assert set(CAUSES) == {
-        "hang", "rank_unresponsive", "rank_missing", "crash_loop", "straggler_compute",
+        "hang", "collective_desync", "rank_unresponsive", "rank_missing", "crash_loop",
+        "straggler_compute",
         "straggler_data", "gpu_throttled", "gpu_xid", "gpu_lost", "gpu_ecc", "loss_nonfinite",
         "loss_spike", "memory_pressure", "checkpoint_slow", "host_cpu_contention",
         "cpu_throttled", "target_down"}

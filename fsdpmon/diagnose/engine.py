@@ -21,6 +21,7 @@ from fsdpmon.conventions import (
 )
 from fsdpmon.diagnose.after import restart_cause
 from fsdpmon.diagnose.cpu_rules import starved
+from fsdpmon.diagnose.desync_rules import desync
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import (
     Finding,
@@ -67,8 +68,10 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     # In this order: each rule takes the facts it explains out of ``obs`` before the next
     # reads them (a lost or ECC-failing GPU's XIDs are not gpu_xid's; its rank's stall is
     # not a hang of its own).
-    for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing, _hang):
+    for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing):
         out += rule(obs, places, stacks)
+    out += desync(history, obs, places, stacks)  # before _hang: a desync's hang is the desync
+    out += _hang(obs, places, stacks)
     for rule in (stragglers, starved, throttled, loss, memory, _checkpoint, _targets):
         out += rule(obs, places)
     return ranked(out)

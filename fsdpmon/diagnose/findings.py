@@ -19,7 +19,8 @@ from fsdpmon.job.snapshot import RankRow
 # Most urgent first within a severity: causes that stop the job, then GPU faults, then what
 # slows it, then what only threatens it.
 CAUSES = (
-    "hang", "rank_unresponsive", "rank_missing", "crash_loop", "gpu_lost", "gpu_xid", "gpu_ecc",
+    "hang", "collective_desync", "rank_unresponsive", "rank_missing", "crash_loop", "gpu_lost",
+    "gpu_xid", "gpu_ecc",
     "loss_nonfinite", "gpu_throttled", "straggler_compute", "straggler_data",
     "host_cpu_contention", "cpu_throttled", "checkpoint_slow", "memory_pressure", "loss_spike",
     "target_down",
@@ -30,6 +31,10 @@ SLOWDOWN_CAUSES = ("gpu_throttled", "straggler_compute", "straggler_data", "host
                    "cpu_throttled")
 
 NEXT_STEPS = {
+    "collective_desync": "the ranks called different collectives: look at the call site in the "
+                         "evidence (a collective under `if rank == ...` or a data-dependent "
+                         "branch) on the named rank; `py-spy dump --pid <pid>` in {pod}; "
+                         "restart from the last checkpoint once fixed",
     "hang": "look at the odd rank first: `kubectl logs {pod}`, then `py-spy dump --pid <pid>` "
             "in its pod; restart from the last checkpoint once its cause is known",
     "rank_unresponsive": "the process is stopped or holds the GIL: `kubectl exec {pod} -- "

@@ -1,0 +1,181 @@
+"""collective_desync: ranks that made different collectives, named live (issue 51).
+
+Every rank of a group must make the same collectives in the same order. A collective inside
+``if rank == ...`` or a data-dependent branch breaks that: the ranks then wait in different
+calls at the same sequence number (a hang the NCCL watchdog reports minutes later, and
+PyTorch's flight recorder only once every rank has dumped), or, where the calls happen to
+pair up, go on with their counts apart. Two pieces of evidence, both published by the
+collective wrapper (fsdpmon.monitor.collectives) with each heartbeat:
+
+- waiting: stalled ranks inside collectives at the same number, but in different calls (op,
+  elements, dtype). The stack evidence's last collective says the op too, where rows lack it.
+- fingerprints: ranks at the same step whose step made different calls (count and rolling
+  hash), or whose sequence number at the step's end differs (one made more calls before it).
+
+The culprit: the rank whose own call breaks the pattern of its step before (the wrapper
+compares each call with the previous step's call at the same position), else the minority
+when one group of ranks is larger than every other. A rank that only waits in the call its
+steps always made is never named; when the sides cannot be told apart, none is.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fsdpmon.conventions import DESYNC_PATTERN_STEPS, Severity
+from fsdpmon.diagnose.findings import Finding, ranks_text, waiters, where_all
+from fsdpmon.diagnose.observe import Observations, Places
+from fsdpmon.diagnose.stacks import RankStack, merge
+from fsdpmon.job.snapshot import JobSnapshot, RankRow
+from fsdpmon.monitor.collectives import DTYPE_NAMES, OPS
+
+Groups = dict[tuple[int, ...], list[int]]  # what a group of ranks did → its ranks
+
+
+@dataclass(frozen=True)
+class Desync:
+    culprits: tuple[int, ...]
+    why: str  # how the culprits were told from the others ("" when they were not)
+    sides: tuple[str, ...]  # "rank 1 all_reduce 1 float32", the culprits' side first
+    where: str  # "at collective #4862 (step 812)" / "at step 812"
+
+
+def call_text(op: int | None, elements: int | None, dtype: int | None) -> str:
+    """'all_reduce 1,024 float32' from the published codes (fsdpmon.monitor.collectives)."""
+    name = OPS[op - 1] if op is not None and 0 < op <= len(OPS) else f"op {op}"
+    if not elements and not dtype:
+        return name
+    kind = DTYPE_NAMES[dtype - 1] if dtype is not None and 0 < dtype <= len(DTYPE_NAMES) else ""
+    return f"{name} {elements or 0:,} {kind}".rstrip()
+
+
+def desync(history: Sequence[JobSnapshot], obs: Observations, places: Places,
+           stacks: Sequence[RankStack] = ()) -> list[Finding]:
+    """The desync finding, if any; it takes the stalled ranks it explains out of ``obs`` (a
+    hang caused by a desync is one, not a hang)."""
+    found = waiting_mismatch(history[-1], stacks) or fingerprint_mismatch(history)
+    if found is None:
+        return []
+    culprits = list(found.culprits)
+    evidence = [" vs ".join(found.sides) + f" {found.where}"]
+    evidence.append(f"culprit: {ranks_text(culprits)} ({found.why})" if culprits else
+                    "which side is wrong cannot be told: both broke their earlier pattern")
+    classes = [c for c in merge(stacks) if set(c.ranks) & set(culprits)] if stacks else []
+    evidence += [f"call site: {c.describe()}" for c in classes]
+    evidence += waiters(obs, set(culprits)) if culprits else _stalled(obs)
+    obs.stalled.clear()
+    rank = culprits[0] if len(culprits) == 1 else None
+    who = ranks_text(culprits) if culprits else "ranks"
+    return [Finding("collective_desync", Severity.CRITICAL,
+                    f"collective desync: {who} made other collectives than the rest "
+                    f"{found.where}", evidence=tuple(evidence), stacks=tuple(classes),
+                    **where_all(places, culprits, rank))]
+
+
+def _stalled(obs: Observations) -> list[str]:
+    stalled = sorted(obs.stalled)
+    return [f"{ranks_text(stalled)} stalled in it"] if stalled else []
+
+
+def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = ()) -> Desync | None:
+    """Stalled ranks waiting in different calls at the same collective number."""
+    rows = {r.rank: r for r in now.ranks if not r.down and r.stalled and r.in_collective
+            and r.collective_entered is not None and r.entered_op}
+    waiting = {rank: (r.collective_entered, (r.entered_op, r.entered_elements or 0,
+                                            r.entered_dtype or 0)) for rank, r in rows.items()}
+    ops = {op: i + 1 for i, op in enumerate(OPS)}
+    for s in stacks:  # the stack evidence's op, for ranks whose rows lack the call
+        if s.stalled and s.seq is not None and s.rank not in waiting and s.op in ops:
+            waiting[s.rank] = (s.seq, (ops[s.op], 0, 0))
+    by_seq: dict[int, Groups] = {}
+    for rank, (seq, call) in sorted(waiting.items()):
+        by_seq.setdefault(seq, {}).setdefault(call, []).append(rank)
+    for seq, groups in sorted(by_seq.items()):
+        if len(groups) > 1:
+            breakers = {r for r, row in rows.items() if row.entered_off_pattern}
+            culprits, why = odd_ranks(groups, breakers.__contains__)
+            steps = sorted({rows[r].step for r in rows if rows[r].step is not None})
+            step = f" (step {steps[0] + 1})" if len(steps) == 1 else ""
+            return Desync(culprits, why, _sides(groups, culprits, call_text),
+                          f"at collective #{seq}{step}")
+    return None
+
+
+def odd_ranks(groups: Groups, breaks: Callable[[int], bool]) -> tuple[tuple[int, ...], str]:
+    """The ranks that did otherwise: the one group whose every rank broke its own pattern
+    while no other rank did, else the ranks outside the one largest group; () when neither
+    tells (two ranks, each or neither breaking its pattern)."""
+    breaking = [ranks for ranks in groups.values() if any(breaks(r) for r in ranks)]
+    if len(breaking) == 1 and all(breaks(r) for r in breaking[0]):
+        return tuple(breaking[0]), "its call breaks the pattern of its steps before"
+    sizes = sorted((len(ranks) for ranks in groups.values()), reverse=True)
+    if sizes[0] > sizes[1]:
+        largest = max(groups.values(), key=len)
+        odd = sorted(r for ranks in groups.values() if ranks is not largest for r in ranks)
+        return tuple(odd), f"the minority: {len(largest)} of {sum(sizes)} ranks did otherwise"
+    return (), ""
+
+
+def _sides(groups: Groups, culprits: tuple[int, ...],
+           text: Callable[..., str]) -> tuple[str, ...]:
+    ordered = sorted(groups.items(), key=lambda kv: (not set(kv[1]) & set(culprits), kv[1]))
+    return tuple(f"{ranks_text(ranks)} {text(*key)}" for key, ranks in ordered)
+
+
+Print = tuple[int, int, int]  # a step's (calls, fingerprint, sequence number at its end)
+
+
+def fingerprints(history: Sequence[JobSnapshot]) -> dict[int, dict[int, Print]]:
+    """rank → step → its fingerprint, from every snapshot of the history."""
+    out: dict[int, dict[int, Print]] = {}
+    for snap in history:
+        for r in snap.ranks:
+            if _printed(r):
+                out.setdefault(r.rank, {})[r.step] = (  # type: ignore[index]
+                    r.step_collectives, r.step_fingerprint, r.step_end_seq)  # type: ignore[assignment]
+    return out
+
+
+def _printed(r: RankRow) -> bool:
+    return not r.down and None not in (r.step, r.step_collectives, r.step_fingerprint,
+                                      r.step_end_seq)
+
+
+def fingerprint_mismatch(history: Sequence[JobSnapshot]) -> Desync | None:
+    """The first step two ranks both published whose calls differ (count and hash), or whose
+    sequence numbers at its end differ (one made other calls before it)."""
+    prints = fingerprints(history)
+    steps = Counter(step for per_rank in prints.values() for step in per_rank)
+    for step in sorted(s for s, seen in steps.items() if seen > 1):
+        at = {rank: per_rank[step] for rank, per_rank in prints.items() if step in per_rank}
+        for part, label in ((slice(0, 2), "made other collectives"),
+                            (slice(2, 3), "numbered its collectives otherwise")):
+            groups: Groups = {}
+            for rank, fp in sorted(at.items()):
+                groups.setdefault(fp[part], []).append(rank)
+            if len(groups) > 1:
+                return _step_desync(prints, step, groups, label)
+    return None
+
+
+def _step_desync(prints: dict[int, dict[int, Print]], step: int, groups: Groups,
+                 label: str) -> Desync:
+    culprits, why = odd_ranks(groups, lambda r: _off_pattern(prints[r], step))
+
+    def text(*key: int) -> str:
+        if len(key) == 1:
+            return f"at collective #{key[0]} when step {step} ended"
+        return f"{key[0]} collectives (fingerprint {key[1]:x})"
+
+    return Desync(culprits, why, _sides(groups, culprits, text), f"at step {step} ({label})")
+
+
+def _off_pattern(per_step: dict[int, Print], step: int) -> bool:
+    """The rank's step differs from the steps it made before (DESYNC_PATTERN_STEPS of them, or
+    more, all alike): its own pattern broke there."""
+    before = [fp[:2] for s, fp in per_step.items() if s < step]
+    usual = Counter(before).most_common(1)
+    return bool(usual) and usual[0][1] >= DESYNC_PATTERN_STEPS and \
+        per_step[step][:2] != usual[0][0]
