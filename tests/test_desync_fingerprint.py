@@ -100,3 +100,26 @@ def test_calls_between_steps_are_not_in_the_fingerprint(ops: dict[str, object]) 
     ops["all_reduce"](torch.zeros(2))  # type: ignore[operator]  # a log step's gather: not armed
     again = step(ops, normal())
     assert again[:2] == base[:2] and again[2] == base[2] + 4
+
+
+def test_a_call_beyond_the_previous_steps_calls_is_off_pattern_whatever_was_there(
+        ops: dict[str, object]) -> None:
+    """After steps of 4, 4 and 3 calls, the spare slot still holds the 4th call's key from two
+    steps before: a 4th call is still beyond the step before, so off its pattern."""
+    four = [*normal(), ("all_reduce", (torch.zeros(1),))]
+    for calls in (four, four, normal()):
+        step(ops, calls)
+    ops["timer"].arm()  # type: ignore[attr-defined]
+    flags = []
+    for name, args in four:
+        ops[name](*args)  # type: ignore[operator]
+        flags.append(collectives.entered_call()[3])
+    assert flags == [0, 0, 0, 1]
+
+
+def test_a_step_armed_again_starts_its_fingerprint_over(ops: dict[str, object]) -> None:
+    base = step(ops, normal())
+    ops["timer"].arm()  # type: ignore[attr-defined]
+    ops["all_reduce"](torch.zeros(2))  # type: ignore[operator]  # a step neither done nor aborted
+    assert step(ops, normal())[:2] == base[:2]
+
