@@ -123,3 +123,19 @@ def test_a_step_armed_again_starts_its_fingerprint_over(ops: dict[str, object]) 
     ops["all_reduce"](torch.zeros(2))  # type: ignore[operator]  # a step neither done nor aborted
     assert step(ops, normal())[:2] == base[:2]
 
+
+
+def test_another_threads_call_in_the_step_is_not_in_its_fingerprint(ops: dict[str, object]) -> None:
+    import threading
+
+    base = step(ops, normal())
+    timer = ops["timer"]
+    timer.arm()  # type: ignore[attr-defined]
+    side = threading.Thread(target=ops["all_reduce"], args=(torch.zeros(3),))  # async save's
+    side.start()
+    side.join()
+    for name, args in normal():
+        ops[name](*args)  # type: ignore[operator]
+    timer.step_done()  # type: ignore[attr-defined]
+    last = collectives.last_step()
+    assert last is not None and last[:2] == base[:2] and last[2] == base[2] + 4

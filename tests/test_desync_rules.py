@@ -177,3 +177,40 @@ def test_a_hang_in_one_call_stays_a_hang():
 
     findings = diagnose(_stalled_job({r: (GATHER, False) for r in range(4)}))
     assert [f.cause for f in findings] == ["hang"], findings
+
+
+def _moving(*rows_at, span: int = 6) -> list[JobSnapshot]:
+    return [snap(*rows_at[min(i, len(rows_at) - 1)], t=100.0 + 2 * i) for i in range(span)]
+
+
+def test_ranks_in_different_calls_through_the_window_are_named_before_their_stall():
+    from fsdpmon.diagnose.desync_rules import desync
+    from fsdpmon.diagnose.observe import Observations, Places
+    from fsdpmon.diagnose.window import Window
+
+    rows = (waiting(0, GATHER, stalled=False), waiting(1, REDUCE, off=True, stalled=False))
+    snaps = _moving(rows)
+    found = desync(Window(snaps, 10.0), Observations(snaps[-1], 10.0), Places(snaps))
+    assert [(f.cause, f.rank) for f in found] == [("collective_desync", 1)]
+    # the same two calls, but rank 1 came into its call within the window: not yet
+    before = (waiting(0, GATHER, stalled=False), waiting(1, GATHER, stalled=False, seq=4861))
+    late = [*_moving(before, span=3), *_moving(rows, span=3)]
+    late = [dataclasses.replace(s, time=100.0 + 2 * i) for i, s in enumerate(late)]
+    assert desync(Window(late, 10.0), Observations(late[-1], 10.0), Places(late)) == []
+
+
+def test_counts_apart_for_a_while_then_together_again_are_no_desync():
+    def rows(s):  # another thread's call counted before one rank's step ended, not the other's
+        return [printed(r, s, end=s * 30 + (1 if (r == 1 and s == 5) else 0)) for r in range(2)]
+    assert fingerprint_mismatch(history(rows)) is None
+
+
+def test_steps_of_another_restart_are_not_compared():
+    """Step 6 made twice: before the restart (rank 0 sampled there) and after it, restored
+    from step 2 and numbering from scratch (rank 1 sampled there): not one step."""
+    def at(rank, s, restarts):
+        return dataclasses.replace(printed(rank, s, end=s * 30 - 7 * restarts), restarts=restarts)
+    pre = [snap(at(0, s, 0), *([at(1, s, 0)] if s < 6 else []), t=100.0 + s) for s in range(1, 7)]
+    post = [snap(*([at(0, s, 1)] if s < 6 else []), at(1, s, 1), t=200.0 + s)
+            for s in range(3, 7)]
+    assert fingerprint_mismatch([*pre, *post]) is None

@@ -7,10 +7,13 @@ PyTorch's flight recorder only once every rank has dumped), or, where the calls 
 pair up, go on with their counts apart. Two pieces of evidence, both published by the
 collective wrapper (fsdpmon.monitor.collectives) with each heartbeat:
 
-- waiting: stalled ranks inside collectives at the same number, but in different calls (op,
-  elements, dtype). The stack evidence's last collective says the op too, where rows lack it.
+- waiting: ranks inside collectives at the same number, but in different calls (op, elements,
+  dtype), stalled or in that one call through the whole evidence window (so it is named
+  before the stall bound, 120 s by default, passes). The stack evidence's last collective says
+  the op too, where rows lack it.
 - fingerprints: ranks at the same step whose step made different calls (count and rolling
-  hash), or whose sequence number at the step's end differs (one made more calls before it).
+  hash), or whose sequence number at the step's end differs from some step on to the newest
+  (one made more calls before it and never caught up).
 
 The culprit: the rank whose own call breaks the pattern of its step before (the wrapper
 compares each call with the previous step's call at the same position), else the minority
@@ -21,13 +24,14 @@ steps always made is never named; when the sides cannot be told apart, none is.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from fsdpmon.conventions import DESYNC_PATTERN_STEPS, Severity
 from fsdpmon.diagnose.findings import Finding, ranks_text, waiters, where_all
 from fsdpmon.diagnose.observe import Observations, Places
 from fsdpmon.diagnose.stacks import RankStack, merge
+from fsdpmon.diagnose.window import Window
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
 from fsdpmon.monitor.collectives import DTYPE_NAMES, OPS
 
@@ -51,11 +55,12 @@ def call_text(op: int | None, elements: int | None, dtype: int | None) -> str:
     return f"{name} {elements or 0:,} {kind}".rstrip()
 
 
-def desync(history: Sequence[JobSnapshot], obs: Observations, places: Places,
+def desync(window: Window, obs: Observations, places: Places,
            stacks: Sequence[RankStack] = ()) -> list[Finding]:
     """The desync finding, if any; it takes the stalled ranks it explains out of ``obs`` (a
     hang caused by a desync is one, not a hang)."""
-    found = waiting_mismatch(history[-1], stacks) or fingerprint_mismatch(history)
+    found = (waiting_mismatch(window.now, stacks, held(window))
+             or fingerprint_mismatch(window.history))
     if found is None:
         return []
     culprits = list(found.culprits)
@@ -79,10 +84,20 @@ def _stalled(obs: Observations) -> list[str]:
     return [f"{ranks_text(stalled)} stalled in it"] if stalled else []
 
 
-def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = ()) -> Desync | None:
-    """Stalled ranks waiting in different calls at the same collective number."""
-    rows = {r.rank: r for r in now.ranks if not r.down and r.stalled and r.in_collective
-            and r.collective_entered is not None and r.entered_op}
+def held(window: Window) -> set[int]:
+    """Ranks inside one collective call through the whole evidence window: stuck in it, known
+    before their stall bound (max(10 x median step, floor)) says so."""
+    return {key[0] for key in window.lasting(lambda snap: {
+        (r.rank, r.collective_entered, r.entered_op, r.entered_elements, r.entered_dtype)
+        for r in snap.ranks if not r.down and r.in_collective and r.entered_op})}
+
+
+def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
+                     stuck: Collection[int] = ()) -> Desync | None:
+    """Ranks stalled, or ``stuck`` in one call, that wait in different calls at the same
+    collective number."""
+    rows = {r.rank: r for r in now.ranks if not r.down and (r.stalled or r.rank in stuck)
+            and r.in_collective and r.collective_entered is not None and r.entered_op}
     waiting = {rank: (r.collective_entered, (r.entered_op, r.entered_elements or 0,
                                             r.entered_dtype or 0)) for rank, r in rows.items()}
     ops = {op: i + 1 for i, op in enumerate(OPS)}
@@ -125,15 +140,16 @@ def _sides(groups: Groups, culprits: tuple[int, ...],
 
 
 Print = tuple[int, int, int]  # a step's (calls, fingerprint, sequence number at its end)
+Step = tuple[int, int]  # (the job's restarts, step): a restarted job makes its steps again
 
 
-def fingerprints(history: Sequence[JobSnapshot]) -> dict[int, dict[int, Print]]:
+def fingerprints(history: Sequence[JobSnapshot]) -> dict[int, dict[Step, Print]]:
     """rank → step → its fingerprint, from every snapshot of the history."""
-    out: dict[int, dict[int, Print]] = {}
+    out: dict[int, dict[Step, Print]] = {}
     for snap in history:
         for r in snap.ranks:
             if _printed(r):
-                out.setdefault(r.rank, {})[r.step] = (  # type: ignore[index]
+                out.setdefault(r.rank, {})[(r.restarts or 0, r.step)] = (  # type: ignore[index]
                     r.step_collectives, r.step_fingerprint, r.step_end_seq)  # type: ignore[assignment]
     return out
 
@@ -144,35 +160,48 @@ def _printed(r: RankRow) -> bool:
 
 
 def fingerprint_mismatch(history: Sequence[JobSnapshot]) -> Desync | None:
-    """The first step two ranks both published whose calls differ (count and hash), or whose
-    sequence numbers at its end differ (one made other calls before it)."""
+    """The first step two ranks both published whose calls differ (count and hash); else the
+    first step of a difference in the sequence numbers at the steps' ends that lasts to the
+    newest step they share (one rank made other calls between steps, and never caught up: a
+    call another thread made at another moment on each rank is caught up within a step)."""
     prints = fingerprints(history)
-    steps = Counter(step for per_rank in prints.values() for step in per_rank)
-    for step in sorted(s for s, seen in steps.items() if seen > 1):
-        at = {rank: per_rank[step] for rank, per_rank in prints.items() if step in per_rank}
-        for part, label in ((slice(0, 2), "made other collectives"),
-                            (slice(2, 3), "numbered its collectives otherwise")):
-            groups: Groups = {}
-            for rank, fp in sorted(at.items()):
-                groups.setdefault(fp[part], []).append(rank)
-            if len(groups) > 1:
-                return _step_desync(prints, step, groups, label)
-    return None
+    seen = Counter(step for per_rank in prints.values() for step in per_rank)
+    steps = sorted(s for s, count in seen.items() if count > 1)
+    for step in steps:
+        groups = _groups(prints, step, slice(0, 2))
+        if len(groups) > 1:
+            return _step_desync(prints, step, groups, "made other collectives")
+    first = None
+    for step in reversed(steps):
+        groups = _groups(prints, step, slice(2, 3))
+        if len(groups) < 2:
+            break
+        first = step, groups
+    return None if first is None else _step_desync(prints, *first,
+                                                   "numbered its collectives otherwise")
 
 
-def _step_desync(prints: dict[int, dict[int, Print]], step: int, groups: Groups,
+def _groups(prints: dict[int, dict[Step, Print]], step: Step, part: slice) -> Groups:
+    groups: Groups = {}
+    for rank, per_rank in sorted(prints.items()):
+        if step in per_rank:
+            groups.setdefault(per_rank[step][part], []).append(rank)
+    return groups
+
+
+def _step_desync(prints: dict[int, dict[Step, Print]], step: Step, groups: Groups,
                  label: str) -> Desync:
     culprits, why = odd_ranks(groups, lambda r: _off_pattern(prints[r], step))
 
     def text(*key: int) -> str:
         if len(key) == 1:
-            return f"at collective #{key[0]} when step {step} ended"
+            return f"at collective #{key[0]} when step {step[1]} ended"
         return f"{key[0]} collectives (fingerprint {key[1]:x})"
 
-    return Desync(culprits, why, _sides(groups, culprits, text), f"at step {step} ({label})")
+    return Desync(culprits, why, _sides(groups, culprits, text), f"at step {step[1]} ({label})")
 
 
-def _off_pattern(per_step: dict[int, Print], step: int) -> bool:
+def _off_pattern(per_step: dict[Step, Print], step: Step) -> bool:
     """The rank's step differs from the steps it made before (DESYNC_PATTERN_STEPS of them, or
     more, all alike): its own pattern broke there."""
     before = [fp[:2] for s, fp in per_step.items() if s < step]

@@ -70,7 +70,7 @@ def diagnose(history: Sequence[JobSnapshot], stacks: Sequence[RankStack] = (),
     # not a hang of its own).
     for rule in (gpu_lost, gpu_ecc, gpu_xid, _unresponsive, _missing):
         out += rule(obs, places, stacks)
-    out += desync(history, obs, places, stacks)  # before _hang: a desync's hang is the desync
+    out += desync(window, obs, places, stacks)  # before _hang: a desync's hang is the desync
     out += _hang(obs, places, stacks)
     for rule in (stragglers, starved, throttled, loss, memory, _checkpoint, _targets):
         out += rule(obs, places)

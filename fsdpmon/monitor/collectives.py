@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -224,7 +225,7 @@ class _Calls:
     compares with (``off_pattern``: this call's key differs from the previous step's there)."""
 
     __slots__ = ("code", "depth", "done", "dtype", "elems", "hash", "keys", "last_step", "n",
-                 "off_pattern", "op", "prev_keys", "prev_n", "seq", "timer")
+                 "off_pattern", "op", "prev_keys", "prev_n", "seq", "thread", "timer")
 
     def __init__(self) -> None:
         self.op: str | None = None
@@ -236,6 +237,7 @@ class _Calls:
         self.n = self.hash = self.prev_n = 0
         self.keys, self.prev_keys = [0] * PATTERN_CAP, [0] * PATTERN_CAP
         self.last_step: tuple[int, int, int] | None = None  # (calls, hash, seq at its end)
+        self.thread = 0  # the thread that opened the step: only its calls are fingerprinted
 
     def note(self, code: int, args: tuple[Any, ...], armed: bool) -> None:
         """The call's op, first tensor's size and dtype; in a step also its fingerprint (no
@@ -249,7 +251,9 @@ class _Calls:
         else:
             elems = dtype = 0
         self.code, self.elems, self.dtype = code, elems, dtype
-        if not armed:
+        # Another thread's calls (an async checkpoint's) fall into the step at a different
+        # point on each rank: in the fingerprint they would differ where nothing is wrong.
+        if not armed or get_ident() != self.thread:
             self.off_pattern = 0
             return
         key, at = code | dtype << 8 | elems << 16, self.n
@@ -261,6 +265,7 @@ class _Calls:
 
     def step_begin(self) -> None:
         self.n = self.hash = 0
+        self.thread = get_ident()
 
     def step_end(self, completed: bool) -> None:
         """The step's fingerprint becomes the last step's; its keys the pattern for the next."""
