@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -228,15 +227,3 @@ def test_two_nodes_the_kubeflow_way_on_a_tokenized_corpus(tmp_path):
     last = [r for r in read_jsonl(tmp_path / "run.rank1.jsonl") if r["kind"] == "step"][-1]
     assert last["step"] == 4 and last["tokens_total"] == 4 * 2 * 32 * 2
     assert 0 < last["loss"] < 10
-
-
-def test_plain_single_process_with_per_block_compile(tmp_path):
-    """No launcher at all (a laptop's `python -m fsdpmon.trainer.train`), with --compile."""
-    args = [sys.executable, "-m", "fsdpmon.trainer.train", "--model", "custom", "--n-layers", "1",
-            "--max-steps", "3", "--log-every", "3", "--seq-len", "32", "--compile",
-            "--metrics-port", "0", "--log-jsonl", str(tmp_path / "run.jsonl")]
-    code, log = run(args, tmp_path / "out.txt", timeout=240)
-    assert code == 0, log[-4000:]
-    (record,) = [r for r in read_jsonl(tmp_path / "run.rank0.jsonl") if r["kind"] == "step"]
-    assert record["world_size"] == 1 and record["step"] == 3
-    assert "step 3/3" in log
