@@ -9,6 +9,10 @@ cause. Which one it is, in the order the rules check it (the first that names a 
 - behind: its last collective's number is below the job's highest (the others went on into
   the next one and wait there for it);
 - outside: it is outside a collective while other ranks of the job wait inside one.
+- desync (FsdpmonCollectiveDesync, cause collective_desync): every rank of the job waits at the
+  same collective number but not in the same call (op or elements), and this rank's call
+  breaks the pattern of its own step before; named without waiting for the stall bound (its
+  `for` rides out a torn read), and the stall alert stays quiet for that job.
 A rank that vanished is FsdpmonTrainingRankMissing's (it names the rank): the stall alert stays
 quiet for that job, so one incident is one page. When every rank waits alike (a network or NCCL
 hang) the stall alert names the job only, never a waiting rank.
@@ -31,6 +35,23 @@ MISSING_ALERT = 'ALERTS{alertname="FsdpmonTrainingRankMissing"}'
 # Seconds the rank has been where it is (its progress evidence unchanged); a rank that never
 # published it, since its last step.
 HELD = f"((time() - {SINCE}) or (time() - {HEARTBEAT}) or {AGE})"
+OFF_PATTERN = m(catalog.TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN)
+
+
+def _spread(metric: str) -> str:
+    """How far apart the job's ranks are in ``metric`` (0: all alike)."""
+    return f"(max by ({JOB_KEYS}) ({metric}) - min by ({JOB_KEYS}) ({metric}))"
+
+
+def desync_culprits() -> str:
+    """Ranks inside a collective whose call breaks their own pattern while the job's ranks
+    wait at one collective number in different calls: the rank that did otherwise."""
+    calls = (f"{_spread(m(catalog.TRAIN_COLLECTIVE_ENTERED_OP))} > 0\n"
+             f"  or {_spread(m(catalog.TRAIN_COLLECTIVE_ENTERED_ELEMENTS))} > 0")
+    return (f"{HELD}\n  and on ({RANK_KEYS}) ({INSIDE} == 1)\n"
+            f"  and on ({RANK_KEYS}) ({OFF_PATTERN} == 1)\n"
+            f"  and on ({JOB_KEYS}) ({_spread(ENTERED)} == 0)\n"
+            f"  and on ({JOB_KEYS}) (\n  {calls}\n)")
 
 
 def stalled_ranks() -> str:
@@ -66,6 +87,7 @@ def culprit_records() -> list[Rule]:
         {"record": catalog.REC_JOB_WAITING_RANKS_COUNT.name,
          "expr": f"count {by} (\n  ({INSIDE} == 1)\n  unless on ({RANK_KEYS}) {unresponsive}\n)"
                  f" and {stalled_job}"},
+        _culprit("desync", "collective_desync", desync_culprits()),
         _culprit("unresponsive", "rank_unresponsive",
                  f"{HELD}\n  and on ({RANK_KEYS}) {unresponsive}\n  and {stalled_job}"),
         _culprit("behind", "hang",
@@ -116,6 +138,19 @@ def culprit_alerts(b: RuleBounds) -> list[Rule]:
             f"  unless on ({JOB_KEYS}) {CULPRIT}\n"
             f"  unless on ({JOB_KEYS}) {MISSING_ALERT})")
     return [
+        alert(
+            "FsdpmonCollectiveDesync", f"{CULPRIT}{{cause=\"collective_desync\"}}",
+            b.stall_for,
+            "Training job {{ $labels.job_name }}: rank {{ $labels.rank }} called another "
+            "collective than the others",
+            "Rank {{ $labels.rank }}" + _PLACE + " waits in a collective that breaks the "
+            "pattern of its own steps before, while the other ranks wait in another call at "
+            "the same collective number, for {{ $value | humanizeDuration }}: a collective "
+            "under `if rank == ...` or a data-dependent branch. The job hangs until the NCCL "
+            "watchdog kills it.",
+            "Look at that rank's call site: `fsdpmon diagnose` gives both calls and the stack; "
+            "`py-spy dump --pid PID` in its pod. The others only wait for it.",
+        ),
         alert(
             "FsdpmonTrainingStalled", hang, b.stall_for,
             "{{ if $labels.rank }}Training job {{ $labels.job_name }} is stalled: rank "

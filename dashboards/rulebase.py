@@ -164,6 +164,7 @@ def runbook_base(url: str) -> str:
 # The diagnosis cause each alert stands for (`fsdpmon diagnose` names the same ones), so an
 # alert, a finding and a runbook section share one name.
 ALERT_CAUSES = {
+    "FsdpmonCollectiveDesync": "collective_desync",
     "FsdpmonTrainingStalled": "hang",
     "FsdpmonRankUnresponsive": "rank_unresponsive",
     "FsdpmonRankDied": "rank_missing",
