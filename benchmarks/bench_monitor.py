@@ -214,6 +214,8 @@ def attribution_cost(workdir: Path, calls: int, repeats: int) -> None:
               "merged, no rq": collectives.CollectiveTimer(run_queue=False),
               "before": collectives.CollectiveTimer(run_queue=False)}
     merged = collectives.wrap("all_reduce", raw)
+    collectives.install()  # the wrapper reads each call's tensor: its size, its dtype's code
+    tensor = torch.zeros(1024)  # a call's tensor, as FSDP's are (the fingerprint reads it)
     variants = {"merged": merged, "merged, no rq": merged,
                 "before": premerge.stacked("all_reduce", raw)}
     premerge.activate(timers["before"])
@@ -226,10 +228,10 @@ def attribution_cost(workdir: Path, calls: int, repeats: int) -> None:
             timer.arm()
             start = time.perf_counter()
             for _ in range(calls):
-                raw(1, group=None)
+                raw(tensor, group=None)
             mid = time.perf_counter()
             for _ in range(calls):
-                fn(1, group=None)
+                fn(tensor, group=None)
             end = time.perf_counter()
             timer.step_done()
             timer.drain()
@@ -390,12 +392,16 @@ def main() -> None:
                    help="steps of the endpoint comparison, all variants together")
     p.add_argument("--scrape-rate", type=float, default=10.0,
                    help="scrapes per second in the endpoint comparison (10: the default cap)")
-    p.add_argument("--part", choices=("all", "serving"), default="all")
+    p.add_argument("--part", choices=("all", "serving", "attribution"), default="all")
     args = p.parse_args()
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU only")
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
+        if args.part == "attribution":  # the collective wrapper alone (no tiny step: no share)
+            timed("attribution cost", lambda: attribution_cost(workdir, args.host_steps,
+                                                               args.repeats))
+            return
         if args.part == "serving":
             timed("endpoint comparison", lambda: serving_comparison(
                 workdir, args.serving_steps, args.batch, args.seq_len, args.scrape_rate))
