@@ -214,3 +214,23 @@ def test_steps_of_another_restart_are_not_compared():
     post = [snap(*([at(0, s, 1)] if s < 6 else []), at(1, s, 1), t=200.0 + s)
             for s in range(3, 7)]
     assert fingerprint_mismatch([*pre, *post]) is None
+
+
+def test_the_call_site_of_the_culprit_is_evidence_and_the_waiting_ranks_stack_is_not():
+    from fsdpmon.diagnose.desync_rules import desync
+    from fsdpmon.diagnose.observe import Observations, Places
+    from fsdpmon.diagnose.stacks import Frame
+    from fsdpmon.diagnose.window import Window
+
+    snaps = _moving((waiting(0, GATHER), waiting(1, REDUCE, off=True)))
+    stacks = [RankStack(0, stalled=True, op="all_gather_single", seq=4862,
+                        frames=(Frame("/w/train.py", 170, "train_step"),)),
+              RankStack(1, stalled=True, op="all_reduce", seq=4862,
+                        frames=(Frame("/w/train.py", 170, "train_step"),
+                                Frame("/w/patch.py", 32, "desynced")))]
+    obs = Observations(snaps[-1], 10.0, stalled={0, 1})
+    found, = desync(Window(snaps, 10.0), obs, Places(snaps), stacks)
+    sites = [e for e in found.evidence if e.startswith("call site:")]
+    assert sites == ["call site: rank 1 at patch.py:32 desynced (last collective #4862 "
+                     "all_reduce)"], found.evidence
+    assert "1 other rank 0 stalled waiting for it" in found.evidence and not obs.stalled
