@@ -19,7 +19,8 @@ def ops(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     timer = collectives.CollectiveTimer(run_queue=False)
     collectives._calls.timer = timer
     wrapped = {name: collectives.wrap(name, lambda *a, **k: None)
-               for name in ("all_reduce", "all_gather_into_tensor", "all_gather", "barrier")}
+               for name in ("all_reduce", "all_gather_into_tensor", "all_gather", "barrier",
+                            "all_to_all_single", "send")}
     return {"timer": timer, **wrapped}
 
 
@@ -139,3 +140,18 @@ def test_another_threads_call_in_the_step_is_not_in_its_fingerprint(ops: dict[st
     timer.step_done()  # type: ignore[attr-defined]
     last = collectives.last_step()
     assert last is not None and last[:2] == base[:2] and last[2] == base[2] + 4
+
+
+def test_an_all_to_all_keys_its_op_not_its_uneven_size(ops: dict[str, object]) -> None:
+    """MoE routing sends each rank another count of tokens: not a desync; another op is."""
+    base = step(ops, [("all_to_all_single", (torch.zeros(96), torch.zeros(64)))])
+    other = step(ops, [("all_to_all_single", (torch.zeros(32), torch.zeros(64)))])
+    assert other[:2] == base[:2]
+    reduce = step(ops, [("all_reduce", (torch.zeros(96),))])
+    assert reduce[1] != base[1]
+
+
+def test_point_to_point_calls_are_numbered_not_fingerprinted(ops: dict[str, object]) -> None:
+    base = step(ops, normal())
+    piped = step(ops, [*normal(), ("send", (torch.zeros(8), 1))])  # a pipeline stage's send
+    assert piped[:2] == base[:2] and piped[2] == base[2] + 4

@@ -84,6 +84,11 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "i
 HASH_MASK = (1 << 52) - 1
 _HASH_PRIME = 1000003  # small: the product stays a short int (0.05 us less a call)
 PATTERN_CAP = 512  # a step's calls whose keys the next step compares with (by position)
+# Calls whose size differs by rank where nothing is wrong (an all-to-all's splits: MoE token
+# routing): their key leaves the size out. Point-to-point calls differ by rank by design (a
+# pipeline's stages): they are numbered, not fingerprinted.
+UNEVEN = frozenset(("all_to_all", "all_to_all_single"))
+POINT_TO_POINT = frozenset(("send", "recv"))
 
 
 @dataclass(frozen=True)
@@ -239,7 +244,7 @@ class _Calls:
         self.last_step: tuple[int, int, int] | None = None  # (calls, hash, seq at its end)
         self.thread = 0  # the thread that opened the step: only its calls are fingerprinted
 
-    def note(self, code: int, args: tuple[Any, ...], armed: bool) -> None:
+    def note(self, code: int, args: tuple[Any, ...], armed: bool, sized: bool = True) -> None:
         """The call's op, first tensor's size and dtype; in a step also its fingerprint (no
         allocation but the key's int)."""
         if args:  # the tensor is first, or second after all_gather's output list
@@ -256,7 +261,7 @@ class _Calls:
         if not armed or get_ident() != self.thread:
             self.off_pattern = 0
             return
-        key, at = code | dtype << 8 | elems << 16, self.n
+        key, at = code | dtype << 8 | (elems << 16 if sized else 0), self.n
         self.n = at + 1
         self.hash = (self.hash * _HASH_PRIME + key) & HASH_MASK
         self.off_pattern = at >= self.prev_n or self.prev_keys[at] != key  # a bool: 0 or 1
@@ -320,6 +325,7 @@ def last_step() -> tuple[int, int, int] | None:
 def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` numbered as collective ``name`` (None: not numbered) and timed while armed."""
     code = OPS.index(name) + 1 if name in OPS else 0
+    keyed, sized = name not in POINT_TO_POINT, name not in UNEVEN
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -330,7 +336,7 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         if name is not None:
             seq += 1
             calls.op, calls.seq = name, seq
-            calls.note(code, args, timer is not None and timer.armed)
+            calls.note(code, args, keyed and timer is not None and timer.armed, sized)
         calls.depth = 1
         try:
             if timer is None or not timer.armed or kwargs.get("async_op"):
