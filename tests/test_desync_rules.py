@@ -70,6 +70,14 @@ def test_no_mismatch_without_different_calls_at_one_stalled_number(rows):
     assert waiting_mismatch(snap(*rows)) is None
 
 
+def test_ranks_waiting_in_one_all_to_all_of_uneven_sizes_are_no_desync():
+    a2a = OPS.index("all_to_all_single") + 1
+    rows = [waiting(r, (a2a, 100 + r, 1)) for r in range(3)]
+    assert waiting_mismatch(snap(*rows)) is None
+    other = waiting_mismatch(snap(*rows[:2], waiting(2, REDUCE)))
+    assert other is not None and other.culprits == (2,)
+
+
 def test_four_ranks_name_the_minority_and_never_a_waiting_rank():
     rows = [waiting(r, GATHER) for r in range(3)] + [waiting(3, REDUCE)]
     found = waiting_mismatch(snap(*rows))

@@ -33,7 +33,7 @@ from fsdpmon.diagnose.observe import Observations, Places
 from fsdpmon.diagnose.stacks import RankStack, merge
 from fsdpmon.diagnose.window import Window
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
-from fsdpmon.monitor.collectives import DTYPE_NAMES, OPS
+from fsdpmon.monitor.collectives import DTYPE_NAMES, OPS, UNEVEN
 
 Groups = dict[tuple[int, ...], list[int]]  # what a group of ranks did → its ranks
 
@@ -98,8 +98,7 @@ def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
     collective number."""
     rows = {r.rank: r for r in now.ranks if not r.down and (r.stalled or r.rank in stuck)
             and r.in_collective and r.collective_entered is not None and r.entered_op}
-    waiting = {rank: (r.collective_entered, (r.entered_op, r.entered_elements or 0,
-                                            r.entered_dtype or 0)) for rank, r in rows.items()}
+    waiting = {rank: (r.collective_entered, _call(r)) for rank, r in rows.items()}
     ops = {op: i + 1 for i, op in enumerate(OPS)}
     for s in stacks:  # the stack evidence's op, for ranks whose rows lack the call
         if s.stalled and s.seq is not None and s.rank not in waiting and s.op in ops:
@@ -116,6 +115,13 @@ def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
             return Desync(culprits, why, _sides(groups, culprits, call_text),
                           f"at collective #{seq}{step}")
     return None
+
+
+def _call(r: RankRow) -> tuple[int, int, int]:
+    """The call a rank waits in; an all-to-all's size differs by rank where nothing is wrong."""
+    op = r.entered_op or 0
+    uneven = 0 < op <= len(OPS) and OPS[op - 1] in UNEVEN
+    return op, 0 if uneven else r.entered_elements or 0, r.entered_dtype or 0
 
 
 def odd_ranks(groups: Groups, breaks: Callable[[int], bool]) -> tuple[tuple[int, ...], str]:
