@@ -242,3 +242,15 @@ def test_the_call_site_of_the_culprit_is_evidence_and_the_waiting_ranks_stack_is
     assert sites == ["call site: rank 1 at patch.py:32 desynced (last collective #4862 "
                      "all_reduce)"], found.evidence
     assert "1 other rank 0 stalled waiting for it" in found.evidence and not obs.stalled
+
+
+def test_one_refresh_tells_a_desync_from_a_hang():
+    """`top --once` (the glance): stalled ranks in different calls at one number are the
+    desync, named on its culprit, and not also a hang; in one call they are a hang."""
+    from fsdpmon.diagnose.engine import judge
+
+    desynced = judge([snap(waiting(0, GATHER), waiting(1, REDUCE, off=True))])
+    assert [(f.cause, f.rank) for f in desynced.glance] == [("collective_desync", 1)]
+    assert desynced.glance[0].evidence[0].startswith("rank 1 all_reduce 1,024 float32 vs rank 0")
+    hung = judge([snap(waiting(0, GATHER), waiting(1, GATHER, off=True))])
+    assert [f.cause for f in hung.glance] == ["hang"]

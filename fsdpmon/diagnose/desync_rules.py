@@ -44,6 +44,7 @@ class Desync:
     why: str  # how the culprits were told from the others ("" when they were not)
     sides: tuple[str, ...]  # "rank 1 all_reduce 1 float32", the culprits' side first
     where: str  # "at collective #4862 (step 812)" / "at step 812"
+    ranks: tuple[int, ...] = ()  # every rank of the differing groups
 
 
 def call_text(op: int | None, elements: int | None, dtype: int | None) -> str:
@@ -113,7 +114,8 @@ def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
             steps = sorted({rows[r].step for r in rows if rows[r].step is not None})
             step = f" (step {steps[0] + 1})" if len(steps) == 1 else ""
             return Desync(culprits, why, _sides(groups, culprits, call_text),
-                          f"at collective #{seq}{step}")
+                          f"at collective #{seq}{step}",
+                          tuple(sorted(r for ranks in groups.values() for r in ranks)))
     return None
 
 

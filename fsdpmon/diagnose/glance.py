@@ -30,6 +30,7 @@ from fsdpmon.conventions import (
     Severity,
     cause_severity,
 )
+from fsdpmon.diagnose.desync_rules import Desync, waiting_mismatch
 from fsdpmon.diagnose.findings import Finding, where, where_all
 from fsdpmon.diagnose.observe import Places
 from fsdpmon.diagnose.straggler_rules import straggler_cause
@@ -60,6 +61,26 @@ def _stalled(now: JobSnapshot, ranks: list[Any], places: Places) -> Finding:
                    f"rank {rank_list(ranks)} stalled: no step within the threshold",
                    evidence=tuple(evidence),
                    **where_all(places, ranks, ranks[0] if len(ranks) == 1 else None))
+
+
+def _desync_ranks(snap: JobSnapshot) -> list[int]:
+    """Stalled ranks waiting in different calls at one collective number: a desync's ranks,
+    not a hang's (the engine's rule, on the one snapshot)."""
+    found = waiting_mismatch(snap)
+    return [] if found is None else sorted(found.ranks)
+
+
+def _desync(now: JobSnapshot, ranks: list[Any], places: Places) -> Finding:
+    found = waiting_mismatch(now) or Desync((), "", (), "")  # (the keys found one)
+    culprits = list(found.culprits)
+    evidence = [" vs ".join(found.sides) + f" {found.where}"]
+    if culprits:
+        evidence.append(f"culprit: rank {rank_list(culprits)} ({found.why})")
+    who = f"rank {rank_list(culprits)}" if culprits else f"ranks {rank_list(ranks)}"
+    return Finding("collective_desync", Severity.CRITICAL,
+                   f"collective desync: {who} in other collectives {found.where}",
+                   evidence=tuple(evidence),
+                   **where_all(places, culprits, culprits[0] if len(culprits) == 1 else None))
 
 
 def _targets_down(now: JobSnapshot, urls: list[Any], places: Places) -> Finding:
@@ -161,7 +182,8 @@ Name = Callable[[JobSnapshot, list[Any], Places], Finding]
 # (the fact's keys in a snapshot, the finding that names them), in the order the header
 # lists them: what stops the job, what did not answer and the ranks it took, then the rest.
 FACTS: tuple[tuple[Keys, Name], ...] = (
-    (lambda s: s.stalled_ranks, _stalled),
+    (_desync_ranks, _desync),
+    (lambda s: [r for r in s.stalled_ranks if r not in _desync_ranks(s)], _stalled),
     (lambda s: [t.url for t in s.down_targets], _targets_down),
     (lambda s: s.unseen_ranks(), _never_seen),
     (lambda s: [r.rank for r in s.gone_ranks], _gone),
