@@ -97,6 +97,10 @@ def test_the_stacks_give_the_op_where_rows_do_not():
                                                       "rank 1 all_reduce"}
     same = [dataclasses.replace(stacks[1], op="all_gather_single")]
     assert waiting_mismatch(snap(*rows), [stacks[0], *same]) is None
+    # one rank says its whole call, the other only its op (an older monitor): ops compared
+    mixed = (waiting(0, GATHER), RankRow(rank=1, step=811, stalled=True))
+    assert waiting_mismatch(snap(*mixed), [same[0]]) is None
+    assert waiting_mismatch(snap(*mixed), [stacks[1]]) is not None
 
 
 def printed(rank: int, step: int, calls: int = 24, fp: int = 0xABC, end: int | None = None,

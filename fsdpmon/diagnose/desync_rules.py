@@ -67,7 +67,8 @@ def desync(window: Window, obs: Observations, places: Places,
     culprits = list(found.culprits)
     evidence = [" vs ".join(found.sides) + f" {found.where}"]
     evidence.append(f"culprit: {ranks_text(culprits)} ({found.why})" if culprits else
-                    "which side is wrong cannot be told: both broke their earlier pattern")
+                    "which side is wrong cannot be told: no side alone broke the pattern of "
+                    "its steps before, and none is a minority")
     classes = [c for c in merge(stacks) if set(c.ranks) & set(culprits)] if stacks else []
     evidence += [f"call site: {c.describe()}" for c in classes]
     evidence += waiters(obs, set(culprits)) if culprits else _stalled(obs)
@@ -101,9 +102,10 @@ def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
             and r.in_collective and r.collective_entered is not None and r.entered_op}
     waiting = {rank: (r.collective_entered, _call(r)) for rank, r in rows.items()}
     ops = {op: i + 1 for i, op in enumerate(OPS)}
-    for s in stacks:  # the stack evidence's op, for ranks whose rows lack the call
-        if s.stalled and s.seq is not None and s.rank not in waiting and s.op in ops:
-            waiting[s.rank] = (s.seq, (ops[s.op], 0, 0))
+    told = {s.rank: (s.seq, (ops[s.op], 0, 0)) for s in stacks  # the stacks' op alone
+            if s.stalled and s.seq is not None and s.rank not in waiting and s.op in ops}
+    if told:  # some ranks say their op only: compare every rank's op only
+        waiting = {r: (seq, (call[0], 0, 0)) for r, (seq, call) in waiting.items()} | told
     by_seq: dict[int, Groups] = {}
     for rank, (seq, call) in sorted(waiting.items()):
         by_seq.setdefault(seq, {}).setdefault(call, []).append(rank)
