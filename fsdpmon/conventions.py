@@ -131,6 +131,11 @@ LOSS_SPIKE_FACTOR = 2.0
 # half of it (2.5 minutes, hundreds of steps); a level held longer is the new level, and a slow
 # climb is FsdpmonLossDiverging's.
 LOSS_SPIKE_BASELINE_SECONDS = 300.0
+# The job's gradient norm above this multiple of its recent level (its median over the same
+# LOSS_SPIKE_BASELINE_SECONDS before the window) throughout the window is training_unstable.
+# A healthy run's norm falls through warm-up and rises slowly as the learning rate decays: far
+# from tripling within minutes. A run going unstable jumps by ~10x (issue 51: 0.9 -> 7-19).
+UNSTABLE_GRAD_NORM_FACTOR = 3.0
 # Job loss averaged over 10 minutes above this multiple of its lowest such average in the last
 # hour is diverging (FsdpmonLossDiverging, cause loss_spike too): a slow climb, which averages
 # over minutes make visible where a step's loss is noise, so a lower factor than a spike's.
@@ -231,6 +236,7 @@ CAUSE_SEVERITY = {
     "checkpoint_slow": Severity.WARNING,
     "memory_pressure": Severity.WARNING,
     "loss_spike": Severity.WARNING,
+    "training_unstable": Severity.WARNING,  # a warning before a spike or a NaN, if any comes
     "target_down": Severity.CRITICAL,  # a target never read: it may be a training one
 }
 # A clock-event reason's severity (the throttle reasons, and power capping on a straggler).

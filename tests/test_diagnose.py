@@ -12,7 +12,6 @@ from top_snapshots import REFRESH_S, diagnosis_history
 
 from fsdpmon.conventions import (
     DIAGNOSIS_EVIDENCE_SECONDS,
-    LOSS_SPIKE_BASELINE_SECONDS,
     STRAGGLER_SCORE_THRESHOLD,
 )
 from fsdpmon.diagnose import CAUSES, Finding, RankStack, diagnose, merge, parse_stacks
@@ -46,7 +45,7 @@ def test_cause_names_are_the_documented_ones():
         "straggler_compute",
         "straggler_data", "gpu_throttled", "gpu_xid", "gpu_lost", "gpu_ecc", "loss_nonfinite",
         "loss_spike", "memory_pressure", "checkpoint_slow", "host_cpu_contention",
-        "cpu_throttled", "target_down"}
+        "cpu_throttled", "training_unstable", "target_down"}
 
 
 SLOW = STRAGGLER_SCORE_THRESHOLD * 0.8
@@ -564,7 +563,8 @@ def spike(losses: list[float]) -> list[Finding]:
 def test_a_loss_spike_is_every_loss_of_the_span_above_twice_the_median_before():
     calm, n = [1.0, 1.0, 1.0], N + 2
     f = only(spike(calm + [1.0] + [3.0] * (n - 4)), "loss_spike")  # 3 before, the span high
-    recent = f"median of the {LOSS_SPIKE_BASELINE_SECONDS:.0f}s before 1"
+    # the three calm refreshes before the span: as far back as the history reaches
+    recent = f"median of the {3 * REFRESH_S:.0f}s before 1"
     assert (f.summary, f.evidence) == ("loss spiked: 3 vs 1 before",
                                        (f"job loss ≥ 3 for 10s, {recent}",)), f
     assert spike(calm + [1.0] + [2.0] * (n - 4)) == [], "twice the median is not above it"

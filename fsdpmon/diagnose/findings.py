@@ -23,12 +23,15 @@ CAUSES = (
     "gpu_xid", "gpu_ecc",
     "loss_nonfinite", "gpu_throttled", "straggler_compute", "straggler_data",
     "host_cpu_contention", "cpu_throttled", "checkpoint_slow", "memory_pressure", "loss_spike",
-    "target_down",
+    "training_unstable", "target_down",
 )
 # The causes that name the rank the others wait for (a straggler, and why it is slow): the
 # stretches goodput charges straggler time to, and the straggler incidents.
 SLOWDOWN_CAUSES = ("gpu_throttled", "straggler_compute", "straggler_data", "host_cpu_contention",
                    "cpu_throttled")
+# The causes about what the job learns, not how fast: incidents of their own (a spike that is
+# over before anyone looks is still one), replayed from the loss and grad norm each step logged.
+QUALITY_CAUSES = ("loss_spike", "training_unstable")
 
 NEXT_STEPS = {
     "collective_desync": "the ranks called different collectives: look at the call site in the "
@@ -71,6 +74,9 @@ NEXT_STEPS = {
                        "checkpointing or CPU offload before it OOMs",
     "loss_spike": "watch the next windows; if it does not come back, resume from the checkpoint "
                   "before the spike with a lower learning rate",
+    "training_unstable": "the grad norm jumped and stays high: lower the learning rate or "
+                         "clip gradients harder; look at the data of the steps since it rose "
+                         "and be ready to resume from the checkpoint before it",
     "target_down": "a scrape target stopped answering: `kubectl get pod {pod} -o wide`; check "
                    "the exporter DaemonSet and the network policy",
 }

@@ -1,5 +1,6 @@
-"""The training-quality rules of the diagnosis: a non-finite loss, named where it was born, and
-a loss spike, named with the rank it began on (fsdpmon.diagnose.spike).
+"""The training-quality rules of the diagnosis: a non-finite loss, named where it was born, a
+loss spike, named with the rank it began on (fsdpmon.diagnose.spike), and a grad norm held well
+above its level (fsdpmon.diagnose.unstable), the warning that may come before either.
 
 A NaN born in one rank's logits at step S is in that rank's loss at S, in every rank's gradient
 norm at S (the gradient reduce-scatter carries it), and in every rank's loss from S+1. Each
@@ -10,10 +11,15 @@ was born, and "every rank at step S" is said only when every rank shares that ea
 
 from __future__ import annotations
 
-from fsdpmon.conventions import LOSS_SPIKE_BASELINE_SECONDS, LOSS_SPIKE_FACTOR, Severity
+from fsdpmon.conventions import (
+    LOSS_SPIKE_FACTOR,
+    UNSTABLE_GRAD_NORM_FACTOR,
+    Severity,
+)
 from fsdpmon.diagnose.findings import Finding, ranks_text, where
 from fsdpmon.diagnose.observe import Observations, Places
 from fsdpmon.diagnose.spike import Spike
+from fsdpmon.diagnose.unstable import Unstable
 from fsdpmon.job.snapshot import RankRow
 
 _ORDER = ("loss", "grad norm")  # within a step: the loss, then the gradients
@@ -47,8 +53,11 @@ def _origin(places: Places) -> tuple[list[int], tuple[int, int], list[str]] | No
 def loss(obs: Observations, places: Places) -> list[Finding]:
     if obs.nonfinite:
         return [_nonfinite(obs, places)]
+    # one event, one finding: the norm's rise during a spike is the spike's evidence
     if obs.loss_spike:
-        return [_spike(obs, places, obs.loss_spike)]
+        return [_spike(obs, places, obs.loss_spike, obs.unstable)]
+    if obs.unstable:
+        return [_unstable(obs, obs.unstable)]
     return []
 
 
@@ -73,10 +82,24 @@ def _nonfinite(obs: Observations, places: Places) -> Finding:
                    **where(places, born[0] if len(born) == 1 else None))
 
 
-def _spike(obs: Observations, places: Places, spike: Spike) -> Finding:
+def _norm_text(obs: Observations, unstable: Unstable) -> str:
+    return (f"grad norm {unstable.low:.3g}–{unstable.high:.3g} for {obs.seconds:.0f}s, above "
+            f"{UNSTABLE_GRAD_NORM_FACTOR:g}× its median of the {unstable.seconds:.0f}s before "
+            f"({unstable.base:.3g})")
+
+
+def _unstable(obs: Observations, unstable: Unstable) -> Finding:
+    """The job's norm, which every rank shares (one global norm): no rank is named."""
+    return Finding("training_unstable", Severity.WARNING,
+                   f"grad norm {unstable.low:.3g}+ vs {unstable.base:.3g} before: training "
+                   "is unstable", evidence=(_norm_text(obs, unstable),))
+
+
+def _spike(obs: Observations, places: Places, spike: Spike,
+           unstable: Unstable | None) -> Finding:
     """The spike, with the rank whose own loss crossed the line first when one rank did."""
     evidence = [f"job loss ≥ {spike.low:.3g} for {obs.seconds:.0f}s, median of the "
-                f"{LOSS_SPIKE_BASELINE_SECONDS:.0f}s before {spike.base:.3g}"]
+                f"{spike.seconds:.0f}s before {spike.base:.3g}"]
     one = len(spike.first) == 1 and spike.ranks > 1
     if one:
         at = f" at step {spike.step}" if spike.step is not None else ""
@@ -85,6 +108,8 @@ def _spike(obs: Observations, places: Places, spike: Spike) -> Finding:
     elif spike.first:
         who = "every rank" if len(spike.first) == spike.ranks else ranks_text(spike.first)
         evidence.append(f"{who} rose together: no one rank first")
+    if unstable is not None:
+        evidence.append(_norm_text(obs, unstable))
     return Finding("loss_spike", Severity.WARNING,
                    f"loss spiked: {spike.low:.3g} vs {spike.base:.3g} before",
                    evidence=tuple(evidence), **where(places, spike.first[0] if one else None))

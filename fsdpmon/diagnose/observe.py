@@ -20,6 +20,7 @@ from fsdpmon.conventions import (
     below_straggler_line,
 )
 from fsdpmon.diagnose.spike import Spike, loss_spike
+from fsdpmon.diagnose.unstable import Unstable, grad_norm_unstable
 from fsdpmon.diagnose.window import Window
 from fsdpmon.job.snapshot import GpuRow, JobSnapshot, RankRow
 
@@ -189,6 +190,7 @@ class Observations:
     # sample, so it is read from the newest snapshot.
     exits: dict[int, tuple[str, int | None]] = field(default_factory=dict)
     loss_spike: Spike | None = None
+    unstable: Unstable | None = None  # the job's grad norm held well above its recent level
     checkpoint_heavy: bool = False
     checkpoint_holdups: set[int] = field(default_factory=set)
 
@@ -221,6 +223,7 @@ def observe(window: Window) -> Observations:
     obs.restarts = window.rise(_restarts, absent=None).get("job")
     obs.exits = _exits(window.now)
     obs.loss_spike = loss_spike(window)
+    obs.unstable = grad_norm_unstable(window)
     obs.checkpoint_heavy = bool(window.lasting(_checkpoint_heavy))
     obs.checkpoint_holdups = window.lasting(_checkpoint_holdups)
     return obs

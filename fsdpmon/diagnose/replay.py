@@ -9,19 +9,23 @@ readers only build the evidence; every cause is decided here, by the engine, as 
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fsdpmon.conventions import (
     DIAGNOSIS_EVIDENCE_SECONDS,
     INCIDENT_MERGE_GAP_STEPS,
+    LOSS_SPIKE_FACTOR,
     REPLAY_INTERVAL_SECONDS,
+    UNSTABLE_GRAD_NORM_FACTOR,
     below_straggler_line,
 )
 from fsdpmon.diagnose.engine import diagnose
-from fsdpmon.diagnose.findings import SLOWDOWN_CAUSES, Finding
+from fsdpmon.diagnose.findings import QUALITY_CAUSES, SLOWDOWN_CAUSES, Finding
 from fsdpmon.diagnose.history import SnapshotHistory
+from fsdpmon.diagnose.unstable import job_grad_norm
 from fsdpmon.job.run_snapshots import step_snapshots
 from fsdpmon.job.runlog import Incarnation, RunLog
 from fsdpmon.job.snapshot import JobSnapshot
@@ -74,22 +78,92 @@ def slowdowns(timed: Iterable[Timed]) -> list[Timed]:
     return [(t, f) for t, f in timed if f.cause in SLOWDOWN_CAUSES]
 
 
-def spans(timed: Iterable[Timed], gap: float,
-          span_s: float = DIAGNOSIS_EVIDENCE_SECONDS) -> list[Span]:
-    """Findings of one cause and rank said no more than ``gap`` apart merged into one span,
-    which starts ``span_s`` before it was first said (the evidence the judge held by then)."""
-    open_: dict[tuple[str, int | None], Span] = {}
+def _cause_rank(f: Finding) -> tuple[str, int | None]:
+    return f.cause, f.rank
+
+
+def spans(timed: Iterable[Timed], gap: float, span_s: float = DIAGNOSIS_EVIDENCE_SECONDS,
+          key: Callable[[Finding], Hashable] = _cause_rank) -> list[Span]:
+    """Findings of one cause and rank (or other ``key``) said no more than ``gap`` apart
+    merged into one span, which starts ``span_s`` before it was first said (the evidence the
+    judge held by then)."""
+    open_: dict[Hashable, Span] = {}
     done: list[Span] = []
     for t, f in sorted(timed, key=lambda x: x[0]):
-        key = (f.cause, f.rank)
-        last = open_.get(key)
+        key_ = key(f)
+        last = open_.get(key_)
         if last is not None and t - last.end <= gap:
-            open_[key] = Span(last.start, t, last.finding, last.said + 1)
+            open_[key_] = Span(last.start, t, last.finding, last.said + 1)
             continue
         if last is not None:
             done.append(last)
-        open_[key] = Span(t - span_s, t, f, 1)
+        open_[key_] = Span(t - span_s, t, f, 1)
     return sorted([*done, *open_.values()], key=lambda s: (s.start, s.finding.cause))
+
+
+def may_worsen() -> Callable[[JobSnapshot], bool]:
+    """A replay's ``judge_at`` for the quality causes: whether the snapshot's job loss is above
+    LOSS_SPIKE_FACTOR x the lowest loss before it, or its grad norm above
+    UNSTABLE_GRAD_NORM_FACTOR x the lowest before it (over the snapshots it was asked about:
+    all that the replay kept). Each rule compares every value of its window, this one too,
+    with a median of values before the window, never below their lowest: a snapshot that
+    fails both cannot end a window that holds either. Not a rule of its own: it only spares
+    the judge the moments it would pass over, which on a long run are nearly all."""
+    low = [math.inf, math.inf]  # (loss, grad norm)
+
+    def judge_at(snap: JobSnapshot) -> bool:
+        worse = False
+        for i, (value, factor) in enumerate(((snap.loss, LOSS_SPIKE_FACTOR),
+                                             (job_grad_norm(snap), UNSTABLE_GRAD_NORM_FACTOR))):
+            if value is None or not math.isfinite(value):
+                continue
+            worse |= value > factor * low[i]
+            low[i] = min(low[i], value)
+        return worse
+    return judge_at
+
+
+def quality_spans(snaps: Sequence[JobSnapshot], gap: float) -> list[Span]:
+    """The spans in which the judge replayed over ``snaps`` said a quality cause (a loss spike,
+    training unstable). One per stretch of a cause: the rank a spike began on is named while
+    the level before it is in view, and the stretch stays one when it no longer is."""
+    timed = [(t, f) for t, f in replay(snaps, judge_at=may_worsen())
+             if f.cause in QUALITY_CAUSES]
+    return spans(timed, gap, key=lambda f: f.cause)
+
+
+# What each quality cause is about: the figure its incident's peak is read from.
+QUALITY_FIGURES: dict[str, tuple[str, Callable[[JobSnapshot], float | None]]] = {
+    "loss_spike": ("loss", lambda s: s.loss),
+    "training_unstable": ("grad norm", job_grad_norm),
+}
+
+
+def quality_evidence(span: Span, snaps: Sequence[JobSnapshot]) -> list[str]:
+    """A quality span's evidence for its incident: the steps it covers with what the judge said
+    when it first named it (its size: the level before and the lowest since; the rank and step
+    it began on), then the figure's peak and where."""
+    f = span.finding
+    inside = [s for s in snaps if span.start <= s.time <= span.end]
+    steps = [s.step for s in inside if s.step is not None]
+    lines = [(f"steps {min(steps)}–{max(steps)}: " if steps else "") + f.summary, *f.evidence]
+    name, value = QUALITY_FIGURES[f.cause]
+    seen = [(v, s) for s in inside if (v := value(s)) is not None and math.isfinite(v)]
+    if seen:
+        peak, at = max(seen, key=lambda x: x[0])
+        lines.append(f"the job's {name} peaked at {peak:.3g}"
+                     + (f" at step {at.step}" if at.step is not None else ""))
+    return lines
+
+
+def merge_gap(times: Sequence[float]) -> float:
+    """INCIDENT_MERGE_GAP_STEPS log steps (at their median spacing, or the replay's interval
+    if longer): findings this far apart are one span."""
+    spacing = statistics.median(b - a for a, b in itertools.pairwise(times)) if len(
+        times) > 1 else 0.0
+    # the replay judges at most once each REPLAY_INTERVAL_SECONDS: steps closer than that
+    # are as far apart as its findings
+    return INCIDENT_MERGE_GAP_STEPS * max(spacing, REPLAY_INTERVAL_SECONDS)
 
 
 def run_slowdowns(run: RunLog, inc: Incarnation) -> tuple[dict[int, float], list[Span]]:
@@ -98,12 +172,7 @@ def run_slowdowns(run: RunLog, inc: Incarnation) -> tuple[dict[int, float], list
     INCIDENT_MERGE_GAP_STEPS log steps apart (at their median spacing, or the replay's
     interval if longer) are one span."""
     snaps = step_snapshots(run, inc)
-    times = [s.time for s in snaps]
-    spacing = statistics.median(b - a for a, b in itertools.pairwise(times)) if len(
-        times) > 1 else 0.0
-    # the replay judges at most once each REPLAY_INTERVAL_SECONDS: steps closer than that
-    # are as far apart as its findings
-    gap = INCIDENT_MERGE_GAP_STEPS * max(spacing, REPLAY_INTERVAL_SECONDS)
+    gap = merge_gap([s.time for s in snaps])
     return ({s.step: s.time for s in snaps if s.step is not None},
             spans(slowdowns(replay(snaps, judge_at=may_slow)), gap))
 

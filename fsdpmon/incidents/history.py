@@ -13,7 +13,9 @@ From the per-rank series the monitor serves:
   --prometheus` would have built at each query step (history_reader), as it names one live;
 - a slow checkpoint: ``fsdpmon_train_checkpoint_time_ratio`` over its limit, the culprit the
   rank with the most ``fsdpmon_train_checkpoint_own_seconds``;
-- a non-finite loss: ``fsdpmon_train_loss_first_nonfinite_step``, the earliest rank.
+- a non-finite loss: ``fsdpmon_train_loss_first_nonfinite_step``, the earliest rank;
+- a loss spike or training unstable: the live judge replayed over the same snapshots (their
+  ranks' ``fsdpmon_train_loss`` and ``fsdpmon_train_grad_norm``), a spike with its first rank.
 """
 
 from __future__ import annotations
@@ -34,11 +36,17 @@ from fsdpmon.conventions import (
 from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall
 from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
-from fsdpmon.diagnose.replay import may_slow, replay, slowdowns
+from fsdpmon.diagnose.replay import (
+    may_slow,
+    quality_evidence,
+    quality_spans,
+    replay,
+    slowdowns,
+)
 from fsdpmon.diagnose.replay import spans as finding_spans
 from fsdpmon.incidents.history_reader import snapshots
 from fsdpmon.incidents.incidents import Incident
-from fsdpmon.job.snapshot import RankRow
+from fsdpmon.job.snapshot import JobSnapshot, RankRow
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
 Samples = list[tuple[float, float]]
@@ -130,6 +138,7 @@ class HistoryJudge:
         sizes = [v for s in history.series(catalog.TRAIN_RESTARTS).values() for _, v in s]
         self.world = max(len(self.places), 1)
         self.restarts = int(max(sizes)) if sizes else 0
+        self._snaps: list[JobSnapshot] | None = None
 
     def _incident(self, start: float, end: float, cause: str, rank: int | None,
                   evidence: list[str], lost: float) -> Incident:
@@ -192,8 +201,7 @@ class HistoryJudge:
         """The live judge replayed over the snapshots `diagnose --prometheus` would have built
         at each query step (history_reader): each stretch it named a rank the others wait for;
         lost: the goodput counters' data and straggler badput meanwhile."""
-        timed = slowdowns(replay(snapshots(self.h.api, self.h.job, self.h.start, self.h.end,
-                                           self.h.step), judge_at=may_slow))
+        timed = slowdowns(replay(self._snapshots(), judge_at=may_slow))
         badput = {cause: sorted(x for s in self.h.labelled(
             catalog.TRAIN_BADPUT_SECONDS_TOTAL, f',cause="{cause}"').values() for x in s)
             for cause in ("data_wait", "straggler_wait")}
@@ -205,6 +213,21 @@ class HistoryJudge:
                 out.append(self._incident(span.start, span.end, f.cause, f.rank,
                                           [f.summary, *f.evidence], lost))
         return out
+
+    def _snapshots(self) -> list[JobSnapshot]:
+        """The snapshots `diagnose --prometheus` would have built at each query step, read
+        once for every replay of the judge."""
+        if self._snaps is None:
+            self._snaps = snapshots(self.h.api, self.h.job, self.h.start, self.h.end, self.h.step)
+        return self._snaps
+
+    def quality(self) -> list[Incident]:
+        """The live judge replayed over the same snapshots: each stretch it named a loss spike
+        (with the rank and step it began on) or training unstable; nothing lost."""
+        snaps = self._snapshots()
+        return [self._incident(span.start, span.end, span.finding.cause, span.finding.rank,
+                               quality_evidence(span, snaps), 0.0)
+                for span in quality_spans(snaps, self.gap)]
 
     def checkpoints(self) -> list[Incident]:
         """Each save as rank 0's checkpoint series change; slow ones grouped as the JSONL's."""
@@ -244,7 +267,8 @@ class HistoryJudge:
     def incidents(self) -> list[Incident]:
         restarts = self.restarts_found()
         stalls = [s for s in self.stalls() if not restart_stall(s, restarts, self.gap)]
-        found = [*stalls, *restarts, *self.stragglers(), *self.checkpoints(), *self.nonfinite()]
+        found = [*stalls, *restarts, *self.stragglers(), *self.checkpoints(), *self.nonfinite(),
+                 *self.quality()]
         return sorted(found, key=lambda i: (i.start, i.cause))
 
 

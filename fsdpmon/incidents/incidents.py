@@ -4,7 +4,8 @@
 The verdicts are the diagnosis' own where it has one for the evidence: a straggler is the live
 judge replayed over the figures each log step recorded (fsdpmon.diagnose.replay over
 fsdpmon.job.run_snapshots), the rank that brought a restart down is ``exits.died``'s with
-``exits.exit_evidence``. A stall's culprit is the
+``exits.exit_evidence``, a loss spike (with the rank it began on) or a grad norm held high
+is the judge replayed over the loss and grad norm each step logged. A stall's culprit is the
 rank that did not see it when the others did (its Python was not running: stopped, or holding
 the GIL), else the rank whose flight-recorder stack is outside the phase the others wait in.
 """
@@ -17,8 +18,9 @@ from typing import Any
 from fsdpmon.conventions import CHECKPOINT_SHARE_LIMIT, INCIDENT_MIN_LOST_SECONDS
 from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall_from_records
 from fsdpmon.diagnose.exits import exit_evidence
-from fsdpmon.diagnose.replay import run_slowdowns
+from fsdpmon.diagnose.replay import merge_gap, quality_evidence, quality_spans, run_slowdowns
 from fsdpmon.job.run_goodput import Goodput, endings, restore_of, saves
+from fsdpmon.job.run_snapshots import step_snapshots
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 
 MAX_EVIDENCE_FRAMES = 3  # the innermost frames of a stack an incident quotes
@@ -79,6 +81,18 @@ def _straggler_incidents(run: RunLog, inc: Incarnation, gp: Goodput) -> list[Inc
                                  [f"steps {min(inside)}–{max(inside)}: {f.summary}",
                                   *f.evidence], seconds))
     return out
+
+
+# ---- the loss and the gradients: spikes and instability, over or not --------------------
+
+def _quality_incidents(run: RunLog, inc: Incarnation) -> list[Incident]:
+    """The live judge replayed over the loss and grad norm the incarnation's log steps
+    recorded: each stretch it named a loss spike (with the rank and step it began on) or
+    training unstable, even one over within the window. Nothing lost: the steps were made."""
+    snaps = step_snapshots(run, inc)
+    return [_incident(run, span.start, span.end, span.finding.cause, span.finding.rank,
+                      quality_evidence(span, snaps), 0.0)
+            for span in quality_spans(snaps, merge_gap([s.time for s in snaps]))]
 
 
 # ---- stalls ---------------------------------------------------------------------------------
@@ -209,6 +223,7 @@ def incidents(run: RunLog, gp: Goodput) -> list[Incident]:
         out += _straggler_incidents(run, inc, gp)
         out += _stall_incidents(run, inc)
         out += _nonfinite_incidents(run, inc)
+        out += _quality_incidents(run, inc)
         if inc.last_step is not None:
             previous = inc
     out += _checkpoint_incidents(run, end)

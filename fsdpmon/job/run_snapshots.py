@@ -17,7 +17,9 @@ def _row(rank: int, rec: dict[str, Any], place: dict[str, str]) -> RankRow:
     straggling = rec.get("straggling")
     return RankRow(
         rank=rank, pod=place.get("pod", ""), node=place.get("node", ""),
-        step=int(rec["step"]), step_time_s=number(rec.get("step_time_s")),
+        step=int(rec["step"]), loss=number(rec.get("loss")),
+        grad_norm=number(rec.get("grad_norm")), loss_nonfinite=rec.get("loss_nonfinite") is True,
+        step_time_s=number(rec.get("step_time_s")),
         data_wait_ratio=number(rec.get("data_wait_ratio")), busy_s=number(rec.get("busy_s")),
         collective_wait_ratio=number(rec.get("collective_wait_ratio")),
         straggler_score=number(rec.get("straggler_score")),
@@ -41,8 +43,11 @@ def step_snapshots(run: RunLog, inc: Incarnation) -> list[JobSnapshot]:
     out = []
     for step, seen in sorted(by_step.items()):
         rows = tuple(sorted((r for _, r in seen), key=lambda r: r.rank))
+        # the job's loss as the endpoint's aggregate has it: the mean over the ranks
+        losses = [r.loss for r in rows if r.loss is not None]
         out.append(JobSnapshot(time=max(t for t, _ in seen), source="files", job_name=run.job,
-                               step=step, world_size=run.world_size, ranks=rows))
+                               step=step, world_size=run.world_size, ranks=rows,
+                               loss=sum(losses) / len(losses) if losses else None))
     # a step recorded later than the next (clocks apart) must not go back in time
     return sorted(out, key=lambda s: (s.time, s.step or 0))
 

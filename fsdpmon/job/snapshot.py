@@ -55,6 +55,7 @@ class RankRow:
     tokens_per_second: float | None = None
     mfu_ratio: float | None = None
     loss: float | None = None
+    grad_norm: float | None = None  # the job's, as this rank computed it (one global norm)
     peak_memory_bytes: float | None = None
     memory_capacity_bytes: float | None = None
     heartbeat_age_s: float | None = None

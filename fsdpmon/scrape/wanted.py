@@ -19,6 +19,7 @@ RANK_METRICS = {
     catalog.TRAIN_TOKENS_PER_SECOND.name: "tokens_per_second",
     catalog.TRAIN_MFU_RATIO.name: "mfu_ratio",
     catalog.TRAIN_LOSS.name: "loss",
+    catalog.TRAIN_GRAD_NORM.name: "grad_norm",
     catalog.TRAIN_LOSS_NONFINITE.name: "loss_nonfinite",
     catalog.TRAIN_LOSS_FIRST_NONFINITE_STEP.name: "loss_first_nonfinite_step",
     catalog.TRAIN_GRAD_NORM_FIRST_NONFINITE_STEP.name: "grad_norm_first_nonfinite_step",
