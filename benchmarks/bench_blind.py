@@ -18,6 +18,12 @@ unless said:
                    ctypes.PyDLL call) -> rank_unresponsive on rank 1
   nan-logits       rank 1's logits NaN at step S (a patched model) -> loss_nonfinite on rank 1
                    at step S (the others follow through the gradient reduce)
+  desync           rank 1 makes one extra all_reduce in step S (tests/desync_trainer.py, a
+                   patched step) -> collective_desync on rank 1 (at 4 ranks, the minority);
+                   timed from when step S - 1, the last the job completes, is served
+  healthy-loose    two busy loops the scheduler places freely, for HEALTHY_S: names nothing
+  healthy-alike    every rank pinned to one core, for HEALTHY_S: each as starved as the
+                   others, names nothing
   kill-all         SIGKILL of every rank -> the pod's server ends by itself: seconds until it
                    is gone, the port free, what the state directory keeps
 Printed per fault: the finding, the seconds from the fault starting to the first refresh naming
@@ -42,7 +48,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-from cpu_starve import QuotaUnavailable, cpu_quota, neighbours  # noqa: E402
+from cpu_starve import (  # noqa: E402
+    QuotaUnavailable,
+    cpu_quota,
+    loose_loops,
+    neighbours,
+    pinned_alike,
+)
+from desync_trainer import DESYNC  # noqa: E402
 from diagnose_job import REPO, Job, faulty_job, named, stepping, workers  # noqa: E402
 from trainer_outside_faults import NAN_LOGITS  # noqa: E402
 
@@ -51,6 +64,7 @@ from fsdpmon.monitor.heartbeat import pid_alive  # noqa: E402
 
 S = 60  # step faults start at: after the job has settled
 DEADLINE_S = 150.0
+HEALTHY_S = 60.0
 ENTRY = (str(REPO / "tests" / "trainer_outside_faults.py"),)
 Fault = Callable[[Job, dict[int, int]], contextlib.AbstractContextManager[None]]
 
@@ -71,15 +85,19 @@ FAULTS: dict[str, tuple[str, int, Fault | None]] = {
     "stop-port-holder": ("rank_unresponsive", 0, lambda job, p: _stopped(p[0])),
     "gil-hang": ("rank_unresponsive", 1, None),
     "nan-logits": ("loss_nonfinite", 1, None),
+    "desync": ("collective_desync", 1, None),
 }
 SPECS = {"gil-hang": f"hang:rank=1,at_step={S},where=gil"}
-ENVS = {"nan-logits": {NAN_LOGITS: f"rank=1,step={S}"}}
+ENVS = {"nan-logits": {NAN_LOGITS: f"rank=1,step={S}"}, "desync": {DESYNC: f"rank=1,step={S}"}}
+ENTRIES = {"desync": (str(REPO / "tests" / "desync_trainer.py"),)}
+BEGINS = {"desync": S - 1}  # the step served when the fault has begun (a desync hangs step S)
 
 
 def run_fault(name: str, ranks: int) -> str:
     cause, rank, make = FAULTS[name]
     with tempfile.TemporaryDirectory() as tmp, faulty_job(
-            Path(tmp), ranks, SPECS.get(name, ""), entry=ENTRY, env_extra=ENVS.get(name)) as job:
+            Path(tmp), ranks, SPECS.get(name, ""), entry=ENTRIES.get(name, ENTRY),
+            env_extra=ENVS.get(name)) as job:
         job.wait("stepping", stepping(ranks), 300)
         pids = workers(job)
         with contextlib.ExitStack() as stack:
@@ -101,7 +119,7 @@ def _watch(job: Job, name: str, cause: str, rank: int, fault_at: float | None) -
     while time.monotonic() < deadline:
         snap, verdict = job.refresh()
         now = time.monotonic()
-        if fault_at is None and any((r.step or 0) >= S for r in snap.ranks):
+        if fault_at is None and any((r.step or 0) >= BEGINS.get(name, S) for r in snap.ranks):
             fault_at = now  # the step fault's step is served: it has begun by now
             deadline = now + DEADLINE_S
         wrong |= {f"{f.cause}(rank {f.rank})" for f in verdict.findings
@@ -115,6 +133,30 @@ def _watch(job: Job, name: str, cause: str, rank: int, fault_at: float | None) -
         said = [f"{f.cause}(rank {f.rank})" for f in verdict.findings]
         time.sleep(0.5)
     return f"{name:<17} NOT NAMED as {cause} on rank {rank}; said: {', '.join(said) or 'nothing'}"
+
+
+# name -> how the shared load is made (the healthy twins of the CPU faults)
+TWINS: dict[str, Fault] = {
+    "healthy-loose": lambda job, p: loose_loops(2),
+    "healthy-alike": lambda job, p: pinned_alike(list(p.values()), core=1),
+}
+
+
+def healthy_twin(name: str, ranks: int) -> str:
+    """HEALTHY_S of refreshes under a load every rank shares: every finding is a false one."""
+    with tempfile.TemporaryDirectory() as tmp, faulty_job(Path(tmp), ranks,
+                                                          entry=ENTRY) as job:
+        job.wait("stepping", stepping(ranks), 300)
+        with TWINS[name](job, workers(job)):
+            said: set[str] = set()
+            refreshes, end = 0, time.monotonic() + HEALTHY_S
+            while time.monotonic() < end:
+                _snap, verdict = job.refresh()
+                said |= {f"{f.cause}(rank {f.rank})" for f in verdict.findings}
+                refreshes += 1
+                time.sleep(0.5)
+        return (f"{name:<17} {refreshes} refreshes in {HEALTHY_S:.0f}s named: "
+                f"{', '.join(sorted(said)) or 'nothing'}")
 
 
 def kill_all(ranks: int) -> str:
@@ -148,16 +190,17 @@ def kill_all(ranks: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--only", nargs="*", choices=[*FAULTS, "kill-all"])
+    parser.add_argument("--only", nargs="*", choices=[*FAULTS, *TWINS, "kill-all"])
     args = parser.parse_args()
     print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.platform()}; load "
           f"average at start: " + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
     for ranks in args.ranks:
         print(f"{ranks} CPU ranks (seconds from the fault starting to the first refresh "
               "naming it):", flush=True)
-        for name in [*FAULTS, "kill-all"]:
+        for name in [*FAULTS, *TWINS, "kill-all"]:
             if args.only is None or name in args.only:
-                line = kill_all(ranks) if name == "kill-all" else run_fault(name, ranks)
+                line = (kill_all(ranks) if name == "kill-all" else
+                        healthy_twin(name, ranks) if name in TWINS else run_fault(name, ranks))
                 print(f"  {line}  (load {os.getloadavg()[0]:.1f})", flush=True)
     print("load average at end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()), flush=True)
 

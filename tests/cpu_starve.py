@@ -2,6 +2,9 @@
 
 - ``neighbours(pid, core, n)``: pins every thread of ``pid`` to ``core`` with ``taskset`` and
   starts ``n`` busy loops pinned there too: the rank gets a share of one core.
+- ``loose_loops(n)``: ``n`` busy loops the scheduler may put anywhere (a noisy neighbour every
+  rank shares); ``pinned_alike(pids, core)``: every rank on one core, each as starved as the
+  others. Healthy twins: nobody is to blame.
 - ``cpu_quota(pid, percent)``: moves ``pid`` into a new cgroup with a CFS quota of ``percent``
   of one CPU per 100 ms period: cgroup v2's ``cpu.max`` where the unified hierarchy has the cpu
   controller (enabled for children of its root), else cgroup v1's ``cpu.cfs_quota_us`` (a hybrid
@@ -46,6 +49,31 @@ def neighbours(pid: int, core: int, count: int = 2) -> Iterator[list[subprocess.
         with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
             subprocess.run(["taskset", "-a", "-p", "-c", f"0-{os.cpu_count() - 1}", str(pid)],
                            check=True, capture_output=True)
+
+
+@contextlib.contextmanager
+def loose_loops(count: int = 2) -> Iterator[list[subprocess.Popen]]:
+    loops = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], start_new_session=True)
+             for _ in range(count)]
+    try:
+        yield loops
+    finally:
+        for loop in loops:
+            kill_tree(loop)
+
+
+@contextlib.contextmanager
+def pinned_alike(pids: list[int], core: int) -> Iterator[None]:
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", str(core), str(pid)], check=True,
+                       capture_output=True)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            with contextlib.suppress(subprocess.CalledProcessError, FileNotFoundError):
+                subprocess.run(["taskset", "-a", "-p", "-c", f"0-{os.cpu_count() - 1}",
+                                str(pid)], check=True, capture_output=True)
 
 
 def _hierarchy() -> tuple[str, Path, Path]:
