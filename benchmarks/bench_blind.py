@@ -146,6 +146,7 @@ def healthy_twin(name: str, ranks: int) -> str:
     """HEALTHY_S of refreshes under a load every rank shares: every finding is a false one."""
     with tempfile.TemporaryDirectory() as tmp, faulty_job(Path(tmp), ranks,
                                                           entry=ENTRY) as job:
+        job.start_exporter()  # the job's second target: up, so any finding is the twin's
         job.wait("stepping", stepping(ranks), 300)
         with TWINS[name](job, workers(job)):
             said: set[str] = set()
