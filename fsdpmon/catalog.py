@@ -286,7 +286,7 @@ TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS = Metric(
     "is inside it); it stays put while the rank is stuck there (to about a second).", T)
 # Collective identity (issue 51): what each rank's collectives were, so that ranks that made
 # different calls (a desync) are told apart from ranks that only wait. Op and dtype are codes
-# (no free text in a series): index + 1 in fsdpmon.monitor.collectives.OPS / DTYPE_NAMES.
+# (no free text in a series): index + 1 in fsdpmon.conventions.OPS / DTYPE_NAMES.
 TRAIN_STEP_COLLECTIVE_CALLS = Metric(
     "fsdpmon_train_step_collective_calls", Gg, "",
     "Collectives this rank made in its last completed step (the step fsdpmon_train_step "
@@ -302,13 +302,13 @@ TRAIN_STEP_COLLECTIVE_END_SEQ = Metric(
 TRAIN_COLLECTIVE_ENTERED_OP = Metric(
     "fsdpmon_train_collective_entered_op", Gg, "",
     "Code of the last collective this rank entered (index + 1 in "
-    "fsdpmon.monitor.collectives.OPS; 0: none).", T)
+    "fsdpmon.conventions.OPS; 0: none).", T)
 TRAIN_COLLECTIVE_ENTERED_ELEMENTS = Metric(
     "fsdpmon_train_collective_entered_elements", Gg, "",
     "Elements of the first tensor of the last collective this rank entered.", T)
 TRAIN_COLLECTIVE_ENTERED_DTYPE = Metric(
     "fsdpmon_train_collective_entered_dtype", Gg, "",
-    "Code of that tensor's dtype (index + 1 in fsdpmon.monitor.collectives.DTYPE_NAMES; 0: "
+    "Code of that tensor's dtype (index + 1 in fsdpmon.conventions.DTYPE_NAMES; 0: "
     "none or another).", T)
 TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN = Metric(
     "fsdpmon_train_collective_entered_off_pattern", Gg, "",

@@ -27,13 +27,12 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from fsdpmon.conventions import DESYNC_PATTERN_STEPS, Severity
+from fsdpmon.conventions import DESYNC_PATTERN_STEPS, DTYPE_NAMES, OPS, UNEVEN, Severity
 from fsdpmon.diagnose.findings import Finding, ranks_text, waiters, where_all
 from fsdpmon.diagnose.observe import Observations, Places
 from fsdpmon.diagnose.stacks import RankStack, merge
 from fsdpmon.diagnose.window import Window
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
-from fsdpmon.monitor.collectives import DTYPE_NAMES, OPS, UNEVEN
 
 Groups = dict[tuple[int, ...], list[int]]  # what a group of ranks did → its ranks
 
@@ -48,7 +47,7 @@ class Desync:
 
 
 def call_text(op: int | None, elements: int | None, dtype: int | None) -> str:
-    """'all_reduce 1,024 float32' from the published codes (fsdpmon.monitor.collectives)."""
+    """'all_reduce 1,024 float32' from the published codes (fsdpmon.conventions)."""
     name = OPS[op - 1] if op is not None and 0 < op <= len(OPS) else f"op {op}"
     if not elements and not dtype:
         return name

@@ -77,7 +77,7 @@ class RankRow:
     in_collective: bool | None = None
     # Collective identity (None: not published): the last completed step's calls, their
     # fingerprint and the sequence number at its end; the entered call's op and dtype codes
-    # (fsdpmon.monitor.collectives.OPS / DTYPE_NAMES, from 1), elements, and whether it breaks
+    # (fsdpmon.conventions.OPS / DTYPE_NAMES, from 1), elements, and whether it breaks
     # the rank's own pattern of the step before. Ranks that differ made different calls.
     step_collectives: int | None = None
     step_fingerprint: int | None = None

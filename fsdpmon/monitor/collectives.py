@@ -58,37 +58,23 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsdpmon.conventions import (
+    C10D_NAMES,
+    DTYPE_NAMES,
+    OPS,
+    POINT_TO_POINT,
+    PRIVATE_NAMES,
+    UNEVEN,
+)
 from fsdpmon.monitor import ddp
 from fsdpmon.monitor.schedstat import RunQueueDelay
 
-# The blocking c10d entry points (each also under torch.distributed.distributed_c10d), numbered
-# and timed. send/recv too: a rank blocked in a point-to-point call waits for its peer.
-C10D_NAMES = (
-    "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single", "all_to_all",
-    "all_to_all_single", "reduce_scatter", "reduce_scatter_tensor", "reduce_scatter_single",
-    "broadcast", "reduce", "barrier", "gather", "scatter", "all_gather_object",
-    "broadcast_object_list", "send", "recv",
-)
-# Called by DDP (its buffers before each forward, its module states at construction) and by
-# FSDP1's state sync: a blocking C++ binding, but reached through the torch.distributed module
-# attribute, so it can be numbered and timed like the others (entry point -> op name).
-PRIVATE_NAMES = {"_broadcast_coalesced": "broadcast_coalesced"}
 _WRAPPED = "_fsdpmon_collective_wrapper"
-# Published as numbers (no free text in a series): an op's code is its index here + 1, a
-# dtype's likewise (0: none or unknown). Append only: a reader decodes a writer's codes.
-OPS = (*C10D_NAMES, *PRIVATE_NAMES.values())
-DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8",
-               "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
 # The step's fingerprint: a polynomial rolling hash of each call's (op, elements, dtype) key,
 # cut to 52 bits so that it is exact in the float64 gauge it is published as.
 HASH_MASK = (1 << 52) - 1
 _HASH_PRIME = 1000003  # small: the product stays a short int (0.05 us less a call)
 PATTERN_CAP = 512  # a step's calls whose keys the next step compares with (by position)
-# Calls whose size differs by rank where nothing is wrong (an all-to-all's splits: MoE token
-# routing): their key leaves the size out. Point-to-point calls differ by rank by design (a
-# pipeline's stages): they are numbered, not fingerprinted.
-UNEVEN = frozenset(("all_to_all", "all_to_all_single"))
-POINT_TO_POINT = frozenset(("send", "recv"))
 
 
 @dataclass(frozen=True)
