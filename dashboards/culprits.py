@@ -131,11 +131,23 @@ _PLACE = ('{{ if $labels.pod }} (pod {{ $labels.pod }}{{ if $labels.node }} on n
           '{{ $labels.node }}{{ end }}){{ end }}')
 
 
+def rank_to_blame() -> str:
+    """Jobs whose raw progress series point at a rank: one behind in collectives, one outside
+    while another is inside, or one unresponsive. The job-level stall arm reads these, not the
+    culprit records: a ruler that reads its records back from storage (vmalert writes them to
+    VictoriaMetrics and queries them there) sees them evaluations late, and in that gap the
+    records would say "no culprit" while a rank is behind (issue 49)."""
+    unresponsive = f"max by ({JOB_KEYS}) ({m(catalog.TRAIN_UNRESPONSIVE)})"
+    return (f"{_spread(ENTERED)} > 0\n  or {_spread(INSIDE)} > 0\n"
+            f"  or {unresponsive} == 1")
+
+
 def culprit_alerts(b: RuleBounds) -> list[Rule]:
     hang = (f"{CULPRIT}{{cause=\"hang\"}}\n"
             f"  unless on ({JOB_KEYS}) {CULPRIT}{{cause=\"rank_unresponsive\"}}\n"
             f"or\n(max by ({JOB_KEYS}) (\n  {stalled_ranks()}\n)\n"
             f"  unless on ({JOB_KEYS}) {CULPRIT}\n"
+            f"  unless on ({JOB_KEYS}) (\n  {rank_to_blame()}\n)\n"
             f"  unless on ({JOB_KEYS}) {MISSING_ALERT})")
     return [
         alert(
