@@ -6,6 +6,7 @@ Each query is a POST with a form body, as Prometheus takes on both endpoints, so
 (httpget), so a refused or slow server reads the same as a silent pod. Every failure is one
 UnreachableError line naming the server: what Prometheus said (its errorType and error, which
 it sends with 400, 422 and 503), else the HTTP status, else what was wrong with the answer.
+VictoriaMetrics' Prometheus-compatible API answers the same queries (tests/test_e2e_victoria.py).
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ class PrometheusAPI:
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """An instant query's vector: its results that carry a label set."""
-        result = self._call("query", {"query": promql}).get("result")
+        # nocache=1: VictoriaMetrics (its Prometheus-compatible API) otherwise answers an
+        # instant query for "now" as of -search.latencyOffset ago (30 s by default), hiding the
+        # newest scrapes and shifting time(); Prometheus ignores the parameter.
+        result = self._call("query", {"query": promql, "nocache": "1"}).get("result")
         if not isinstance(result, list):
             raise UnreachableError(f"{self._where}: answer has no result list")
         return [r for r in result if isinstance(r, dict) and isinstance(r.get("metric"), dict)]
