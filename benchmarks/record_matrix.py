@@ -57,7 +57,9 @@ def matrix() -> list[dict]:
         rows.append({"name": name, "cause": cause, "rank": rank, "gpu": None,
                      "spec": bench_blind.SPECS.get(name, ""), "gpu_spec": "", "also": (),
                      "restarts": 0, "extra": (), "outside": make,
-                     "env": bench_blind.ENVS.get(name), "entry": bench_blind.ENTRY})
+                     "env": bench_blind.ENVS.get(name),
+                     "entry": bench_blind.ENTRIES.get(name, bench_blind.ENTRY),
+                     "begins": bench_blind.BEGINS.get(name)})
     rows.append({"name": "healthy", "cause": None, "rank": None, "gpu": None, "spec": "",
                  "gpu_spec": "", "also": (), "restarts": 0,
                  "extra": ("--checkpoint-every", "20")})
@@ -96,7 +98,9 @@ def record(row: dict, raw: Path) -> str:
                 except QuotaUnavailable as why:
                     return f"{name:<17} skipped: {why}"
                 fault_at = time.monotonic()
-            started = bench_diagnose._fault_started(job, name, row["gpu_spec"], after)
+            started = (bench_diagnose._fault_started(job, name, row["gpu_spec"], after)
+                       if row.get("begins") is None else
+                       lambda snap: any((r.step or 0) >= row["begins"] for r in snap.ranks))
             frames, named_at, said = [], None, ""
             end = time.monotonic() + (HEALTHY_S if row["cause"] is None else 600)
             while time.monotonic() < end:

@@ -53,3 +53,49 @@ def test_a_rank_that_saw_the_stall_late_is_unresponsive_before_it_is_behind(late
     judged = stall_from_records(records, [0, 1])
     assert (judged.cause, judged.rank) == (
         ("rank_unresponsive", 1) if unresponsive else ("hang", 1))
+
+
+def waiting(rank: int, seq: int, op: str, elements: int, off: bool) -> dict:
+    """A stall record of the flight recorder at stall time, with the call it waits in."""
+    record = start(rank, "forward", seq)
+    record["call"] = {"op": op, "elements": elements, "dtype": "float32", "off_pattern": off}
+    return record
+
+
+@pytest.mark.parametrize("off_rank", [0, 1])
+def test_one_number_two_calls_is_a_desync_on_the_rank_off_its_pattern(off_rank):
+    starts = [waiting(0, 238, "all_gather_single", 65600, off_rank == 0),
+              waiting(1, 238, "all_reduce", 1, off_rank == 1)]
+    judged = stall_from_records(starts, [0, 1])
+    assert (judged.cause, judged.rank) == ("collective_desync", off_rank), judged
+    assert judged.evidence == ("rank 0 all_gather_single 65,600 float32 vs rank 1 all_reduce 1 "
+                               "float32 at collective #238",), judged.evidence
+
+
+def test_two_calls_and_no_pattern_broken_name_no_culprit_at_two_ranks():
+    starts = [waiting(0, 238, "all_gather_single", 65600, False),
+              waiting(1, 238, "all_reduce", 1, False)]
+    judged = stall_from_records(starts, [0, 1])
+    assert (judged.cause, judged.rank) == ("collective_desync", None), judged
+
+
+def test_the_rank_alone_in_its_call_among_three_is_the_culprit():
+    starts = [waiting(0, 90, "all_gather_single", 64, False),
+              waiting(1, 90, "all_gather_single", 64, False),
+              waiting(2, 90, "all_gather_single", 128, False)]  # a size apart is a call apart
+    judged = stall_from_records(starts, [0, 1, 2])
+    assert (judged.cause, judged.rank) == ("collective_desync", 2), judged
+
+
+@pytest.mark.parametrize("second", [(238, "all_gather_single", 65600), (239, "all_reduce", 1)])
+def test_one_call_at_one_number_or_calls_at_two_numbers_are_no_desync(second):
+    seq, op, elements = second
+    starts = [waiting(0, 238, "all_gather_single", 65600, False),
+              waiting(1, seq, op, elements, True)]
+    judged = stall_from_records(starts, [0, 1])
+    assert judged.cause == "hang", judged  # one call: the same wait; two numbers: one is behind
+
+
+def test_records_without_the_call_are_judged_as_before():
+    starts = [start(0, "forward", 238), start(1, "forward", 238)]
+    assert stall_from_records(starts, [0, 1]).cause == "hang"

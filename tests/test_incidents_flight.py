@@ -72,3 +72,21 @@ def test_the_warning_names_the_three_innermost_frames_or_a_dash(caplog):
     message = caplog.records[-1].getMessage()
     assert "in phase -," in message and message.endswith("innermost frames: -"), message
 
+
+
+def test_a_stall_record_names_the_call_it_waits_in_decoded_from_the_wrapper_s_codes(monkeypatch):
+    from fsdpmon.conventions import DTYPE_NAMES, OPS
+    from fsdpmon.monitor import collectives
+
+    calls = collectives._calls
+    for field, value in (("code", OPS.index("all_reduce") + 1), ("elems", 1024),
+                         ("dtype", DTYPE_NAMES.index("bfloat16") + 1), ("off_pattern", 1)):
+        monkeypatch.setattr(calls, field, value)
+    rec, written = recorder()
+    rec.stall_started(time.time() - 3.0, 1.0, 5, "forward", ("all_reduce", 41))
+    assert written[0]["call"] == {"op": "all_reduce", "elements": 1024, "dtype": "bfloat16",
+                                  "off_pattern": True}, written[0]["call"]
+    monkeypatch.setattr(calls, "code", 0)  # no collective entered yet
+    rec, written = recorder()
+    rec.stall_started(time.time() - 3.0, 1.0, 5, "forward", None)
+    assert written[0]["call"] is None, written[0]["call"]

@@ -58,12 +58,16 @@ def stall(unresponsive: Sequence[int], culprits: Sequence[int]) -> Judged:
 
 
 def stall_from_records(starts: Sequence[dict[str, Any]], ranks: Sequence[int]) -> Judged:
-    """A stall from the flight recorder's start records: a rank that recorded it more than
-    STALL_SEEN_LATE_SECONDS after its threshold, while others did in time, ran no Python
-    meanwhile (unresponsive); else, as the live judge's progress evidence, the ranks behind
-    the others in collectives (their last one's sequence number lower), else the one rank
-    whose phase differs from the others' (a majority's: two ranks in two phases tell nothing,
-    whichever recorded first)."""
+    """A stall from the flight recorder's start records: a collective desync where ranks
+    stopped at one collective number in different calls (desync_from_records); else a rank
+    that recorded it more than STALL_SEEN_LATE_SECONDS after its threshold, while others did
+    in time, ran no Python meanwhile (unresponsive); else, as the live judge's progress
+    evidence, the ranks behind the others in collectives (their last one's sequence number
+    lower), else the one rank whose phase differs from the others' (a majority's: two ranks
+    in two phases tell nothing, whichever recorded first)."""
+    desync = desync_from_records(starts)
+    if desync is not None:
+        return desync
     on_time = {int(r["rank"]) for r in starts
                if r["time"] - (_num(r.get("since")) or r["time"])
                <= (_num(r.get("threshold")) or 0.0) + STALL_SEEN_LATE_SECONDS}
@@ -76,6 +80,41 @@ def stall_from_records(starts: Sequence[dict[str, Any]], ranks: Sequence[int]) -
     odd = [int(r["rank"]) for r in starts if r.get("phase") != common] \
         if phases.count(common) > len(phases) / 2 else []
     return stall(late if len(late) == 1 and on_time else [], behind or odd)
+
+
+def desync_from_records(starts: Sequence[dict[str, Any]]) -> Judged | None:
+    """Ranks whose stall records name one collective number but different calls (op,
+    elements, dtype): a collective desync, as the live judge names it from the heartbeats. Its
+    culprit: the one rank whose call is off its own previous steps' pattern, else the one rank
+    alone in its call among three or more; none where neither singles one out."""
+    calls: dict[int, tuple[int, tuple[Any, ...], bool]] = {}
+    for r in starts:
+        seq = _num((r.get("last_collective") or {}).get("seq"))
+        call = r.get("call")
+        if seq is not None and isinstance(call, dict):
+            calls[int(r["rank"])] = (int(seq), (call.get("op"), call.get("elements"),
+                                                call.get("dtype")), call.get("off_pattern") is True)
+    for seq in sorted({s for s, _, _ in calls.values()}):
+        at = {rank: c for rank, c in calls.items() if c[0] == seq}
+        sides: dict[tuple[Any, ...], list[int]] = {}
+        for rank, (_, key, _) in sorted(at.items()):
+            sides.setdefault(key, []).append(rank)
+        if len(sides) < 2:
+            continue
+        off = [rank for rank, c in at.items() if c[2]]
+        alone = [ranks[0] for ranks in sides.values() if len(ranks) == 1]
+        culprit = off[0] if len(off) == 1 else (
+            alone[0] if len(alone) == 1 and len(at) >= 3 else None)
+        said = " vs ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} "
+                           f"{_call_text(key)}" for key, r in sides.items())
+        return Judged("collective_desync", culprit, (f"{said} at collective #{seq}",))
+    return None
+
+
+def _call_text(key: tuple[Any, ...]) -> str:
+    op, elements, dtype = key
+    size = f"{elements:,}" if isinstance(elements, int) else "?"
+    return f"{op} {size} {dtype or '?'}"
 
 
 def _num(value: Any) -> float | None:

@@ -29,6 +29,7 @@ from typing import Any
 from fsdpmon import catalog
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
+    DIAGNOSIS_EVIDENCE_SECONDS,
     EXIT_HOWS,
     INCIDENT_MERGE_GAP_QUERY_STEPS,
     INCIDENT_MIN_LOST_SECONDS,
@@ -36,6 +37,7 @@ from fsdpmon.conventions import (
 from fsdpmon.diagnose.after import first_nonfinite, restart, slow_saves, stall
 from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
+from fsdpmon.diagnose.findings import Finding
 from fsdpmon.diagnose.replay import (
     may_slow,
     quality_evidence,
@@ -122,6 +124,11 @@ def stall_culprits(progress: tuple[Series, Series], ranks: list[int], start: flo
     return progress_culprits(rows)
 
 
+def _in_collectives(snap: JobSnapshot) -> bool:
+    """A replay's ``judge_at`` for a desync that hangs: two live ranks inside collectives."""
+    return sum(1 for r in snap.ranks if r.in_collective and not r.down) >= 2
+
+
 def _at(samples: Samples, t: float) -> float | None:
     """The last value at or before ``t``."""
     found = [v for s, v in samples if s <= t]
@@ -170,10 +177,26 @@ class HistoryJudge:
             if culprits:
                 evidence.insert(0, f"culprit: rank{'s' if len(culprits) > 1 else ''} "
                                    f"{', '.join(map(str, culprits))} ({why})")
+            desync = self._desync_in(start - lead, end)
+            if desync is not None:  # ranks wait in different calls: the stall's real cause
+                out.append(self._incident(start - lead, end, desync.cause, desync.rank,
+                                          [desync.summary, *desync.evidence, *evidence],
+                                          end - start + lead))
+                continue
             judged = stall(quiet, culprits)
             out.append(self._incident(start - lead, end, judged.cause, judged.rank,
                                       [*evidence, *judged.evidence], end - start + lead))
         return out
+
+    def _desync_in(self, start: float, end: float) -> Finding | None:
+        """The live judge replayed over a stall's snapshots (and the evidence window before
+        it): the collective desync it named there, the last said. The progress series alone
+        would call that stall a hang and blame the rank that went on."""
+        snaps = [s for s in self._snapshots()
+                 if start - DIAGNOSIS_EVIDENCE_SECONDS <= s.time <= end]
+        said = [f for _, f in replay(snaps, judge_at=_in_collectives)
+                if f.cause == "collective_desync"]
+        return said[-1] if said else None
 
     def _progress(self) -> tuple[Series, Series]:
         return (self.h.series(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ),

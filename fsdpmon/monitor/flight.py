@@ -5,9 +5,12 @@ to its log (``kubectl logs --previous`` keeps it after torchrun aborts and resta
 Records (one JSON line each, beside the ``run`` and ``step`` records):
 
 - ``{"kind": "stall", "state": "start", "time", "rank", "step", "since", "threshold",
-  "phase", "last_collective", "frames"}``: once per stall, when the watchdog sees it; ``since``
-  is the unix time of the last progress; ``frames`` the training thread's stack, innermost
-  ``MAX_FRAMES`` frames, each text cut to ``stacks.MAX_TEXT`` (at most ~20 KB a record).
+  "phase", "last_collective", "call", "frames"}``: once per stall, when the watchdog sees it;
+  ``since`` is the unix time of the last progress; ``call`` the last collective's ``op``,
+  ``elements``, ``dtype`` and ``off_pattern`` (it differs from the previous step's call at its
+  place), or null: ranks stalled at one number in different calls are a collective desync;
+  ``frames`` the training thread's stack, innermost ``MAX_FRAMES`` frames, each text cut to
+  ``stacks.MAX_TEXT`` (at most ~20 KB a record).
 - ``{"kind": "stall", "state": "end", "time", "rank", "step", "since", "seconds",
   "during"}``: when progress resumes; ``seconds`` is the time lost beyond one ordinary step,
   ``during`` is "step", or "checkpoint" when the progress that ended it was a save (then the
@@ -33,8 +36,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdpmon.conventions import EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM
-from fsdpmon.monitor import exit_cleanup
+from fsdpmon.conventions import DTYPE_NAMES, EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM, OPS
+from fsdpmon.monitor import collectives, exit_cleanup
 from fsdpmon.monitor.stacks import MAX_TEXT, last_collective, thread_frames
 
 log = logging.getLogger("fsdpmon.monitor")
@@ -55,6 +58,16 @@ def process_start_unix() -> float:
         return time.time()
 
 
+def entered_call() -> dict[str, Any] | None:
+    """The last collective entered, decoded from the wrapper's codes (None: none yet)."""
+    code, elements, dtype, off = collectives.entered_call()
+    if not 0 < code <= len(OPS):
+        return None
+    return {"op": OPS[code - 1], "elements": int(elements),
+            "dtype": DTYPE_NAMES[dtype - 1] if 0 < dtype <= len(DTYPE_NAMES) else None,
+            "off_pattern": bool(off)}
+
+
 class FlightRecorder:
     """One rank's recorder. ``write`` appends a record to the JSONL (or drops it)."""
 
@@ -72,7 +85,8 @@ class FlightRecorder:
         record = {"kind": "stall", "state": "start", "time": time.time(), "rank": self.rank,
                   "step": int(step), "since": since, "threshold": threshold,
                   "phase": phase[:MAX_TEXT] if phase else None,
-                  "last_collective": last_collective(entered), "frames": frames}
+                  "last_collective": last_collective(entered), "call": entered_call(),
+                  "frames": frames}
         self.write(record)
         where = "; ".join(f"{f['file']}:{f['line']} {f['function']}" for f in frames[-3:])
         log.warning("fsdpmon flight recorder: rank %d stalled at step %d in phase %s, last "
