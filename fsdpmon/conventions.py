@@ -127,10 +127,12 @@ STRAGGLER_CAUSE_SHARE = 0.5
 LOSS_SPIKE_FACTOR = 2.0
 # The "recent" of that median: the job losses of this many seconds before the evidence window.
 # Not the whole run: on a falling loss curve the first, high losses would hide a spike (issue
-# 51). A median over 5 minutes keeps the level before a spike while the spike lasts under about
-# half of it (2.5 minutes, hundreds of steps); a level held longer is the new level, and a slow
-# climb is FsdpmonLossDiverging's.
-LOSS_SPIKE_BASELINE_SECONDS = 300.0
+# 51). A median over 110 s keeps the level before a spike while the spike lasts under about
+# half of it (55 s, hundreds of steps of a fast job); a level held longer is the new level, and
+# a slow climb is FsdpmonLossDiverging's. 110 s with the 10 s window is the 2 minutes a live
+# view's snapshot history keeps (diagnose/history.py): a longer reach would cost that history
+# (of every rank and GPU) in memory, at 2,048 ranks hundreds of MB more.
+LOSS_SPIKE_BASELINE_SECONDS = 110.0
 # The job's gradient norm above this multiple of its recent level (its median over the same
 # LOSS_SPIKE_BASELINE_SECONDS before the window) throughout the window is training_unstable.
 # A healthy run's norm falls through warm-up and rises slowly as the learning rate decays: far

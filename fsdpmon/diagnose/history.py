@@ -4,12 +4,18 @@ from __future__ import annotations
 
 from collections import deque
 
-from fsdpmon.conventions import CRASH_EVIDENCE_SECONDS
+from fsdpmon.conventions import (
+    CRASH_EVIDENCE_SECONDS,
+    DIAGNOSIS_EVIDENCE_SECONDS,
+    LOSS_SPIKE_BASELINE_SECONDS,
+)
 from fsdpmon.job.snapshot import JobSnapshot
 
 # Counter rises (XIDs, ECC, restarts) stay in view this long, as a restarted rank's report of
-# its death does; stall and straggler evidence needs only DIAGNOSIS_EVIDENCE_SECONDS of it.
-HISTORY_SECONDS = CRASH_EVIDENCE_SECONDS
+# its death does, and the loss's recent level before the evidence window; stall and straggler
+# evidence needs only DIAGNOSIS_EVIDENCE_SECONDS of it.
+HISTORY_SECONDS = max(CRASH_EVIDENCE_SECONDS,
+                      LOSS_SPIKE_BASELINE_SECONDS + DIAGNOSIS_EVIDENCE_SECONDS)
 
 
 class SnapshotHistory:
