@@ -25,7 +25,8 @@ from fsdpmon.manifests.config import ManifestConfig
 from fsdpmon.manifests.monitoring import prometheus_rule, training_podmonitor
 
 ROOT = Path(__file__).resolve().parents[1]
-STALL_ALERTS = {"FsdpmonTrainingStalled", "FsdpmonRankUnresponsive"}
+# the alerts that page a stopped job: a hang, a stopped rank, and a desync (which hangs too)
+STALL_ALERTS = {"FsdpmonTrainingStalled", "FsdpmonRankUnresponsive", "FsdpmonCollectiveDesync"}
 # what a hang's page may wait for at most, over the stall bound (issue 49: a page within a
 # minute once the bound is drawn from evidence); each term below is checked against its setting
 PAGE_OVER_BOUND_MAX_S = 60
