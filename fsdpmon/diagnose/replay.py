@@ -63,6 +63,19 @@ def replay(snapshots: Sequence[JobSnapshot], span_s: float = DIAGNOSIS_EVIDENCE_
     return out
 
 
+def desync_replayed(snaps: Sequence[JobSnapshot]) -> Finding | None:
+    """The collective desync the live judge, replayed over a stall's snapshots, named last
+    (None: none): judged where two live ranks wait inside collectives, as a desync that
+    hangs does."""
+    said = [f for _, f in replay(snaps, judge_at=_in_collectives)
+            if f.cause == "collective_desync"]
+    return said[-1] if said else None
+
+
+def _in_collectives(snap: JobSnapshot) -> bool:
+    return sum(1 for r in snap.ranks if r.in_collective and not r.down) >= 2
+
+
 def may_slow(snap: JobSnapshot) -> bool:
     """Whether a slowdown can stand at ``snap``: each needs, in every snapshot of its window,
     a live rank whose straggler or waited-for score is below the line, or a GPU's clock events

@@ -39,6 +39,7 @@ from fsdpmon.diagnose.engine import progress_culprits
 from fsdpmon.diagnose.exits import died, exit_evidence
 from fsdpmon.diagnose.findings import Finding
 from fsdpmon.diagnose.replay import (
+    desync_replayed,
     may_slow,
     quality_evidence,
     quality_spans,
@@ -124,11 +125,6 @@ def stall_culprits(progress: tuple[Series, Series], ranks: list[int], start: flo
     return progress_culprits(rows)
 
 
-def _in_collectives(snap: JobSnapshot) -> bool:
-    """A replay's ``judge_at`` for a desync that hangs: two live ranks inside collectives."""
-    return sum(1 for r in snap.ranks if r.in_collective and not r.down) >= 2
-
-
 def _at(samples: Samples, t: float) -> float | None:
     """The last value at or before ``t``."""
     found = [v for s, v in samples if s <= t]
@@ -190,13 +186,10 @@ class HistoryJudge:
 
     def _desync_in(self, start: float, end: float) -> Finding | None:
         """The live judge replayed over a stall's snapshots (and the evidence window before
-        it): the collective desync it named there, the last said. The progress series alone
-        would call that stall a hang and blame the rank that went on."""
-        snaps = [s for s in self._snapshots()
-                 if start - DIAGNOSIS_EVIDENCE_SECONDS <= s.time <= end]
-        said = [f for _, f in replay(snaps, judge_at=_in_collectives)
-                if f.cause == "collective_desync"]
-        return said[-1] if said else None
+        it): the collective desync it named there. The progress series alone would call that
+        stall a hang and blame the rank that went on."""
+        return desync_replayed([s for s in self._snapshots()
+                                if start - DIAGNOSIS_EVIDENCE_SECONDS <= s.time <= end])
 
     def _progress(self) -> tuple[Series, Series]:
         return (self.h.series(catalog.TRAIN_COLLECTIVE_ENTERED_SEQ),
