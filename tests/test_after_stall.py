@@ -99,3 +99,11 @@ def test_one_call_at_one_number_or_calls_at_two_numbers_are_no_desync(second):
 def test_records_without_the_call_are_judged_as_before():
     starts = [start(0, "forward", 238), start(1, "forward", 238)]
     assert stall_from_records(starts, [0, 1]).cause == "hang"
+
+
+def test_an_all_to_all_whose_sizes_differ_by_rank_is_no_desync():
+    # MoE token routing sends uneven splits: the live rule leaves an all-to-all's size out, and
+    # the files judge by that same comparison (it once compared the sizes and named a desync)
+    starts = [waiting(0, 77, "all_to_all_single", 4096, False),
+              waiting(1, 77, "all_to_all_single", 1536, True)]
+    assert stall_from_records(starts, [0, 1]).cause == "hang"

@@ -17,12 +17,18 @@ from typing import Any
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
+    DTYPE_NAMES,
     INCIDENT_MIN_LOST_SECONDS,
+    OPS,
     SLOW_SAVE_FACTOR,
     STALL_SEEN_LATE_SECONDS,
 )
+from fsdpmon.diagnose.desync_rules import Waiting, call_key, call_text, calls_apart
 from fsdpmon.diagnose.exits import died
+from fsdpmon.diagnose.findings import ranks_text
 
+OP_CODES = {op: i + 1 for i, op in enumerate(OPS)}  # the flight record's names → the codes
+DTYPE_CODES = {dtype: i + 1 for i, dtype in enumerate(DTYPE_NAMES)}
 Save = tuple[dict[str, Any], float]  # a save ({"seconds", "rank", ...}) and its share of time
 
 
@@ -84,37 +90,28 @@ def stall_from_records(starts: Sequence[dict[str, Any]], ranks: Sequence[int]) -
 
 def desync_from_records(starts: Sequence[dict[str, Any]]) -> Judged | None:
     """Ranks whose stall records name one collective number but different calls (op,
-    elements, dtype): a collective desync, as the live judge names it from the heartbeats. Its
-    culprit: the one rank whose call is off its own previous steps' pattern, else the one rank
-    alone in its call among three or more; none where neither singles one out."""
-    calls: dict[int, tuple[int, tuple[Any, ...], bool]] = {}
+    elements, dtype): a collective desync, judged by the live rule's own comparison
+    (desync_rules.calls_apart: the side off its own pattern, else the minority)."""
+    waiting: Waiting = {}
+    breakers = set()
     for r in starts:
         seq = _num((r.get("last_collective") or {}).get("seq"))
         call = r.get("call")
-        if seq is not None and isinstance(call, dict):
-            calls[int(r["rank"])] = (int(seq), (call.get("op"), call.get("elements"),
-                                                call.get("dtype")), call.get("off_pattern") is True)
-    for seq in sorted({s for s, _, _ in calls.values()}):
-        at = {rank: c for rank, c in calls.items() if c[0] == seq}
-        sides: dict[tuple[Any, ...], list[int]] = {}
-        for rank, (_, key, _) in sorted(at.items()):
-            sides.setdefault(key, []).append(rank)
-        if len(sides) < 2:
+        if seq is None or not isinstance(call, dict) or call.get("op") not in OP_CODES:
             continue
-        off = [rank for rank, c in at.items() if c[2]]
-        alone = [ranks[0] for ranks in sides.values() if len(ranks) == 1]
-        culprit = off[0] if len(off) == 1 else (
-            alone[0] if len(alone) == 1 and len(at) >= 3 else None)
-        said = " vs ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))} "
-                           f"{_call_text(key)}" for key, r in sides.items())
-        return Judged("collective_desync", culprit, (f"{said} at collective #{seq}",))
-    return None
-
-
-def _call_text(key: tuple[Any, ...]) -> str:
-    op, elements, dtype = key
-    size = f"{elements:,}" if isinstance(elements, int) else "?"
-    return f"{op} {size} {dtype or '?'}"
+        elements = _num(call.get("elements"))
+        waiting[int(r["rank"])] = (int(seq), call_key(
+            OP_CODES[call["op"]], int(elements or 0), DTYPE_CODES.get(call.get("dtype"), 0)))
+        if call.get("off_pattern") is True:
+            breakers.add(int(r["rank"]))
+    found = calls_apart(waiting, breakers.__contains__)
+    if found is None:
+        return None
+    seq, groups, culprits, _why = found
+    said = " vs ".join(f"{ranks_text(ranks)} {call_text(*key)}"
+                       for key, ranks in sorted(groups.items(), key=lambda kv: kv[1]))
+    return Judged("collective_desync", culprits[0] if len(culprits) == 1 else None,
+                  (f"{said} at collective #{seq}",))
 
 
 def _num(value: Any) -> float | None:

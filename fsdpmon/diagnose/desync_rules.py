@@ -105,26 +105,45 @@ def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
             if s.stalled and s.seq is not None and s.rank not in waiting and s.op in ops}
     if told:  # some ranks say their op only: compare every rank's op only
         waiting = {r: (seq, (call[0], 0, 0)) for r, (seq, call) in waiting.items()} | told
+    breakers = {r for r, row in rows.items() if row.entered_off_pattern}
+    found = calls_apart(waiting, breakers.__contains__)
+    if found is None:
+        return None
+    seq, groups, culprits, why = found
+    steps = sorted({rows[r].step for r in rows if rows[r].step is not None})
+    step = f" (step {steps[0] + 1})" if len(steps) == 1 else ""
+    return Desync(culprits, why, _sides(groups, culprits, call_text),
+                  f"at collective #{seq}{step}",
+                  tuple(sorted(r for ranks in groups.values() for r in ranks)))
+
+
+Waiting = dict[int, tuple[int, tuple[int, int, int]]]  # rank → (collective number, its call)
+
+
+def calls_apart(waiting: Waiting, breaks: Callable[[int], bool]
+                ) -> tuple[int, Groups, tuple[int, ...], str] | None:
+    """The lowest collective number at which ranks wait in different calls: (that number, its
+    calls' groups of ranks, the odd ranks, why them); None where every number has one call.
+    Shared by the live rule and the flight recorder's (diagnose/after.py)."""
     by_seq: dict[int, Groups] = {}
     for rank, (seq, call) in sorted(waiting.items()):
         by_seq.setdefault(seq, {}).setdefault(call, []).append(rank)
     for seq, groups in sorted(by_seq.items()):
         if len(groups) > 1:
-            breakers = {r for r, row in rows.items() if row.entered_off_pattern}
-            culprits, why = odd_ranks(groups, breakers.__contains__)
-            steps = sorted({rows[r].step for r in rows if rows[r].step is not None})
-            step = f" (step {steps[0] + 1})" if len(steps) == 1 else ""
-            return Desync(culprits, why, _sides(groups, culprits, call_text),
-                          f"at collective #{seq}{step}",
-                          tuple(sorted(r for ranks in groups.values() for r in ranks)))
+            return (seq, groups, *odd_ranks(groups, breaks))
     return None
 
 
-def _call(r: RankRow) -> tuple[int, int, int]:
-    """The call a rank waits in; an all-to-all's size differs by rank where nothing is wrong."""
-    op = r.entered_op or 0
+def call_key(op: int | None, elements: int | None, dtype: int | None) -> tuple[int, int, int]:
+    """A call as compared across ranks; an all-to-all's size differs by rank where nothing is
+    wrong, so it is left out."""
+    op = op or 0
     uneven = 0 < op <= len(OPS) and OPS[op - 1] in UNEVEN
-    return op, 0 if uneven else r.entered_elements or 0, r.entered_dtype or 0
+    return op, 0 if uneven else elements or 0, dtype or 0
+
+
+def _call(r: RankRow) -> tuple[int, int, int]:
+    return call_key(r.entered_op, r.entered_elements, r.entered_dtype)
 
 
 def odd_ranks(groups: Groups, breaks: Callable[[int], bool]) -> tuple[tuple[int, ...], str]:
