@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 
+from fsdpmon.monitor.heartbeat import HB_POSITION, HB_RECORD
 from fsdpmon.monitor.state import (
     RankStateWriter,
     job_state_dir,
@@ -13,6 +14,7 @@ from fsdpmon.monitor.state import (
     read_heartbeat,
     read_job_states,
 )
+from fsdpmon.monitor.statedir import live_pids
 
 
 def _snapshot(rank: int, pid: int | None = None) -> dict:
@@ -54,6 +56,33 @@ def test_torn_heartbeat_is_not_trusted(tmp_path):
     raw[0] ^= 0xFF  # the leading sequence number no longer matches the trailing one
     writer.hb_path.write_bytes(bytes(raw))
     assert read_heartbeat(writer.hb_path) is None
+
+
+def test_a_heartbeat_torn_for_good_by_a_killed_writer_is_removed_a_live_ones_is_kept(tmp_path):
+    """A rank SIGKILLed between the record's parts leaves it torn for good (record at seq N,
+    position at N-1): unreadable, yet its pid says whether its writer runs (a CI run left
+    ``rank1.hb`` so)."""
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    live = subprocess.Popen(["sleep", "30"])
+    job_dir = tmp_path / "job"
+    try:
+        for rank, pid in ((1, exited.pid), (2, live.pid)):
+            writer = RankStateWriter(job_dir, rank)
+            writer.pid = pid
+            writer.heartbeat(1.0, 1, 1, 1, 0, 1)
+            raw = bytearray(writer.hb_path.read_bytes())
+            raw[HB_RECORD.size:HB_RECORD.size + HB_POSITION.size] = HB_POSITION.pack(
+                0, 0, 0, -1, 0, 1)  # the position still at the previous seq (1, record at 2)
+            writer.hb_path.write_bytes(bytes(raw))
+            assert read_heartbeat(writer.hb_path) is None  # torn, as the kill left it
+        assert live_pids(job_dir) == {"rank2.hb": live.pid}
+        RankStateWriter(job_dir, 0).close()
+        left = sorted(p.name for p in job_dir.iterdir())
+        assert left == ["rank2.hb"], left
+    finally:
+        live.kill()
+        live.wait()
 
 
 def test_dead_and_zombie_ranks_are_dropped_and_their_files_removed(tmp_path):

@@ -83,6 +83,20 @@ def read_heartbeat(path: Path) -> Heartbeat | None:
     return None
 
 
+def heartbeat_pid(path: Path) -> int | None:
+    """The pid of the process that writes ``path``, torn record or not: it is written once,
+    before the file is renamed into place, and never changes. A writer killed between the
+    record's parts leaves it torn for good; whether that writer runs is still known."""
+    try:
+        raw = path.read_bytes()
+    except OSError:
+        return None
+    if len(raw) < HB_RECORD.size:
+        return None
+    pid = HB_RECORD.unpack_from(raw)[1]
+    return pid if pid > 0 else None
+
+
 def _calls(raw: bytes, seq: int) -> list[float] | None:
     """The collectives' section: [] when absent or never written, None when torn."""
     if len(raw) < HB_CALLS_AT + HB_CALLS.size:

@@ -38,6 +38,7 @@ from fsdpmon.monitor.heartbeat import (
     HB_RECORD,
     HB_SIZE,
     Heartbeat,
+    heartbeat_pid,
     pid_alive,
     read_heartbeat,
 )
@@ -188,8 +189,7 @@ def _read_rank(json_path: Path) -> RankState | None:
 
 def _owner_pid(path: Path) -> int | None:
     if path.suffix == ".hb":
-        hb = read_heartbeat(path)
-        return hb.pid if hb else None
+        return heartbeat_pid(path)
     try:
         return int(json.loads(path.read_text()).get("pid"))
     except (OSError, ValueError, TypeError, AttributeError):

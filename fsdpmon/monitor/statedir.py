@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from fsdpmon.errors import InputError
-from fsdpmon.monitor.heartbeat import pid_alive, read_heartbeat
+from fsdpmon.monitor.heartbeat import heartbeat_pid, pid_alive
 
 PREFIX = "fsdpmon-"
 # The pod server's lock file (podserver): held with flock as long as a server serves the directory.
@@ -73,9 +73,9 @@ def live_pids(directory: Path) -> dict[str, int]:
     found = {}
     with contextlib.suppress(OSError):
         for hb_path in directory.glob("rank*.hb"):
-            hb = read_heartbeat(hb_path)
-            if hb is not None and pid_alive(hb.pid):
-                found[hb_path.name] = hb.pid
+            pid = heartbeat_pid(hb_path)  # torn or not: a live writer's pid is whole
+            if pid is not None and pid_alive(pid):
+                found[hb_path.name] = pid
     return found
 
 
