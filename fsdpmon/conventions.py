@@ -300,3 +300,12 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "i
 # pipeline's stages): they are numbered, not fingerprinted.
 UNEVEN = frozenset(("all_to_all", "all_to_all_single"))
 POINT_TO_POINT = frozenset(("send", "recv"))
+# Where each op takes its process group when passed by position (torch's signatures, checked
+# by the tests); else it is ``group=``. The fingerprint keys each call by its group.
+GROUP_AT = {
+    "all_reduce": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_single": 2,
+    "all_to_all": 2, "all_to_all_single": 4, "reduce_scatter": 3, "reduce_scatter_tensor": 3,
+    "reduce_scatter_single": 3, "broadcast": 2, "reduce": 3, "barrier": 0, "gather": 3,
+    "scatter": 3, "all_gather_object": 2, "broadcast_object_list": 2, "send": 2, "recv": 2,
+    "broadcast_coalesced": 0,  # torch.distributed._broadcast_coalesced(process_group, ...)
+}

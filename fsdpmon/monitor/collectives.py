@@ -8,6 +8,10 @@ the stack evidence reads it only while the rank is stalled. A call made inside a
 (``all_gather_object`` calls ``all_gather``) counts once, as the outer one. Counted always,
 between steps too, so the number is the same on every rank that made the same calls.
 
+Fingerprint: a step's calls (on its own thread) hashed by op, elements, dtype and group; the
+group as the order of its first use in a step (0: the default group), not its ranks or name:
+HSDP's ranks {0,1} and {2,3} run one program on other groups of one role and must print alike.
+
 Wait: busy time (step minus wait) names the straggler: in synchronous training every rank's
 step lasts as long as the slowest rank's, and the fast ranks spend the difference waiting at
 the collectives. The rank that waits least is the one the others wait for.
@@ -61,6 +65,7 @@ from typing import Any
 from fsdpmon.conventions import (
     C10D_NAMES,
     DTYPE_NAMES,
+    GROUP_AT,
     OPS,
     POINT_TO_POINT,
     PRIVATE_NAMES,
@@ -70,11 +75,12 @@ from fsdpmon.monitor import ddp
 from fsdpmon.monitor.schedstat import RunQueueDelay
 
 _WRAPPED = "_fsdpmon_collective_wrapper"
-# The step's fingerprint: a polynomial rolling hash of each call's (op, elements, dtype) key,
-# cut to 52 bits so that it is exact in the float64 gauge it is published as.
+# The step's fingerprint: a polynomial rolling hash of each call's key (op | dtype << 8 | group
+# << 16 | elements << 24), cut to 52 bits: exact in the float64 gauge it is published as.
 HASH_MASK = (1 << 52) - 1
 _HASH_PRIME = 1000003  # small: the product stays a short int (0.05 us less a call)
 PATTERN_CAP = 512  # a step's calls whose keys the next step compares with (by position)
+GROUP_CAP = 255  # group ordinals fill 8 bits of the key: the 255th group and later share one
 
 
 @dataclass(frozen=True)
@@ -215,8 +221,8 @@ class _Calls:
     its calls so far, their rolling hash, and each call's key by position, which the next step
     compares with (``off_pattern``: this call's key differs from the previous step's there)."""
 
-    __slots__ = ("code", "depth", "done", "dtype", "elems", "hash", "keys", "last_step", "n",
-                 "off_pattern", "op", "prev_keys", "prev_n", "seq", "thread", "timer")
+    __slots__ = ("code", "depth", "done", "dtype", "elems", "groups", "hash", "keys", "last_step",
+                 "n", "off_pattern", "op", "prev_keys", "prev_n", "seq", "thread", "timer")
 
     def __init__(self) -> None:
         self.op: str | None = None
@@ -229,10 +235,14 @@ class _Calls:
         self.keys, self.prev_keys = [0] * PATTERN_CAP, [0] * PATTERN_CAP
         self.last_step: tuple[int, int, int] | None = None  # (calls, hash, seq at its end)
         self.thread = 0  # the thread that opened the step: only its calls are fingerprinted
+        # group -> ordinal. Keyed by the object, which the dict holds: its id is never reused
+        # for another group, and torch hands back this same object for the group each time.
+        self.groups: dict[Any, int] = {None: 0}
 
-    def note(self, code: int, args: tuple[Any, ...], armed: bool, sized: bool = True) -> None:
-        """The call's op, first tensor's size and dtype; in a step also its fingerprint (no
-        allocation but the key's int)."""
+    def note(self, code: int, args: tuple[Any, ...], armed: bool, sized: bool = True,
+             group: Any = None) -> None:
+        """The call's op, first tensor's size and dtype; in a step also its fingerprint, with
+        its group's ordinal (no allocation but the key's int)."""
         if args:  # the tensor is first, or second after all_gather's output list
             arg = args[1] if type(arg := args[0]) is list and len(args) > 1 else arg
             try:  # not isinstance(arg, torch.Tensor): its metaclass check costs 0.1 us
@@ -247,12 +257,27 @@ class _Calls:
         if not armed or get_ident() != self.thread:
             self.off_pattern = 0
             return
-        key, at = code | dtype << 8 | (elems << 16 if sized else 0), self.n
+        try:
+            ordinal = self.groups[group]
+        except KeyError:
+            ordinal = self.first_use(group)
+        except TypeError:  # unhashable: no group (torch will refuse the call)
+            ordinal = GROUP_CAP
+        key, at = code | dtype << 8 | ordinal << 16 | (elems << 24 if sized else 0), self.n
         self.n = at + 1
         self.hash = (self.hash * _HASH_PRIME + key) & HASH_MASK
         self.off_pattern = at >= self.prev_n or self.prev_keys[at] != key  # a bool: 0 or 1
         if at < PATTERN_CAP:
             self.keys[at] = key
+
+    def first_use(self, group: Any) -> int:
+        """A group's ordinal at its first use in a step: 0 for the world group, else the next."""
+        from torch.distributed import distributed_c10d
+
+        world = group is distributed_c10d.GroupMember.WORLD
+        ordinal = 0 if world else min(max(self.groups.values()) + 1, GROUP_CAP)
+        self.groups[group] = ordinal
+        return ordinal
 
     def step_begin(self) -> None:
         self.n = self.hash = 0
@@ -312,6 +337,7 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` numbered as collective ``name`` (None: not numbered) and timed while armed."""
     code = OPS.index(name) + 1 if name in OPS else 0
     keyed, sized = name not in POINT_TO_POINT, name not in UNEVEN
+    group_at = GROUP_AT.get(name or "", 0)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -322,7 +348,8 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         if name is not None:
             seq += 1
             calls.op, calls.seq = name, seq
-            calls.note(code, args, keyed and timer is not None and timer.armed, sized)
+            calls.note(code, args, keyed and timer is not None and timer.armed, sized,
+                       args[group_at] if len(args) > group_at else kwargs.get("group"))
         calls.depth = 1
         try:
             if timer is None or not timer.armed or kwargs.get("async_op"):
