@@ -14,12 +14,13 @@ Kinds and keys (a key left out takes the default shown; ``rank``/``gpu`` default
   data-slow:rank=R,seconds=X,from_step=S,after=T,until_step=U
                                                 rank R's loader X s slower per batch (for
                                                 steps S..U; U=0: to the end)
-  hang:rank=R,at_step=S,where=data|host|gil,after=T
+  hang:rank=R,at_step=S,where=data|host|gil,after=T,gate=PATH
                                                 rank R blocks forever outside any collective
                                                 (at step S, or the first step past it that
-                                                is T seconds after the rank's first step): in
-                                                Python (data, host) or in a C call that holds
-                                                the GIL (gil: no thread of it runs Python)
+                                                is T seconds after the rank's first step and,
+                                                with gate, once PATH exists): in Python
+                                                (data, host) or in a C call that holds the
+                                                GIL (gil: no thread of it runs Python)
   nonfinite-loss:rank=R,from_step=S,value=nan|inf|-inf
   checkpoint-slow:rank=R,seconds=X,from_step=S,after=T
                                                 rank R's saves X s longer
@@ -71,6 +72,7 @@ class Hang:
     at_step: int = 5
     where: str = "data"  # "data": inside next(loader); "host"/"gil": a call after the step
     after: float = 0.0  # and not before this many seconds after the rank's first step
+    gate: str = ""  # and not before this file exists ("": no gate): a test's "now", not a clock
 
 
 @dataclass(frozen=True)
@@ -239,6 +241,7 @@ def select(faults: Iterable[Fault], cls: type[T], rank: int | None = None,
 
 
 def describe(fault: Fault) -> str:
-    """Back to spec text, every key spelled out (for logs and the demo's banner)."""
-    pairs = ",".join(f"{k}={v}" for k, v in dataclasses.asdict(fault).items())
+    """Back to spec text, every key spelled out (for logs and the demo's banner) but an empty
+    text, which is its key left out (no hang gate)."""
+    pairs = ",".join(f"{k}={v}" for k, v in dataclasses.asdict(fault).items() if v != "")
     return f"{kind_of(fault)}:{pairs}"

@@ -22,7 +22,7 @@ Healthy run:
 
 Faulty run (``--fault``): healthy first, then rank 1's compute 3x slower from step SLOW_FROM
 (score about 1/3, far below STRAGGLER_SCORE_THRESHOLD), then rank 0 hangs in its data loader
-at the first step past HANG_AT that is HANG_AFTER_S past its first step:
+at the first step past HANG_AT once the straggler's notification is in (a gate file):
 4. FsdpmonRankStraggling reaches Alertmanager naming rank 1 (cause straggler_compute, its
    runbook link), never rank 0, and did not fire before the fault started, although scores were
    published for seconds before it. (On a loaded 2-core host a healthy rank's score can dip to
@@ -47,6 +47,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -96,19 +97,20 @@ FAST = RuleBounds(stall_for="0s", straggler_for="5s")
 # before the fault; the busy median is past it BUSY_MIN_STEPS // 2 + 1 steps later, and the
 # monitor flags the rank once a second, disjoint median agrees and DIAGNOSIS_EVIDENCE_SECONDS
 # have passed (score and flag stay published while the job hangs). The hang must come after
-# that in wall time: here the fault starts 8-9 s after the first step (SLOW_AFTER_S below,
-# or step SLOW_FROM when later) and the flag rises ~13 s later (load ~6), so HANG_AFTER_S
-# leaves room for a machine twice as slow.
+# that in wall time: it waits at the first step past HANG_AT for its gate, the file this test
+# writes once the straggler's notification is in (a fixed delay had to allow for a machine
+# twice as slow, and on this one waited ~20 s for nothing).
 SLOW_FROM = BUSY_MIN_STEPS + 60
 # ... and not before SLOW_AFTER_S past the rank's first step: on a fast machine the 60 steps
 # can pass within one 1 s evaluation, leaving no healthy scored part to check.
 SLOW_AFTER_S = 8.0
 HANG_AT = SLOW_FROM + BUSY_MIN_STEPS // 2 + 1 + BUSY_MIN_STEPS
-HANG_AFTER_S = 45.0
 SLOW_FACTOR = 3.0
-FAULTS = (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM},"
-          f"after={SLOW_AFTER_S:g};"
-          f"hang:rank=0,at_step={HANG_AT},where=data,after={HANG_AFTER_S:g}")
+
+
+def faults(gate: Path) -> str:
+    return (f"compute-slow:rank=1,factor={SLOW_FACTOR:g},from_step={SLOW_FROM},"
+            f"after={SLOW_AFTER_S:g};hang:rank=0,at_step={HANG_AT},where=data,gate={gate}")
 # What Grafana sends with this job and node selected, All ranks and namespaces, a 10m range.
 VARIABLES = {"__rate_interval": "15s", "__interval": "2s", "__range": "10m",
              "namespace": ".*", "job": JOB_NAME, "node": NODE, "rank": ".*"}
@@ -369,7 +371,8 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
     prom, hook, am = infra["prom"], infra["hook"], infra["am"]
     port = infra["ports"]["fsdpmon-train-faulty"]
     env = {**infra["env"], "FSDPMON_STATE_DIR": str(tmp_path / "st")}
-    args = torchrun_args(2, [*training_args(port, FAULTY_JOB), "--fault", FAULTS])
+    gate = tmp_path / "hang.gate"
+    args = torchrun_args(2, [*training_args(port, FAULTY_JOB), "--fault", faults(gate)])
     job = f'job_name="{FAULTY_JOB}"'
     started = time.time()
     with launched(args, env, tmp_path / "train.log") as trainer:
@@ -399,6 +402,8 @@ def test_straggler_and_hang_alerts_reach_alertmanager(infra, tmp_path):
         # asserted: on a loaded machine a rank descheduled inside a collective waits there
         # too, and the busy split above (which leaves that time out) is what names rank 1.
         assert {k for k in split if k[0] == "B"} == {("B", "0"), ("B", "1")}, split
+
+        gate.touch()  # rank 0 hangs in its loader from the next step past HANG_AT
 
         stalled = wait_for(f"{STALL} for {FAULTY_JOB} rank 0 in Alertmanager", lambda: [
             a for a in in_alertmanager(am, STALL, FAULTY_JOB) if a["labels"].get("rank") == "0"],

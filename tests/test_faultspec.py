@@ -21,6 +21,7 @@ def test_unset_or_blank_means_no_fault():
     ("compute-slow:rank=1,factor=1.5,from_step=3", fs.ComputeSlow(1, 1.5, 3)),
     ("data-slow:rank=2,seconds=0.2", fs.DataSlow(2, 0.2, 0)),
     ("hang:rank=1,at_step=4,where=host", fs.Hang(1, 4, "host")),
+    ("hang:rank=1,at_step=4,gate=/tmp/go", fs.Hang(1, 4, "data", 0.0, "/tmp/go")),
     ("nonfinite-loss:rank=0,from_step=2,value=-inf", fs.NonfiniteLoss(0, 2, "-inf")),
     ("checkpoint-slow:rank=1,seconds=3", fs.CheckpointSlow(1, 3.0)),
     ("checkpoint-slow:rank=1,seconds=3,from_step=40", fs.CheckpointSlow(1, 3.0, 40)),

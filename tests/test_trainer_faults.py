@@ -155,6 +155,33 @@ def test_a_hang_with_after_waits_for_its_time_then_blocks_at_the_next_step(clock
         at_step.after_step(3)
 
 
+def test_a_gated_hang_blocks_at_the_first_step_past_at_step_once_its_file_exists(
+        tmp_path, monkeypatch):
+    def hang() -> None:
+        raise Hung
+
+    monkeypatch.setattr(faults, "hang_in_data_loader", hang)
+    monkeypatch.setattr(faults, "block_forever_in_host_call", hang)
+    gate = tmp_path / "hang.gate"
+    data = plan(f"hang:rank=1,at_step=3,where=data,gate={gate}")
+    steps_done = [2]
+    wrapped = data.wrap_loader(iter([1, 2, 3, 4]), lambda: steps_done[0])
+    gate.touch()
+    assert next(wrapped) == 1, "gate open but before at_step: not due"
+    gate.unlink()
+    steps_done[0] = 5
+    assert next(wrapped) == 2, "past at_step, the gate not yet there: not due"
+    gate.touch()
+    with pytest.raises(Hung):
+        next(wrapped)
+    host = plan(f"hang:rank=1,at_step=3,where=host,gate={gate}")
+    gate.unlink()
+    host.after_step(4)  # past its step, no gate: returns
+    gate.touch()
+    with pytest.raises(Hung):
+        host.after_step(5)
+
+
 def test_nonfinite_loss_from_its_step():
     p = plan("nonfinite-loss:rank=1,from_step=4,value=-inf")
     loss = torch.tensor(2.5)

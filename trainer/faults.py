@@ -120,8 +120,11 @@ class FaultPlan:
         return step >= fault.from_step and self._waited(fault.after)
 
     def hang_due(self, fault: fs.Hang, step: int) -> bool:
-        """A hang acts at step ``at_step``, or (with ``after``) at the first step past it that
-        is ``after`` seconds past this rank's first step."""
+        """A hang acts at step ``at_step``, or (with ``after`` or ``gate``) at the first step
+        past it that is ``after`` seconds past this rank's first step, once ``gate`` exists."""
+        if fault.gate:
+            return step >= fault.at_step and self._waited(fault.after) and os.path.exists(
+                fault.gate)
         if not fault.after:
             return step == fault.at_step if fault.where != "data" else step >= fault.at_step
         return step >= fault.at_step and self._waited(fault.after)
