@@ -8,14 +8,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from fsdpmon.monitor import collectives  # noqa: E402
+from fsdpmon.conventions import DTYPE_NAMES, OPS  # noqa: E402
+from fsdpmon.monitor import collectives, fingerprint  # noqa: E402
 
 
 @pytest.fixture()
 def ops(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """Fresh wrapper state, a timer (no run-queue reads) and wrapped no-op collectives."""
-    monkeypatch.setattr(collectives, "_calls", collectives._Calls())
-    collectives._know_tensors()
+    monkeypatch.setattr(collectives, "_calls", fingerprint.Calls())
+    fingerprint.know_tensors()
     timer = collectives.CollectiveTimer(run_queue=False)
     collectives._calls.timer = timer
     wrapped = {name: collectives.wrap(name, lambda *a, **k: None)
@@ -72,8 +73,8 @@ def test_op_changes_fingerprint_same_size(ops: dict[str, object]) -> None:
 def test_waiting_call_identity(ops: dict[str, object]) -> None:
     ops["all_gather"]([torch.zeros(3)], torch.zeros(6, dtype=torch.float16))  # type: ignore[operator]
     code, elems, dtype, _ = collectives.entered_call()
-    assert collectives.OPS[code - 1] == "all_gather"
-    assert (elems, collectives.DTYPE_NAMES[dtype - 1]) == (6, "float16")
+    assert OPS[code - 1] == "all_gather"
+    assert (elems, DTYPE_NAMES[dtype - 1]) == (6, "float16")
 
 
 def test_off_pattern_only_where_the_step_differs(ops: dict[str, object]) -> None:

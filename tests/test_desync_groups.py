@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from fsdpmon.monitor import collectives  # noqa: E402
+from fsdpmon.monitor import collectives, fingerprint  # noqa: E402
 
 Call = tuple[str, tuple[Any, ...], dict[str, Any]]
 
@@ -24,8 +24,8 @@ Call = tuple[str, tuple[Any, ...], dict[str, Any]]
 @pytest.fixture()
 def fresh(monkeypatch: pytest.MonkeyPatch) -> collectives.CollectiveTimer:
     """A fresh process's wrapper state (no group used yet) with a timer that reads no run queue."""
-    monkeypatch.setattr(collectives, "_calls", collectives._Calls())
-    collectives._know_tensors()
+    monkeypatch.setattr(collectives, "_calls", fingerprint.Calls())
+    fingerprint.know_tensors()
     timer = collectives.CollectiveTimer(run_queue=False)
     collectives._calls.timer = timer
     return timer
@@ -60,10 +60,28 @@ def hsdp(shard: object, replicate: object) -> list[Call]:
 
 def two_steps(timer: collectives.CollectiveTimer) -> list[tuple[int, int]]:
     """A rank's first two steps, on group objects of its own (a fresh process)."""
-    collectives._calls = collectives._Calls()
+    collectives._calls = fingerprint.Calls()
     collectives._calls.timer = timer
     shard, replicate = object(), object()
     return [step(timer, hsdp(shard, replicate)) for _ in range(2)]
+
+
+@pytest.mark.parametrize("name, args, kwargs", [
+    ("reduce_scatter_tensor", (torch.zeros(4), torch.zeros(8)),
+     {"output": torch.zeros(4), "input": torch.zeros(8)}),
+    ("all_gather_into_tensor", (torch.zeros(8), torch.zeros(4)),
+     {"output_tensor": torch.zeros(8), "input_tensor": torch.zeros(4)}),
+    ("all_reduce", (torch.zeros(3, dtype=torch.float16),),
+     {"tensor": torch.zeros(3, dtype=torch.float16)}),
+])
+def test_a_call_made_all_by_keyword_is_sized_as_by_position(
+        fresh: collectives.CollectiveTimer, name: str, args: tuple, kwargs: dict) -> None:
+    """FSDP2's reduce-scatter passes output= and input= only: its size and dtype still count."""
+    seen = []
+    for call_args, call_kwargs in ((args, {}), ((), kwargs)):
+        collectives.wrap(name, noop)(*call_args, **call_kwargs)
+        seen.append((collectives._calls.elems, collectives._calls.dtype))
+    assert seen[0] == seen[1] and seen[0][0] > 0, seen
 
 
 def test_ranks_on_other_groups_of_one_role_print_alike(fresh: collectives.CollectiveTimer) -> None:
@@ -94,7 +112,7 @@ def test_a_group_first_used_by_another_thread_takes_no_place_in_the_order(
     """An async checkpoint's group, first used off the step's thread at a moment that differs
     by rank, must not shift the step's groups' ordinals."""
     plain = step(fresh, hsdp(object(), object()))
-    collectives._calls = collectives._Calls()
+    collectives._calls = fingerprint.Calls()
     collectives._calls.timer = fresh
     fresh.arm()
     saver = threading.Thread(target=collectives.wrap("all_reduce", noop),

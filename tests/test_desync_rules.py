@@ -8,11 +8,10 @@ import dataclasses
 
 import pytest
 
-from fsdpmon.conventions import DESYNC_PATTERN_STEPS
+from fsdpmon.conventions import DESYNC_PATTERN_STEPS, DTYPE_NAMES, OPS
 from fsdpmon.diagnose.desync_rules import call_text, fingerprint_mismatch, waiting_mismatch
 from fsdpmon.diagnose.stacks import RankStack
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
-from fsdpmon.monitor.collectives import DTYPE_NAMES, OPS
 
 REDUCE = (OPS.index("all_reduce") + 1, 1024, DTYPE_NAMES.index("float32") + 1)
 GATHER = (OPS.index("all_gather_single") + 1, 4096, DTYPE_NAMES.index("bfloat16") + 1)

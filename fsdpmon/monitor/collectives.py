@@ -57,14 +57,12 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from _thread import get_ident
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fsdpmon.conventions import (
     C10D_NAMES,
-    DTYPE_NAMES,
     GROUP_AT,
     OPS,
     POINT_TO_POINT,
@@ -72,16 +70,10 @@ from fsdpmon.conventions import (
     UNEVEN,
 )
 from fsdpmon.monitor import ddp
+from fsdpmon.monitor.fingerprint import Calls, by_keyword, know_tensors
 from fsdpmon.monitor.schedstat import RunQueueDelay
 
 _WRAPPED = "_fsdpmon_collective_wrapper"
-# The step's fingerprint: a polynomial rolling hash of each call's key (op | dtype << 8 | group
-# << 16 | elements << 24), cut to 52 bits: exact in the float64 gauge it is published as.
-HASH_MASK = (1 << 52) - 1
-_HASH_PRIME = 1000003  # small: the product stays a short int (0.05 us less a call)
-PATTERN_CAP = 512  # a step's calls whose keys the next step compares with (by position)
-GROUP_CAP = 255  # group ordinals fill 8 bits of the key: the 255th group and later share one
-
 
 @dataclass(frozen=True)
 class StepWaits:
@@ -214,86 +206,7 @@ class CollectiveTimer:
         return event
 
 
-class _Calls:
-    """This process's collectives: the last one entered (op, number, and the code, elements and
-    dtype of its first tensor), the number of the last one completed, how deep the wrapper is
-    nested now, the timer it feeds (None: nothing is timed), and the open step's fingerprint:
-    its calls so far, their rolling hash, and each call's key by position, which the next step
-    compares with (``off_pattern``: this call's key differs from the previous step's there)."""
-
-    __slots__ = ("code", "depth", "done", "dtype", "elems", "groups", "hash", "keys", "last_step",
-                 "n", "off_pattern", "op", "prev_keys", "prev_n", "seq", "thread", "timer")
-
-    def __init__(self) -> None:
-        self.op: str | None = None
-        self.seq = 0
-        self.done = 0
-        self.depth = 0
-        self.timer: CollectiveTimer | None = None
-        self.code = self.elems = self.dtype = self.off_pattern = 0
-        self.n = self.hash = self.prev_n = 0
-        self.keys, self.prev_keys = [0] * PATTERN_CAP, [0] * PATTERN_CAP
-        self.last_step: tuple[int, int, int] | None = None  # (calls, hash, seq at its end)
-        self.thread = 0  # the thread that opened the step: only its calls are fingerprinted
-        # group -> ordinal. Keyed by the object, which the dict holds: its id is never reused
-        # for another group, and torch hands back this same object for the group each time.
-        self.groups: dict[Any, int] = {None: 0}
-
-    def note(self, code: int, args: tuple[Any, ...], armed: bool, sized: bool = True,
-             group: Any = None) -> None:
-        """The call's op, first tensor's size and dtype; in a step also its fingerprint, with
-        its group's ordinal (no allocation but the key's int)."""
-        if args:  # the tensor is first, or second after all_gather's output list
-            arg = args[1] if type(arg := args[0]) is list and len(args) > 1 else arg
-            try:  # not isinstance(arg, torch.Tensor): its metaclass check costs 0.1 us
-                elems, dtype = arg.numel(), _dtype_code.get(arg.dtype, 0)
-            except AttributeError:  # an object collective's list or object
-                elems = dtype = 0
-        else:
-            elems = dtype = 0
-        self.code, self.elems, self.dtype = code, elems, dtype
-        # Another thread's calls (an async checkpoint's) fall into the step at a different
-        # point on each rank: in the fingerprint they would differ where nothing is wrong.
-        if not armed or get_ident() != self.thread:
-            self.off_pattern = 0
-            return
-        try:
-            ordinal = self.groups[group]
-        except KeyError:
-            ordinal = self.first_use(group)
-        except TypeError:  # unhashable: no group (torch will refuse the call)
-            ordinal = GROUP_CAP
-        key, at = code | dtype << 8 | ordinal << 16 | (elems << 24 if sized else 0), self.n
-        self.n = at + 1
-        self.hash = (self.hash * _HASH_PRIME + key) & HASH_MASK
-        self.off_pattern = at >= self.prev_n or self.prev_keys[at] != key  # a bool: 0 or 1
-        if at < PATTERN_CAP:
-            self.keys[at] = key
-
-    def first_use(self, group: Any) -> int:
-        """A group's ordinal at its first use in a step: 0 for the world group, else the next."""
-        from torch.distributed import distributed_c10d
-
-        world = group is distributed_c10d.GroupMember.WORLD
-        ordinal = 0 if world else min(max(self.groups.values()) + 1, GROUP_CAP)
-        self.groups[group] = ordinal
-        return ordinal
-
-    def step_begin(self) -> None:
-        self.n = self.hash = 0
-        self.thread = get_ident()
-
-    def step_end(self, completed: bool) -> None:
-        """The step's fingerprint becomes the last step's; its keys the pattern for the next."""
-        if completed:
-            self.last_step = (self.n, self.hash, self.seq)
-            self.keys, self.prev_keys = self.prev_keys, self.keys
-            self.prev_n = min(self.n, PATTERN_CAP)
-        self.n = self.hash = 0
-
-
-_dtype_code: dict[Any, int] = {}
-_calls = _Calls()
+_calls = Calls()
 
 
 def activate(timer: CollectiveTimer | None) -> None:
@@ -348,7 +261,8 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
         if name is not None:
             seq += 1
             calls.op, calls.seq = name, seq
-            calls.note(code, args, keyed and timer is not None and timer.armed, sized,
+            calls.note(code, args or by_keyword(kwargs),
+                       keyed and timer is not None and timer.armed, sized,
                        args[group_at] if len(args) > group_at else kwargs.get("group"))
         calls.depth = 1
         try:
@@ -367,13 +281,6 @@ def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-def _know_tensors() -> None:
-    import torch
-
-    _dtype_code.update({getattr(torch, n): i + 1 for i, n in enumerate(DTYPE_NAMES)
-                        if hasattr(torch, n)})
-
-
 def install() -> bool:
     """Wrap the collectives once per process (idempotent; the wrapper only numbers calls while
     no timer is armed); False without torch.distributed."""
@@ -386,7 +293,7 @@ def install() -> bool:
     from torch.distributed import _functional_collectives as funcol
     from torch.distributed import distributed_c10d as c10d
 
-    _know_tensors()
+    know_tensors()
 
     for module in (dist, c10d):
         for name in C10D_NAMES:
