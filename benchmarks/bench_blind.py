@@ -9,7 +9,10 @@ unless said:
                    -> host_cpu_contention on rank 1. (At 4 ranks on a 2-core host the other
                    ranks share what is left, and one of them may land on the loaded core too:
                    keeping them off it instead puts three ranks on one core, as starved as
-                   rank 1; neither is one starved rank among healthy ones.)
+                   rank 1; neither is one starved rank among healthier ones: cpu-apart is.)
+  cpu-apart        the other ranks pinned to core 0, rank 1 to core 1 with 2 x (ranks - 1) busy
+                   loops there: rank 1 gets 1/(2 x ranks - 1) of a core, each other rank
+                   1/(ranks - 1) -> host_cpu_contention on rank 1 (at 4 ranks: 1/7 vs 1/3)
   cpu-quota        rank 1 moved into a cgroup with a 25% CPU quota (v2 cpu.max, or v1's cpu
                    controller) -> cpu_throttled on rank 1
   stop-port-holder SIGSTOP of local rank 0, which started the pod's server -> rank_unresponsive
@@ -24,6 +27,8 @@ unless said:
   healthy-loose    two busy loops the scheduler places freely, for HEALTHY_S: names nothing
   healthy-alike    every rank pinned to one core, for HEALTHY_S: each as starved as the
                    others, names nothing
+  healthy-apart    cpu-apart's pinning without its loops (rank 1 alone on core 1), for
+                   HEALTHY_S: names nothing
   kill-all         SIGKILL of every rank -> the pod's server ends by itself: seconds until it
                    is gone, the port free, what the state directory keeps
 Printed per fault: the finding, the seconds from the fault starting to the first refresh naming
@@ -78,9 +83,20 @@ def _stopped(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+@contextlib.contextmanager
+def _neighbours_apart(pids: dict[int, int], loops: int) -> Iterator[None]:
+    """Rank 1 and ``loops`` busy loops pinned to core 1, every other rank to core 0: the other
+    ranks keep a core of their own, rank 1 gets 1/(loops + 1) of one."""
+    others = [pid for rank, pid in pids.items() if rank != 1]
+    with pinned_alike(others, core=0), neighbours(pids[1], core=1, count=loops):
+        yield
+
+
 # name -> (cause, rank, how it is made: None for a fault at step S through the job's env/spec)
 FAULTS: dict[str, tuple[str, int, Fault | None]] = {
     "cpu-neighbours": ("host_cpu_contention", 1, lambda job, p: neighbours(p[1], core=1)),
+    "cpu-apart": ("host_cpu_contention", 1,
+                  lambda job, p: _neighbours_apart(p, loops=2 * (len(p) - 1))),
     "cpu-quota": ("cpu_throttled", 1, lambda job, p: cpu_quota(p[1], 25)),
     "stop-port-holder": ("rank_unresponsive", 0, lambda job, p: _stopped(p[0])),
     "gil-hang": ("rank_unresponsive", 1, None),
@@ -139,6 +155,7 @@ def _watch(job: Job, name: str, cause: str, rank: int, fault_at: float | None) -
 TWINS: dict[str, Fault] = {
     "healthy-loose": lambda job, p: loose_loops(2),
     "healthy-alike": lambda job, p: pinned_alike(list(p.values()), core=1),
+    "healthy-apart": lambda job, p: _neighbours_apart(p, loops=0),
 }
 
 
