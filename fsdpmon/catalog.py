@@ -314,6 +314,38 @@ TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN = Metric(
     "fsdpmon_train_collective_entered_off_pattern", Gg, "",
     "1 when the last collective this rank entered differs from the one it made at the same "
     "position in its step before (or is beyond that step's calls), else 0.", T)
+# The rank's last pattern break: the first call of a step that differed from its step before's
+# at the same position, kept until another step breaks it (a desync that repeats every step
+# breaks the pattern once). Published with the rank's snapshot, absent before any break.
+TRAIN_COLLECTIVE_BREAK_STEP = Metric(
+    "fsdpmon_train_collective_break_step", Gg, "",
+    "The last step whose collectives broke this rank's own pattern (its first call differing "
+    "from the step before's at the same position, or past its end, or missing).", T)
+TRAIN_COLLECTIVE_BREAK_INDEX = Metric(
+    "fsdpmon_train_collective_break_index", Gg, "",
+    "Position in that step (from 1) of its first call off the pattern.", T)
+TRAIN_COLLECTIVE_BREAK_OP = Metric(
+    "fsdpmon_train_collective_break_op", Gg, "",
+    "Code of that call (as fsdpmon_train_collective_entered_op; absent: the step ended "
+    "there, a call short).", T)
+TRAIN_COLLECTIVE_BREAK_ELEMENTS = Metric(
+    "fsdpmon_train_collective_break_elements", Gg, "", "Elements of that call.", T)
+TRAIN_COLLECTIVE_BREAK_DTYPE = Metric(
+    "fsdpmon_train_collective_break_dtype", Gg, "", "Dtype code of that call.", T)
+TRAIN_COLLECTIVE_BREAK_EXPECTED_OP = Metric(
+    "fsdpmon_train_collective_break_expected_op", Gg, "",
+    "Code of the call the step before made at that position (absent: an extra call past the "
+    "step before's end).", T)
+TRAIN_COLLECTIVE_BREAK_EXPECTED_ELEMENTS = Metric(
+    "fsdpmon_train_collective_break_expected_elements", Gg, "",
+    "Elements of the call the step before made there.", T)
+TRAIN_COLLECTIVE_BREAK_EXPECTED_DTYPE = Metric(
+    "fsdpmon_train_collective_break_expected_dtype", Gg, "",
+    "Dtype code of the call the step before made there.", T)
+TRAIN_COLLECTIVE_BREAK_SITE_INFO = Metric(
+    "fsdpmon_train_collective_break_site_info", Gg, "",
+    "1, labelled with the call site of the last pattern break's call ('train.py:123 in "
+    "train_step': the first frame outside torch and fsdpmon).", (*T, "site"))
 MONITOR_INTERNAL_ERRORS_TOTAL = Metric(
     "fsdpmon_monitor_internal_errors_total", C, "",
     "Internal monitor failures (logged once, never raised into training).", T)
@@ -367,7 +399,11 @@ TRAINING: tuple[Metric, ...] = (
     TRAIN_PHASE, TRAIN_POSITION_SINCE_TIMESTAMP_SECONDS, TRAIN_STEP_COLLECTIVE_CALLS,
     TRAIN_STEP_COLLECTIVE_FINGERPRINT, TRAIN_STEP_COLLECTIVE_END_SEQ, TRAIN_COLLECTIVE_ENTERED_OP,
     TRAIN_COLLECTIVE_ENTERED_ELEMENTS, TRAIN_COLLECTIVE_ENTERED_DTYPE,
-    TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN, MONITOR_INTERNAL_ERRORS_TOTAL,
+    TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN, TRAIN_COLLECTIVE_BREAK_STEP,
+    TRAIN_COLLECTIVE_BREAK_INDEX, TRAIN_COLLECTIVE_BREAK_OP, TRAIN_COLLECTIVE_BREAK_ELEMENTS,
+    TRAIN_COLLECTIVE_BREAK_DTYPE, TRAIN_COLLECTIVE_BREAK_EXPECTED_OP,
+    TRAIN_COLLECTIVE_BREAK_EXPECTED_ELEMENTS, TRAIN_COLLECTIVE_BREAK_EXPECTED_DTYPE,
+    TRAIN_COLLECTIVE_BREAK_SITE_INFO, MONITOR_INTERNAL_ERRORS_TOTAL,
     JOB_STEP_TIME_MIN_SECONDS, JOB_STEP_TIME_MEDIAN_SECONDS,
     JOB_STEP_TIME_MAX_SECONDS, JOB_SLOWEST_RANK, JOB_SLOWEST_RANK_STEP_TIME_SECONDS,
     JOB_PEAK_MEMORY_MAX_BYTES, JOB_PEAK_MEMORY_MAX_RANK, JOB_LOSS_MEAN, JOB_LOSS_MAX,

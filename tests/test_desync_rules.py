@@ -257,3 +257,78 @@ def test_one_refresh_tells_a_desync_from_a_hang():
     assert desynced.glance[0].evidence[0].startswith("rank 1 all_reduce 1,024 float32 vs rank 0")
     hung = judge([snap(waiting(0, GATHER), waiting(1, GATHER, off=True))])
     assert [f.cause for f in hung.glance] == ["hang"]
+
+
+def _broke(row: RankRow, step: int, **call) -> RankRow:
+    """``row`` with its published pattern break at ``step``: by default an extra all_reduce of
+    1 float32 where the step before made an all_gather_single of 65,600."""
+    base = dict(break_step=step, break_index=5, break_op=REDUCE[0], break_elements=1,
+                break_dtype=REDUCE[2], break_expected_op=GATHER[0],
+                break_expected_elements=65_600, break_expected_dtype=REDUCE[2],
+                break_site="train.py:123 in train_step")
+    return dataclasses.replace(row, **{**base, **call})
+
+
+def _desynced(broke_at: int | None, **call) -> list[JobSnapshot]:
+    """Two ranks; rank 1 makes one extra call from step 6 on and says so from ``broke_at``."""
+    def rows(s):
+        odd = s >= 6
+        one = printed(1, s, calls=25 if odd else 24, fp=0xDEF if odd else 0xABC)
+        if broke_at is not None and s >= broke_at:
+            one = _broke(one, broke_at, **call)
+        return [printed(0, s), one]
+    return history(rows)
+
+
+def _call_lines(found) -> list[str]:
+    assert found is not None and found.culprits == (1,)
+    return [line for line in found.calls if line.startswith("rank 1's")]
+
+
+def test_the_culprits_own_break_is_evidence_with_both_calls_and_its_site():
+    assert _call_lines(fingerprint_mismatch(_desynced(6))) == [
+        "rank 1's collective #5 of step 6: all_reduce 1 float32 where its steps before made "
+        "all_gather_single 65,600 float32, at train.py:123 in train_step"]
+
+
+def test_no_break_published_no_call_line():
+    assert _call_lines(fingerprint_mismatch(_desynced(None))) == []
+
+
+@pytest.mark.parametrize(("broke_at", "shown"), [(6, True), (7, False)])
+def test_only_a_break_at_or_before_the_step_is_quoted(broke_at, shown):
+    assert bool(_call_lines(fingerprint_mismatch(_desynced(broke_at)))) == shown
+
+
+@pytest.mark.parametrize(("at", "shown"), [(1, True), (0, False)])  # compared from step 1
+def test_a_break_before_the_steps_compared_is_not_quoted(at, shown):
+    snaps = [dataclasses.replace(s, ranks=tuple(
+        dataclasses.replace(r, break_step=at) if r.break_step else r for r in s.ranks))
+        for s in _desynced(1)]
+    assert bool(_call_lines(fingerprint_mismatch(snaps))) == shown
+
+
+@pytest.mark.parametrize(("call", "text"), [
+    ({"break_expected_op": None, "break_site": ""},
+     "rank 1's collective #5 of step 6: all_reduce 1 float32, an extra call past the step "
+     "before's 4"),
+    ({"break_op": None, "break_site": ""},
+     "rank 1's step 6 ended after 4 collectives, where its steps before made one more: "
+     "all_gather_single 65,600 float32"),
+    ({"break_site": "x.py:1 in f\n\x1b[31mred"},
+     "rank 1's collective #5 of step 6: all_reduce 1 float32 where its steps before made "
+     "all_gather_single 65,600 float32, at x.py:1 in f??[31mred"),
+])
+def test_an_extra_call_a_missing_call_and_a_hostile_site(call, text):
+    assert _call_lines(fingerprint_mismatch(_desynced(6, **call))) == [text]
+
+
+def test_the_break_reaches_the_finding_after_the_culprit():
+    from fsdpmon.diagnose.desync_rules import desync
+    from fsdpmon.diagnose.observe import Observations, Places
+    from fsdpmon.diagnose.window import Window
+
+    snaps = _desynced(6)
+    found, = desync(Window(snaps, 10.0), Observations(snaps[-1], 10.0), Places(snaps))
+    culprit = next(i for i, e in enumerate(found.evidence) if e.startswith("culprit: rank 1"))
+    assert found.evidence[culprit + 1].startswith("rank 1's collective #5 of step 6:")

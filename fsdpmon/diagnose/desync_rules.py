@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fsdpmon.conventions import DESYNC_PATTERN_STEPS, DTYPE_NAMES, OPS, UNEVEN, Severity
 from fsdpmon.diagnose.findings import Finding, ranks_text, waiters, where_all
@@ -44,6 +44,7 @@ class Desync:
     sides: tuple[str, ...]  # "rank 1 all_reduce 1 float32", the culprits' side first
     where: str  # "at collective #4862 (step 812)" / "at step 812"
     ranks: tuple[int, ...] = ()  # every rank of the differing groups
+    calls: tuple[str, ...] = ()  # the culprits' own first calls off their pattern, with site
 
 
 def call_text(op: int | None, elements: int | None, dtype: int | None) -> str:
@@ -68,6 +69,7 @@ def desync(window: Window, obs: Observations, places: Places,
     evidence.append(f"culprit: {ranks_text(culprits)} ({found.why})" if culprits else
                     "which side is wrong cannot be told: no side alone broke the pattern of "
                     "its steps before, and none is a minority")
+    evidence += found.calls
     classes = [c for c in merge(stacks) if set(c.ranks) & set(culprits)] if stacks else []
     evidence += [f"call site: {c.describe()}" for c in classes]
     evidence += waiters(obs, set(culprits)) if culprits else _stalled(obs)
@@ -198,15 +200,18 @@ def fingerprint_mismatch(history: Sequence[JobSnapshot]) -> Desync | None:
     for step in steps:
         groups = _groups(prints, step, slice(0, 2))
         if len(groups) > 1:
-            return _step_desync(prints, step, groups, "made other collectives")
+            return _with_calls(_step_desync(prints, step, groups, "made other collectives"),
+                               history, prints, step)
     first = None
     for step in reversed(steps):
         groups = _groups(prints, step, slice(2, 3))
         if len(groups) < 2:
             break
         first = step, groups
-    return None if first is None else _step_desync(prints, *first,
-                                                   "numbered its collectives otherwise")
+    if first is None:
+        return None
+    return _with_calls(_step_desync(prints, *first, "numbered its collectives otherwise"),
+                       history, prints, first[0])
 
 
 def _groups(prints: dict[int, dict[Step, Print]], step: Step, part: slice) -> Groups:
@@ -227,6 +232,50 @@ def _step_desync(prints: dict[int, dict[Step, Print]], step: Step, groups: Group
         return f"{key[0]} collectives (fingerprint {key[1]:x})"
 
     return Desync(culprits, why, _sides(groups, culprits, text), f"at step {step[1]} ({label})")
+
+
+def _with_calls(found: Desync, history: Sequence[JobSnapshot],
+                prints: dict[int, dict[Step, Print]], step: Step) -> Desync:
+    """``found`` with each culprit's own pattern break (the first call of a step off its steps
+    before, as the rank published it) at ``step``, or its newest before it among the steps
+    compared: the call and its site, where the flight recorder would say the call."""
+    lines = []
+    for rank in found.culprits:
+        compared = [s[1] for s in prints.get(rank, {}) if s[0] == step[0] and s <= step]
+        row = _break_row(history, rank, step[0], min(compared), step[1]) if compared else None
+        if row is not None:
+            lines.append(break_text(row))
+    return replace(found, calls=tuple(lines)) if lines else found
+
+
+def _break_row(history: Sequence[JobSnapshot], rank: int, restarts: int, first: int,
+               last: int) -> RankRow | None:
+    """The rank's row with its newest break in steps [first, last] of that incarnation."""
+    best = None
+    for snap in history:
+        for r in snap.ranks:
+            if r.rank == rank and (r.restarts or 0) == restarts and r.break_index and \
+                    r.break_step is not None and first <= r.break_step <= last and \
+                    (best is None or r.break_step >= best.break_step):  # type: ignore[operator]
+                best = r
+    return best
+
+
+def break_text(r: RankRow) -> str:
+    """"rank 1's collective #5 of step 30: all_reduce 1 float32 where its steps before made
+    all_gather 65,600 float32, at train.py:123 in train_step" (the site as served: printable
+    text only, the label is anyone's)."""
+    index = r.break_index or 0
+    before = call_text(r.break_expected_op, r.break_expected_elements, r.break_expected_dtype)
+    if r.break_op is None:
+        return (f"rank {r.rank}'s step {r.break_step} ended after {index - 1} collectives, "
+                f"where its steps before made one more: {before}")
+    site = "".join(c if c.isprintable() else "?" for c in r.break_site)
+    call = call_text(r.break_op, r.break_elements, r.break_dtype)
+    made = (f", an extra call past the step before's {index - 1}" if r.break_expected_op is None
+            else f" where its steps before made {before}")
+    return (f"rank {r.rank}'s collective #{index} of step {r.break_step}: {call}{made}"
+            + (f", at {site}" if site else ""))
 
 
 def _off_pattern(per_step: dict[Step, Print], step: Step) -> bool:

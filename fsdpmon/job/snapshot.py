@@ -86,6 +86,19 @@ class RankRow:
     entered_elements: int | None = None
     entered_dtype: int | None = None
     entered_off_pattern: bool | None = None
+    # Its last pattern break (None: none published): the step, the position in it (from 1) and
+    # the codes of its first call off the pattern (op None: the step ended there, a call
+    # short), of the step before's call there (op None: the call was past its end), and the
+    # call site ('train.py:123 in train_step'; '' unknown).
+    break_step: int | None = None
+    break_index: int | None = None
+    break_op: int | None = None
+    break_elements: int | None = None
+    break_dtype: int | None = None
+    break_expected_op: int | None = None
+    break_expected_elements: int | None = None
+    break_expected_dtype: int | None = None
+    break_site: str = ""
     loss_nonfinite: bool = False
     # the first step its loss / grad norm was NaN or infinite (None: not yet)
     loss_first_nonfinite_step: int | None = None

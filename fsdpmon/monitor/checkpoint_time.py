@@ -40,8 +40,10 @@ class CheckpointClock:
     first step, so that the first save has a share too."""
 
     def __init__(self, distributed: bool) -> None:
-        # A timer of its own (host clock): the step's timer is neither armed nor drained here.
-        self._waits = CollectiveTimer(cuda=False, run_queue=False) if distributed else None
+        # A timer of its own (host clock): the step's timer is neither armed nor drained here,
+        # nor is a save a step of the collectives' fingerprint.
+        self._waits = (CollectiveTimer(cuda=False, run_queue=False, fingerprint=False)
+                       if distributed else None)
         self._outer: CollectiveTimer | None = None
         self._start: float | None = None
         self._since: float | None = None  # the previous save's end, or the first step

@@ -70,7 +70,7 @@ from fsdpmon.conventions import (
     UNEVEN,
 )
 from fsdpmon.monitor import ddp
-from fsdpmon.monitor.fingerprint import Calls, by_keyword, know_tensors
+from fsdpmon.monitor.fingerprint import Break, Calls, by_keyword, know_tensors
 from fsdpmon.monitor.schedstat import RunQueueDelay
 
 _WRAPPED = "_fsdpmon_collective_wrapper"
@@ -93,8 +93,12 @@ class CollectiveTimer:
     rank's work) can be left out of busy time. The delay read is that of the thread that arms
     the steps (opened there on the first step, again if the steps move to another thread)."""
 
-    def __init__(self, cuda: bool = False, run_queue: bool = True) -> None:
+    def __init__(self, cuda: bool = False, run_queue: bool = True,
+                 fingerprint: bool = True) -> None:
         self.cuda = cuda
+        # False: its arming is no step of the fingerprint (a checkpoint's timer: its calls
+        # would become the pattern the next step is compared with, and break it)
+        self.fingerprint = fingerprint
         self.armed = False
         self.calls = 0
         self._seconds = 0.0  # host: this step's wait so far
@@ -119,7 +123,8 @@ class CollectiveTimer:
                 self.close()
                 self._rq, self._rq_thread = RunQueueDelay(), threading.get_ident()
             self._rq_step = self._rq.seconds() if self._rq.available else None
-        _calls.step_begin()
+        if self.fingerprint:
+            _calls.step_begin()
         self.armed = True
 
     def enter(self) -> Any:
@@ -154,7 +159,8 @@ class CollectiveTimer:
     def step_done(self, completed: bool = True) -> None:
         """Close the step's account: kept when the step completed, dropped when it was aborted."""
         self.armed = False
-        _calls.step_end(completed)
+        if self.fingerprint:
+            _calls.step_end(completed)
         if self._completed:
             self._seconds += ddp.blocked_tails(self._backward_ends, self._completed)
         self._backward_ends, self._completed = [], []
@@ -244,6 +250,12 @@ def entered_call() -> tuple[int, int, int, int]:
 def last_step() -> tuple[int, int, int] | None:
     """(collectives, fingerprint, sequence number at its end) of the last completed step."""
     return _calls.last_step
+
+
+def last_break() -> Break | None:
+    """The last completed step's first call off its pattern (fingerprint.Break), kept until
+    another step breaks it; None before any did."""
+    return _calls.last_break
 
 
 def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -23,6 +23,7 @@ from fsdpmon import catalog
 from fsdpmon.catalog import BY_NAME, Kind
 from fsdpmon.conventions import EXIT_HOWS, PROGRESS_PHASES, UNRESPONSIVE_AFTER_SECONDS
 from fsdpmon.families import Families
+from fsdpmon.monitor.fingerprint import BREAK_SITE, site_label
 from fsdpmon.monitor.heartbeat import Heartbeat, stopped
 from fsdpmon.monitor.state import RankState, read_job_states
 
@@ -95,6 +96,9 @@ def _add_rank(builder: Families, state: RankState, now: float) -> None:
         for phase, value in _mapping(snap.get(key)).items():
             _add(builder, name, (*labels, str(phase)), value)
     _position(builder, labels, hb)
+    site = site_label(snap.get(BREAK_SITE))
+    if site:  # the last pattern break's call site (its figures are among the values)
+        builder.add(catalog.TRAIN_COLLECTIVE_BREAK_SITE_INFO, (*labels, site), 1.0)
     how = snap.get("previous_exit")
     if how in EXIT_HOWS:  # a bounded label: anything else in the file is not served
         _add(builder, catalog.TRAIN_PREVIOUS_EXIT.name, (*labels, how), 1.0)

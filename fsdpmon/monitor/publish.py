@@ -29,6 +29,7 @@ from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import collectives, exit_cleanup, exit_record, statedir
 from fsdpmon.monitor.checkpoint_time import SaveTimes
 from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.fingerprint import BREAK_SITE, Break, break_values
 from fsdpmon.monitor.flight import FlightRecorder
 from fsdpmon.monitor.spawn import ServerKeeper
 from fsdpmon.monitor.stacks import StackPublisher
@@ -55,6 +56,7 @@ class Publication:
         self._lock = threading.Lock()
         self._progress = (0.0, 0.0, 0.0, 0.0)  # last step unix, step, steps, tokens
         self._fingerprint: tuple[float, tuple[int, int, int] | None] | None = None
+        self._break: Break | None = None  # the pattern break published (fingerprint.Break)
         self._stall = (0.0, config.stall_floor_seconds)
         self._watchdog_seen = 0.0
         self.writer: RankStateWriter | None = None
@@ -178,6 +180,10 @@ class Publication:
     def step_done(self, step: int, steps: int, tokens: int, host_seconds: float) -> None:
         self.watchdog.step_done(host_seconds)
         self._fingerprint = (float(step), collectives.last_step())  # one store: see _calls
+        if collectives.last_break() is not self._break:  # this step broke its pattern
+            self._break = collectives.last_break()
+            self._set_values(break_values(step, self._break))  # type: ignore[arg-type]
+            self.snapshot[BREAK_SITE] = self._break.site  # type: ignore[union-attr]
         self._progress = (time.time(), float(step), float(steps), float(tokens))
         if self.writer is not None:
             self._beat()

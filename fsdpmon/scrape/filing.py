@@ -27,10 +27,10 @@ from fsdpmon.scrape.wanted import (
     HOST_CPU,
     HOST_METRICS,
     JOB_METRICS,
-    PREVIOUS_EXIT,
     PROCESS_INFO,
     PROCESS_METRICS,
     PROCESS_STATE,
+    RANK_LABELLED,
     RANK_METRICS,
     TRAIN_INFO,
 )
@@ -105,7 +105,8 @@ _RANK, _INFO, _EXIT, _JOB, _GPU, _EVENT, _PROC, _HOST, _OTHER = range(1, 10)
 _KIND: dict[str, tuple[int, str]] = {
     **{name: (_RANK, key) for name, key in RANK_METRICS.items()},
     TRAIN_INFO: (_INFO, ""),
-    PREVIOUS_EXIT: (_EXIT, "previous_exit"),  # how a restarted rank's previous life ended
+    # how a restarted rank's previous life ended, the call site of its pattern break: a label
+    **{name: (_EXIT, name) for name in RANK_LABELLED},
     **{name: (_JOB, key) for name, key in JOB_METRICS.items()},
     **{name: (_GPU, key) for name, key in GPU_METRICS.items()},
     **{name: (_EVENT, "") for name in GPU_EVENTS},
@@ -267,7 +268,8 @@ def _file_samples(acc: Acc, samples: Sequence[Sample], target: Target, train: bo
                 _add_info(acc, row, labels)
             elif kind == _EXIT:
                 if value == 1.0:
-                    row[key] = labels.get("how", "")
+                    field_name, label = RANK_LABELLED[key]
+                    row[field_name] = labels.get(label, "")
             else:
                 row[key] = value
         elif kind == _GPU:

@@ -71,6 +71,12 @@ def rank_row(rank: int, d: dict[str, object], now: float, gpus: tuple[str, ...] 
         entered_dtype=opt_int(get("entered_dtype")),
         entered_off_pattern=None if get("entered_off_pattern") is None
         else get("entered_off_pattern") == 1.0,
+        break_step=opt_int(get("break_step")), break_index=opt_int(get("break_index")),
+        break_op=opt_int(get("break_op")), break_elements=opt_int(get("break_elements")),
+        break_dtype=opt_int(get("break_dtype")),
+        break_expected_op=opt_int(get("break_expected_op")),
+        break_expected_elements=opt_int(get("break_expected_elements")),
+        break_expected_dtype=opt_int(get("break_expected_dtype")),
         previous_exit_step=opt_int(get("previous_exit_step")),
         loss_first_nonfinite_step=opt_int(get("loss_first_nonfinite_step")),
         grad_norm_first_nonfinite_step=opt_int(get("grad_norm_first_nonfinite_step")),

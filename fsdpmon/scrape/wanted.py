@@ -49,6 +49,14 @@ RANK_METRICS = {
     catalog.TRAIN_COLLECTIVE_ENTERED_ELEMENTS.name: "entered_elements",
     catalog.TRAIN_COLLECTIVE_ENTERED_DTYPE.name: "entered_dtype",
     catalog.TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN.name: "entered_off_pattern",
+    catalog.TRAIN_COLLECTIVE_BREAK_STEP.name: "break_step",
+    catalog.TRAIN_COLLECTIVE_BREAK_INDEX.name: "break_index",
+    catalog.TRAIN_COLLECTIVE_BREAK_OP.name: "break_op",
+    catalog.TRAIN_COLLECTIVE_BREAK_ELEMENTS.name: "break_elements",
+    catalog.TRAIN_COLLECTIVE_BREAK_DTYPE.name: "break_dtype",
+    catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_OP.name: "break_expected_op",
+    catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_ELEMENTS.name: "break_expected_elements",
+    catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_DTYPE.name: "break_expected_dtype",
     catalog.TRAIN_CHECKPOINT_SECONDS.name: "checkpoint_seconds",
     catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: "checkpoint_own_seconds",
     catalog.TRAIN_CHECKPOINT_TIME_RATIO.name: "checkpoint_time_ratio",
@@ -57,6 +65,10 @@ RANK_METRICS = {
 TRAIN_INFO = catalog.TRAIN_INFO.name
 # How a restarted rank's previous incarnation ended: the `how` label of its one series.
 PREVIOUS_EXIT = catalog.TRAIN_PREVIOUS_EXIT.name
+# The call site of a rank's last collective pattern break: the `site` label of its one series.
+BREAK_SITE = catalog.TRAIN_COLLECTIVE_BREAK_SITE_INFO.name
+# The rank fields filled from a label of a name's one series: name -> (field, label).
+RANK_LABELLED = {PREVIOUS_EXIT: ("previous_exit", "how"), BREAK_SITE: ("break_site", "site")}
 JOB_METRICS = {
     catalog.JOB_STEP_TIME_MEDIAN_SECONDS.name: "step_time_median_s",
     catalog.JOB_STEP_TIME_MAX_SECONDS.name: "step_time_max_s",
@@ -96,7 +108,7 @@ PROCESS_METRICS = {
 
 # Everything top reads; sources pass it to the parser so that other series are never built.
 WANTED: frozenset[str] = frozenset(
-    [*RANK_METRICS, TRAIN_INFO, PREVIOUS_EXIT, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY,
+    [*RANK_METRICS, TRAIN_INFO, *RANK_LABELLED, *JOB_METRICS, *GPU_METRICS, GPU_PROCESS_MEMORY,
      EXPORTER_INFO, *GPU_EVENTS,
      *HOST_METRICS, HOST_CPU, PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS]
 )

@@ -37,14 +37,14 @@ from fsdpmon.scrape.wanted import (
     GPU_ECC,
     HOST_CPU,
     JOB_METRICS,
-    PREVIOUS_EXIT,
+    RANK_LABELLED,
     RANK_METRICS,
     TRAIN_INFO,
     WANTED,
 )
 
 LOOKBACK = "10m"  # a target seen within this window and silent now is reported down
-TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO, PREVIOUS_EXIT})
+TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO, *RANK_LABELLED})
 NODE_NAMES = sorted(WANTED - set(TRAINING_NAMES))
 Key = tuple[str, str]  # (scrape job, instance): one scrape target in Prometheus
 
