@@ -12,7 +12,7 @@ import itertools
 import math
 import statistics
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fsdpmon.conventions import (
     DIAGNOSIS_EVIDENCE_SECONDS,
@@ -142,26 +142,7 @@ def quality_spans(snaps: Sequence[JobSnapshot], gap: float) -> list[Span]:
     the level before it is in view, and the stretch stays one when it no longer is."""
     timed = [(t, f) for t, f in replay(snaps, judge_at=may_worsen())
              if f.cause in QUALITY_CAUSES]
-    return _fold_aftermath(spans(timed, gap, key=lambda f: f.cause), gap)
-
-
-def _fold_aftermath(found: list[Span], gap: float) -> list[Span]:
-    """A spike's aftermath is the spike's: a training-unstable stretch that begins before a
-    spike's stretch ends (or within ``gap`` of it) is the norm the spike left high, one event
-    as the live judge says one finding (loss_rules.loss). The spike's stretch runs on to the
-    stretch's end and says so."""
-    out: list[Span] = []
-    for span in found:  # by start
-        spike = next((s for s in reversed(out) if s.finding.cause == "loss_spike"), None)
-        if (span.finding.cause == "training_unstable" and spike is not None
-                and span.start <= spike.end + gap):
-            then = f"then {span.finding.summary}"
-            folded = replace(spike.finding, evidence=(*spike.finding.evidence, then))
-            out[out.index(spike)] = Span(spike.start, max(spike.end, span.end), folded,
-                                         spike.said + span.said)
-            continue
-        out.append(span)
-    return out
+    return spans(timed, gap, key=lambda f: f.cause)
 
 
 # What each quality cause is about: the figure its incident's peak is read from.
