@@ -24,6 +24,8 @@ unless said:
   desync           rank 1 makes one extra all_reduce in step S (tests/desync_trainer.py, a
                    patched step) -> collective_desync on rank 1 (at 4 ranks, the minority);
                    timed from when step S - 1, the last the job completes, is served
+  loss-spike       after 15 s of ordinary steps, rank 1's logits x 1000 (tests/spike_trainer.py,
+                   a patched model) -> loss_spike on rank 1, the rank it began on
   healthy-loose    two busy loops the scheduler places freely, for HEALTHY_S: names nothing
   healthy-alike    every rank pinned to one core, for HEALTHY_S: each as starved as the
                    others, names nothing
@@ -46,6 +48,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -62,6 +65,7 @@ from cpu_starve import (  # noqa: E402
 )
 from desync_trainer import DESYNC  # noqa: E402
 from diagnose_job import REPO, Job, faulty_job, named, stepping, workers  # noqa: E402
+from spike_trainer import SPIKE  # noqa: E402
 from trainer_outside_faults import NAN_LOGITS  # noqa: E402
 
 from fsdpmon.monitor import podserver  # noqa: E402
@@ -83,6 +87,26 @@ def _stopped(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+# The loss spike's trigger: while it exists rank 1 scales its logits by the number it holds.
+SPIKE_TRIGGER = Path(tempfile.gettempdir()) / f"fsdpmon-bench-spike-{os.getpid()}"
+SPIKE_SCALE, SPIKE_CALM_S = 1000.0, 15.0  # as tests/test_spike_e2e.py; a recent level first
+
+
+@contextlib.contextmanager
+def _spike() -> Iterator[None]:
+    """After SPIKE_CALM_S of ordinary steps (the level the spike is judged against, watched
+    and recorded), rank 1's logits x SPIKE_SCALE until the fault's watch ends; the fault
+    begins when the trigger is there (STARTS)."""
+    timer = threading.Timer(SPIKE_CALM_S, SPIKE_TRIGGER.write_text, (str(SPIKE_SCALE),))
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        SPIKE_TRIGGER.unlink(missing_ok=True)
+        SPIKE_TRIGGER.with_suffix(".step").unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def _neighbours_apart(pids: dict[int, int], loops: int) -> Iterator[None]:
     """Rank 1 and ``loops`` busy loops pinned to core 1, every other rank to core 0: the other
@@ -102,17 +126,25 @@ FAULTS: dict[str, tuple[str, int, Fault | None]] = {
     "gil-hang": ("rank_unresponsive", 1, None),
     "nan-logits": ("loss_nonfinite", 1, None),
     "desync": ("collective_desync", 1, None),
+    "loss-spike": ("loss_spike", 1, lambda job, p: _spike()),
 }
 SPECS = {"gil-hang": f"hang:rank=1,at_step={S},where=gil"}
-ENVS = {"nan-logits": {NAN_LOGITS: f"rank=1,step={S}"}, "desync": {DESYNC: f"rank=1,step={S}"}}
-ENTRIES = {"desync": (str(REPO / "tests" / "desync_trainer.py"),)}
+ENVS = {"nan-logits": {NAN_LOGITS: f"rank=1,step={S}"}, "desync": {DESYNC: f"rank=1,step={S}"},
+        "loss-spike": {SPIKE: f"rank=1,trigger={SPIKE_TRIGGER}"}}
+ENTRIES = {"desync": (str(REPO / "tests" / "desync_trainer.py"),),
+           "loss-spike": (str(REPO / "tests" / "spike_trainer.py"),)}
 BEGINS = {"desync": S - 1}  # the step served when the fault has begun (a desync hangs step S)
+# An outside fault that begins later than it is set up: when it has begun.
+STARTS: dict[str, Callable[[], bool]] = {"loss-spike": SPIKE_TRIGGER.exists}
+# Trainer flags: a rank's own loss each step, so the rank a spike began on is told apart.
+EXTRA = {"loss-spike": ("--log-every", "1")}
 
 
 def run_fault(name: str, ranks: int) -> str:
     cause, rank, make = FAULTS[name]
     with tempfile.TemporaryDirectory() as tmp, faulty_job(
-            Path(tmp), ranks, SPECS.get(name, ""), entry=ENTRIES.get(name, ENTRY),
+            Path(tmp), ranks, SPECS.get(name, ""), EXTRA.get(name, ()),
+            entry=ENTRIES.get(name, ENTRY),
             env_extra=ENVS.get(name)) as job:
         job.wait("stepping", stepping(ranks), 300)
         pids = workers(job)
@@ -122,7 +154,7 @@ def run_fault(name: str, ranks: int) -> str:
                     stack.enter_context(make(job, pids))
                 except QuotaUnavailable as why:
                     return f"{name:<17} skipped: {why}"
-                fault_at: float | None = time.monotonic()
+                fault_at: float | None = None if name in STARTS else time.monotonic()
             else:
                 fault_at = None
             return _watch(job, name, cause, rank, fault_at)
@@ -135,8 +167,9 @@ def _watch(job: Job, name: str, cause: str, rank: int, fault_at: float | None) -
     while time.monotonic() < deadline:
         snap, verdict = job.refresh()
         now = time.monotonic()
-        if fault_at is None and any((r.step or 0) >= BEGINS.get(name, S) for r in snap.ranks):
-            fault_at = now  # the step fault's step is served: it has begun by now
+        if fault_at is None and (STARTS[name]() if name in STARTS else any(
+                (r.step or 0) >= BEGINS.get(name, S) for r in snap.ranks)):
+            fault_at = now  # the step fault's step is served (or its start seen): it has begun
             deadline = now + DEADLINE_S
         wrong |= {f"{f.cause}(rank {f.rank})" for f in verdict.findings
                   if f.cause == cause and f.rank != rank}

@@ -56,7 +56,8 @@ def matrix() -> list[dict]:
     for name, (cause, rank, make) in bench_blind.FAULTS.items():
         rows.append({"name": name, "cause": cause, "rank": rank, "gpu": None,
                      "spec": bench_blind.SPECS.get(name, ""), "gpu_spec": "", "also": (),
-                     "restarts": 0, "extra": (), "outside": make,
+                     "restarts": 0, "extra": bench_blind.EXTRA.get(name, ()), "outside": make,
+                     "starts": bench_blind.STARTS.get(name),
                      "env": bench_blind.ENVS.get(name),
                      "entry": bench_blind.ENTRIES.get(name, bench_blind.ENTRY),
                      "begins": bench_blind.BEGINS.get(name)})
@@ -97,10 +98,12 @@ def record(row: dict, raw: Path) -> str:
                     stack.enter_context(row["outside"](job, workers(job)))
                 except QuotaUnavailable as why:
                     return f"{name:<17} skipped: {why}"
-                fault_at = time.monotonic()
+                fault_at = None if row.get("starts") else time.monotonic()
             started = (bench_diagnose._fault_started(job, name, row["gpu_spec"], after)
                        if row.get("begins") is None else
                        lambda snap: any((r.step or 0) >= row["begins"] for r in snap.ranks))
+            if row.get("starts"):
+                started = lambda snap: row["starts"]()  # noqa: E731
             frames, named_at, said = [], None, ""
             end = time.monotonic() + (HEALTHY_S if row["cause"] is None else 600)
             while time.monotonic() < end:

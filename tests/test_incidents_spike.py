@@ -29,32 +29,33 @@ def loss(rank: int, n: int, spike: float) -> float:
     return base * spike if SPIKE + (rank == 0) <= n < SPIKE + HELD else base
 
 
-def norm(n: int, spike: float) -> float:
+def norm(n: int, spike: float, after: int = 0) -> float:
     """A healthy norm, falling through warm-up and then rising gently; ``spike`` x it on the
-    spike's steps."""
+    spike's steps and for ``after`` steps more (the norm a spike leaves high)."""
     base = 0.9 + 2.0 * math.exp(-n / 20) + 0.001 * n
-    return base * spike if SPIKE <= n < SPIKE + HELD else base
+    return base * spike if SPIKE <= n < SPIKE + HELD + after else base
 
 
-def figures(loss_x: float, norm_x: float) -> dict[int, list[tuple[float, float, float]]]:
+def figures(loss_x: float, norm_x: float,
+            after: int = 0) -> dict[int, list[tuple[float, float, float]]]:
     """rank -> (time, loss, grad norm) per step."""
-    return {r: [(T0 + n, loss(r, n, loss_x), norm(n, norm_x)) for n in range(STEPS)]
+    return {r: [(T0 + n, loss(r, n, loss_x), norm(n, norm_x, after)) for n in range(STEPS)]
             for r in (0, 1)}
 
 
-def from_files(loss_x: float, norm_x: float):
+def from_files(loss_x: float, norm_x: float, after: int = 0):
     runs = {r: run_rec(r) for r in (0, 1)}
     steps = {r: [{"kind": "step", "time": t, "rank": r, "step": n, "loss": lo, "grad_norm": g,
                   "step_seconds": 1.0, "window_seconds": 1.0, "data_seconds": 0.0,
                   "wait_seconds": 0.0, "steps": 1}
                  for n, (t, lo, g) in enumerate(rows)]
-             for r, rows in figures(loss_x, norm_x).items()}
+             for r, rows in figures(loss_x, norm_x, after).items()}
     return found(run_of(life(0, runs, steps)))
 
 
-def from_prometheus(loss_x: float, norm_x: float):
+def from_prometheus(loss_x: float, norm_x: float, after: int = 0):
     api = RangeAPI()
-    for r, rows in figures(loss_x, norm_x).items():
+    for r, rows in figures(loss_x, norm_x, after).items():
         api.add(catalog.TRAIN_STEP, r, [(t, float(n)) for n, (t, _, _) in enumerate(rows)])
         api.add(catalog.TRAIN_LOSS, r, [(t, lo) for t, lo, _ in rows])
         api.add(catalog.TRAIN_GRAD_NORM, r, [(t, g) for t, _, g in rows])
@@ -82,6 +83,18 @@ def test_a_spike_over_before_anyone_looks_is_an_incident_with_its_rank_step_and_
     assert f"the job's loss peaked at {4 * loss(0, SPIKE + 1, 1.0):.3g} at step {SPIKE + 1}" \
         in text, text
     assert "grad norm" in text, "the norm's rise is the spike's evidence, not an incident"
+
+
+@pytest.mark.parametrize("door", DOORS)
+def test_the_norm_a_spike_leaves_high_is_named_after_it_as_the_live_judge_names_it(door):
+    """The loss back on its curve, the norm held 10x for AFTER steps more (a CI run's x1000
+    logits did so): the spike's incident, then training_unstable from where the loss came
+    back, the job's (no rank): what `top` said at each moment, no more, no less."""
+    after = 20
+    spike, unstable = DOORS[door](4.0, 10.0, after)
+    assert (spike.cause, spike.rank, unstable.cause, unstable.rank) == (
+        "loss_spike", 1, "training_unstable", None), (spike, unstable)
+    assert spike.end < unstable.end == T0 + SPIKE + HELD + after - 1, (spike.end, unstable.end)
 
 
 @pytest.mark.parametrize("door", DOORS)

@@ -91,5 +91,9 @@ def test_a_scaled_logits_spike_on_rank_1_is_named_while_it_lasts_and_listed_afte
     assert listed.returncode == 0, listed.stderr
     spikes = [i for i in json.loads(listed.stdout)["incidents"] if i["cause"] in QUALITY]
     print(f"incidents: {spikes}")
-    assert [(i["cause"], i["rank"]) for i in spikes] == [("loss_spike", 1)], spikes
+    # The norm the spike left high may outlast it: then `top` named training_unstable after
+    # the spike (the job's, no rank), and its incident follows the spike's; nothing else.
+    said = [(i["cause"], i["rank"]) for i in spikes]
+    assert said in ([("loss_spike", 1)], [("loss_spike", 1), ("training_unstable", None)]), said
+    assert all(i["start"] > spikes[0]["start"] for i in spikes[1:]), spikes
     assert first <= (began_at(spikes[0]["evidence"]) or -1) <= first + slack, spikes
