@@ -6,14 +6,15 @@ Two of them side by side still pass; but the tests marked ``alone`` judge time i
 booked as its seconds, a hang named within its bound, a starved rank named within a window)
 and a second job beside them adds its load to what they measure. So, across the workers of one
 run, an ``alone`` test holds an exclusive lock, a ``slow`` test a shared one, and the rest none:
-an ``alone`` test runs beside unit tests only. The lock is taken before pytest-timeout's timer
-starts (the outermost hook), so waiting for it never counts against a test's timeout. Outside
-xdist (one process) nothing is locked.
+an ``alone`` test runs beside unit tests only, and beside ``quiet`` ones (slow, but their
+processes mostly wait: under half a core, less than a unit test loads). The lock is taken
+before pytest-timeout's timer starts (the outermost hook), so waiting for it never counts
+against a test's timeout. Outside xdist (one process) nothing is locked.
 
 The files are handed to the workers in the order collected (scripts/test.sh turns off xdist's
 reordering by test count, which put the longest one-test file last, alone at the tail). The
-order: each ``alone`` file followed by a share of the unit-test files, which the other worker
-runs beside it, then the ``slow`` files, two at a time.
+order: each ``alone`` file followed by a share of the unit-test and quiet files, which the
+other worker runs beside it, then the ``slow`` files, two at a time.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ _held: dict[str, object] = {"kind": None, "fd": None}
 def _kind(item: pytest.Item) -> int | None:
     if item.get_closest_marker("alone") is not None:
         return fcntl.LOCK_EX
-    if item.get_closest_marker("slow") is not None:
+    if item.get_closest_marker("slow") is not None and item.get_closest_marker("quiet") is None:
         return fcntl.LOCK_SH
-    return None
+    return None  # a unit test, or a quiet one: it loads a core less than a unit test does
 
 
 def _lock_file(config: pytest.Config) -> Path | None:

@@ -17,6 +17,9 @@ from fsdpmon.cli import main
 from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRESHOLD
 from fsdpmon.diagnose import cli as diagnose_cli
 
+# quiet: its processes mostly wait (19.1 s, 4.8 s alone, /usr/bin/time, 2-core VM)
+pytestmark = pytest.mark.quiet
+
 WATCH = f"{DIAGNOSIS_EVIDENCE_SECONDS + 1.5:g}s"  # one window of evidence and a refresh more
 
 

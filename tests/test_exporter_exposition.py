@@ -23,6 +23,9 @@ from fsdpmon.exporters.simulated import SimulatedReader
 from fsdpmon.httpserve import serve
 from fsdpmon.webconfig import WebConfig
 
+# quiet: its processes mostly wait (8.0 s, 2.6 s alone, /usr/bin/time, 2-core VM)
+pytestmark = pytest.mark.quiet
+
 FIXTURE = Path(__file__).parent / "fixtures" / "proc"
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 LIVE = {"fsdpmon_exporter_sample_age_seconds"}

@@ -28,7 +28,8 @@ from fsdpmon.errors import UnreachableError
 from fsdpmon.job.snapshot import JobState
 from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
-pytestmark = [pytest.mark.slow,
+# quiet: its processes mostly wait (8.8 s, 2.4 s alone, /usr/bin/time, 2-core VM)
+pytestmark = [pytest.mark.quiet, pytest.mark.slow,
               pytest.mark.skipif(shutil.which("prometheus") is None,
                                  reason="needs the prometheus binary (scripts/setup.sh --test)")]
 

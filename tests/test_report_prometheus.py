@@ -25,6 +25,9 @@ from fsdpmon.errors import UnreachableError
 from fsdpmon.report.prometheus import PrometheusAPI
 from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
+# quiet: its processes mostly wait (11.2 s, 4.8 s alone, /usr/bin/time, 2-core VM)
+pytestmark = pytest.mark.quiet
+
 needs_prometheus = pytest.mark.skipif(
     not (shutil.which("prometheus") and shutil.which("promtool")),
     reason="needs Debian's prometheus and promtool (scripts/setup.sh --test installs them)",

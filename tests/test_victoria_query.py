@@ -18,7 +18,9 @@ from victoria_stack import _started, missing
 
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
+# quiet: its processes mostly wait (5.3 s, 2.2 s alone, /usr/bin/time, 2-core VM)
 pytestmark = [
+    pytest.mark.quiet,
     pytest.mark.slow,
     pytest.mark.skipif("victoria-metrics" in missing(),
                        reason="Debian victoria-metrics missing (scripts/setup.sh --test)"),
