@@ -12,10 +12,12 @@ from test_monitor_collector import NOW, _exposition, _state, _values
 
 torch = pytest.importorskip("torch")
 
+from test_desync_fingerprint import ops_fixture  # noqa: E402, F401  (the `ops` fixture)
+
 from fsdpmon import catalog  # noqa: E402
 from fsdpmon.conventions import DTYPE_NAMES, OPS  # noqa: E402
 from fsdpmon.distenv import DistEnv  # noqa: E402
-from fsdpmon.monitor import collectives, fingerprint  # noqa: E402
+from fsdpmon.monitor import collectives  # noqa: E402
 from fsdpmon.monitor.config import MonitorConfig  # noqa: E402
 from fsdpmon.monitor.fingerprint import (  # noqa: E402
     BREAK_SITE,
@@ -30,18 +32,6 @@ from fsdpmon.scrape.wanted import new_parser  # noqa: E402
 
 F32 = DTYPE_NAMES.index("float32") + 1
 REDUCE, GATHER = OPS.index("all_reduce") + 1, OPS.index("all_gather_into_tensor") + 1
-
-
-@pytest.fixture()
-def ops(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    """Fresh wrapper state, a timer (no run-queue reads) and wrapped no-op collectives."""
-    monkeypatch.setattr(collectives, "_calls", fingerprint.Calls())
-    fingerprint.know_tensors()
-    timer = collectives.CollectiveTimer(run_queue=False)
-    collectives._calls.timer = timer
-    wrapped = {name: collectives.wrap(name, lambda *a, **k: None)
-               for name in ("all_reduce", "all_gather_into_tensor", "barrier")}
-    return {"timer": timer, **wrapped}
 
 
 def run_step(ops: dict[str, object], calls: list[tuple[str, int]],

@@ -12,8 +12,8 @@ from fsdpmon.conventions import DTYPE_NAMES, OPS  # noqa: E402
 from fsdpmon.monitor import collectives, fingerprint  # noqa: E402
 
 
-@pytest.fixture()
-def ops(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+@pytest.fixture(name="ops")
+def ops_fixture(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
     """Fresh wrapper state, a timer (no run-queue reads) and wrapped no-op collectives."""
     monkeypatch.setattr(collectives, "_calls", fingerprint.Calls())
     fingerprint.know_tensors()

@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 
+import pytest
+
 from fsdpmon.monitor.heartbeat import HB_POSITION, HB_RECORD
 from fsdpmon.monitor.state import (
     RankStateWriter,
@@ -56,33 +58,6 @@ def test_torn_heartbeat_is_not_trusted(tmp_path):
     raw[0] ^= 0xFF  # the leading sequence number no longer matches the trailing one
     writer.hb_path.write_bytes(bytes(raw))
     assert read_heartbeat(writer.hb_path) is None
-
-
-def test_a_heartbeat_torn_for_good_by_a_killed_writer_is_removed_a_live_ones_is_kept(tmp_path):
-    """A rank SIGKILLed between the record's parts leaves it torn for good (record at seq N,
-    position at N-1): unreadable, yet its pid says whether its writer runs (a CI run left
-    ``rank1.hb`` so)."""
-    exited = subprocess.Popen(["true"])
-    exited.wait()
-    live = subprocess.Popen(["sleep", "30"])
-    job_dir = tmp_path / "job"
-    try:
-        for rank, pid in ((1, exited.pid), (2, live.pid)):
-            writer = RankStateWriter(job_dir, rank)
-            writer.pid = pid
-            writer.heartbeat(1.0, 1, 1, 1, 0, 1)
-            raw = bytearray(writer.hb_path.read_bytes())
-            raw[HB_RECORD.size:HB_RECORD.size + HB_POSITION.size] = HB_POSITION.pack(
-                0, 0, 0, -1, 0, 1)  # the position still at the previous seq (1, record at 2)
-            writer.hb_path.write_bytes(bytes(raw))
-            assert read_heartbeat(writer.hb_path) is None  # torn, as the kill left it
-        assert live_pids(job_dir) == {"rank2.hb": live.pid}
-        RankStateWriter(job_dir, 0).close()
-        left = sorted(p.name for p in job_dir.iterdir())
-        assert left == ["rank2.hb"], left
-    finally:
-        live.kill()
-        live.wait()
 
 
 def test_dead_and_zombie_ranks_are_dropped_and_their_files_removed(tmp_path):
@@ -157,10 +132,21 @@ def test_the_last_rank_out_removes_what_dead_writers_left_half_written(tmp_path)
     assert not job_dir.exists(), list(job_dir.iterdir())
 
 
-def test_the_last_rank_out_removes_a_dead_ranks_heartbeat_that_never_had_a_snapshot(tmp_path):
+def _tear(path) -> None:
+    """As a writer SIGKILLed between the record's parts leaves it: the record at seq 2, the
+    position still at 1 (torn for good)."""
+    raw = bytearray(path.read_bytes())
+    raw[HB_RECORD.size:HB_RECORD.size + HB_POSITION.size] = HB_POSITION.pack(0, 0, 0, -1, 0, 1)
+    path.write_bytes(bytes(raw))
+    assert read_heartbeat(path) is None
+
+
+@pytest.mark.parametrize("torn", [False, True], ids=["whole", "torn"])
+def test_the_last_rank_out_removes_a_dead_ranks_lone_heartbeat_torn_or_not(tmp_path, torn):
     """A rank stopped during start-up, after its heartbeat and before its first snapshot
-    (issue 52's leftover: ``rank1.hb`` alone): the last rank out removes it by its pid; a live
-    rank's lone heartbeat stays."""
+    (issue 52's leftover: ``rank1.hb`` alone), or SIGKILLed in the middle of a heartbeat (a CI
+    run left ``rank1.hb`` so, torn for good: unreadable, yet its pid says whether its writer
+    runs): the last rank out removes it by its pid; a live rank's lone heartbeat stays."""
     exited = subprocess.Popen(["true"])
     exited.wait()  # reaped: the PID is gone
     live = subprocess.Popen(["sleep", "30"])
@@ -170,6 +156,9 @@ def test_the_last_rank_out_removes_a_dead_ranks_heartbeat_that_never_had_a_snaps
             lone = RankStateWriter(job_dir, rank)  # a heartbeat, no snapshot
             lone.pid = pid
             lone.heartbeat(1.0, 1, 1, 1, 0, 1)
+            if torn:
+                _tear(lone.hb_path)
+        assert live_pids(job_dir) == {"rank2.hb": live.pid}
         RankStateWriter(job_dir, 0).close()
         left = sorted(p.name for p in job_dir.iterdir())
         assert left == ["rank2.hb"], left
