@@ -23,6 +23,15 @@ from prometheus_client.core import Metric as Family
 
 from fsdpmon.catalog import Kind, Metric
 
+
+def printable(value: object, limit: int | None = None) -> str:
+    """Untrusted text as a label or a line of evidence may carry it: text only ('' for any
+    other value), every unprintable character (a control, an escape, a lone surrogate from
+    JSON, which would fail the encoding) as '?', cut to ``limit`` characters."""
+    if not isinstance(value, str):
+        return ""
+    return "".join(c if c.isprintable() else "?" for c in value[:limit])
+
 _MAKE = {
     Kind.GAUGE: GaugeMetricFamily,
     Kind.COUNTER: CounterMetricFamily,

@@ -32,6 +32,7 @@ from fsdpmon.diagnose.findings import Finding, ranks_text, waiters, where_all
 from fsdpmon.diagnose.observe import Observations, Places
 from fsdpmon.diagnose.stacks import RankStack, merge
 from fsdpmon.diagnose.window import Window
+from fsdpmon.families import printable
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
 
 Groups = dict[tuple[int, ...], list[int]]  # what a group of ranks did → its ranks
@@ -270,7 +271,7 @@ def break_text(r: RankRow) -> str:
     if r.break_op is None:
         return (f"rank {r.rank}'s step {r.break_step} ended after {index - 1} collectives, "
                 f"where its steps before made one more: {before}")
-    site = "".join(c if c.isprintable() else "?" for c in r.break_site)
+    site = printable(r.break_site)
     call = call_text(r.break_op, r.break_elements, r.break_dtype)
     made = (f", an extra call past the step before's {index - 1}" if r.break_expected_op is None
             else f" where its steps before made {before}")

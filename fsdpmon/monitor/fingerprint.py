@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from fsdpmon import catalog
 from fsdpmon.conventions import DTYPE_NAMES
+from fsdpmon.families import printable
 
 # The step's fingerprint: a polynomial rolling hash of each call's key (op | dtype << 8 | group
 # << 16 | elements << 24), cut to 52 bits: exact in the float64 gauge it is published as.
@@ -48,9 +49,7 @@ BREAK_SITE = "collective_break_site"  # the rank snapshot's key for it
 def site_label(value: Any) -> str:
     """A site as served (the state file is untrusted): text only, printable, cut to
     SITE_CHARS ('' otherwise); a lone surrogate from the JSON would fail the encoding."""
-    if not isinstance(value, str):
-        return ""
-    return "".join(c if c.isprintable() else "?" for c in value[:SITE_CHARS])
+    return printable(value, SITE_CHARS)
 
 
 class Break(NamedTuple):
