@@ -354,7 +354,10 @@ def test_dashboards_and_stall_alert_against_real_prometheus(stack):
     except AssertionError as exc:
         raise AssertionError(f"{exc}; the webhook got {received(hook)}") from None
     assert trainer.poll() is None, "training must still run: the alert resolved by progress"
-    assert step_of(prom, rank) > stalled_at, "the frozen rank made progress after SIGCONT"
+    # The alert resolves on the watchdog's first tick, which may come before the rank's first
+    # step after SIGCONT is scraped (a fresh-clone run saw 60 == 60 there): wait for the step.
+    wait_for(f"rank {rank} to step past {stalled_at:g} after SIGCONT",
+             lambda: step_of(prom, rank) > stalled_at, timeout=30)
     # Scores were published all along (a SIGSTOP'd step is one sample of a 31-step median).
     straggling = prom.first_time(f'ALERTS{{alertname="{STRAGGLING}", job_name="{JOB_NAME}", '
                                  f'alertstate="firing"}}', begun, time.time())
