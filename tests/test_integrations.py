@@ -13,7 +13,12 @@ four: phases run in step across them), faults made from outside each loop
 and from the JSONL: tokens/s agrees with tokens over the records' wall clock, within the bound
 derived in integration_job.tokens_per_second_check (asserted to be under 1%).
 Side by side, eight ranks share two cores: busy time leaves out the time a rank waits for a CPU
-(fsdpmon.monitor.schedstat), which is what keeps the healthy verdicts clean under that load.
+(fsdpmon.monitor.schedstat), which is what keeps the straggler verdicts clean under that load.
+That load is real CPU contention, though: which rank the scheduler starves for a window is its
+choice, and `host_cpu_contention` naming it then is true (it named lightning's rank 1, waiting
+53% of its steps for a CPU against the others' 28%, beside another test's job). So the verdicts
+here leave that cause out and say so; its naming and its silence on a healthy run are proven
+where the host is not contended on purpose (tests/test_e2e_blind.py, tests/test_doors_agree.py).
 benchmarks/bench_integrations.py runs the same phases one library at a time and prints timings.
 """
 
@@ -43,6 +48,7 @@ from fsdpmon.conventions import DIAGNOSIS_EVIDENCE_SECONDS, STRAGGLER_SCORE_THRE
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 WATCH = f"{DIAGNOSIS_EVIDENCE_SECONDS + 2:g}s"
+CONTENDED = "host_cpu_contention"  # this test's own load (the module's docstring)
 NEEDS = {"lightning": "lightning", "accelerate": "accelerate"}
 
 
@@ -118,11 +124,19 @@ def _named_in_time(jobs: dict, named: list[tuple[str, int]], within: float) -> N
 
 
 def _diagnose_all(jobs: dict) -> dict[str, tuple[int, list[dict]]]:
-    """`fsdpmon diagnose --json` on each job at once (each on its own endpoint)."""
+    """`fsdpmon diagnose --json` on each job at once (each on its own endpoint): its exit
+    status and findings, less CONTENDED (printed when left out)."""
     procs = {lib: diagnose_cli(job, WATCH) for lib, job in jobs.items()}
     with concurrent.futures.ThreadPoolExecutor(len(procs)) as pool:
         futures = {lib: pool.submit(cli_findings, proc) for lib, proc in procs.items()}
-        return {lib: future.result() for lib, future in futures.items()}
+        said = {lib: future.result() for lib, future in futures.items()}
+    out = {}
+    for lib, (code, findings) in said.items():
+        kept = [f for f in findings if f["cause"] != CONTENDED]
+        if len(kept) < len(findings):  # a warning: the exit status (critical only) is as it was
+            print(f"{lib}: left out {[f['summary'] for f in findings if f not in kept]}")
+        out[lib] = (code, kept)
+    return out
 
 
 def _both_stalled(lib: str, job) -> dict:
