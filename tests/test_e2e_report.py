@@ -26,6 +26,7 @@ from proc_tree import kill_tree
 from prometheus_stack import run_prometheus
 from support import free_port, printed, rounded
 
+from fsdpmon.faultspec import ENV_VAR as FAULT
 from fsdpmon.monitor.server import RENDER_SECONDS
 
 pytestmark = pytest.mark.slow
@@ -33,9 +34,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 # Read back from Prometheus, tokens/s is tokens between two evaluation times, each end off by
 # up to a log window, a scrape and the endpoint's rendering age (the bound is derived in the
-# test): the error shrinks with the run's span, which 270 steps keep at several seconds even
-# on a machine three times as fast as a 2-core VM.
-STEPS, LOG_EVERY = 270, 5
+# test): the error shrinks with the run's span. Every rank's loader waits DATA_WAIT_S a batch
+# (the data-slow fault), so the span is at least STEPS x DATA_WAIT_S (15 s) on any machine
+# while the ranks mostly sleep, and the data-wait column has something to agree on.
+STEPS, LOG_EVERY = 100, 5
+DATA_WAIT_S = 0.15
 SCRAPE_S = 0.25
 HAVE_PROMETHEUS = bool(shutil.which("prometheus"))
 
@@ -46,10 +49,12 @@ def train(world_size: int, log: Path, port: int) -> float:
         sys.executable, "-m", "torch.distributed.run", "--standalone",
         f"--nproc_per_node={world_size}", "-m", "fsdpmon.trainer.train", "--model", "tiny",
         "--max-steps", str(STEPS), "--log-every", str(LOG_EVERY), "--batch-size", "4",
-        "--seq-len", "128", "--metrics-port", str(port), "--log-jsonl", str(log),
+        "--seq-len", "64", "--metrics-port", str(port), "--log-jsonl", str(log),
         "--job-name", log.name.removesuffix(".jsonl"),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "FSDPMON_LISTEN_ADDRESS": "127.0.0.1"}
+    waits = ";".join(f"data-slow:rank={r},seconds={DATA_WAIT_S}" for r in range(world_size))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FSDPMON_LISTEN_ADDRESS": "127.0.0.1",
+           FAULT: waits}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -155,6 +160,7 @@ def test_report_agrees_with_the_logs(runs, tmp_path):
         assert float(cells[5]) == printed(want["p90"], 4)
         assert cells[6] == "n/a"  # MFU: no peak FLOP/s for a CPU
         assert float(cells[7].rstrip("%")) == printed(want["data_wait_percent"], 1)
+        assert want["data_wait_percent"] > 0, f"{name}: no data wait in the logs"  # DATA_WAIT_S
     assert rows["tiny-n1"][9] == "100.0%"  # scaling efficiency
     summary = json.loads((out / "report.json").read_text())
     for run, name in zip(summary["runs"], rows, strict=True):  # goodput beside throughput
