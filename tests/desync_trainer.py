@@ -23,16 +23,16 @@ def patch_extra_all_reduce(rank: int, step: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from fsdpmon.trainer import train
+    from fsdpmon.trainer import loop
 
-    accumulate = train.Trainer.accumulate_gradients
+    accumulate = loop.Trainer.accumulate_gradients
 
     def desynced(self: Any, mon: Any) -> Any:
         if self.step + 1 == step and int(os.environ.get("RANK", "0")) == rank:
             dist.all_reduce(torch.zeros(1))  # the extra call: only this rank makes it
         return accumulate(self, mon)
 
-    train.Trainer.accumulate_gradients = desynced  # type: ignore[method-assign]
+    loop.Trainer.accumulate_gradients = desynced  # type: ignore[method-assign]
 
 
 def main() -> None:

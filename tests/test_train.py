@@ -9,8 +9,8 @@ import torch
 from support import rounded
 
 from fsdpmon.trainer.config import parse_config
+from fsdpmon.trainer.loop import build_optimizer, clip_gradients, console_line, lr_factor
 from fsdpmon.trainer.model import ModelArgs, Transformer
-from fsdpmon.trainer.train import build_optimizer, clip_gradients, console_line, lr_factor
 
 
 def test_warmup_then_cosine_to_the_floor():

@@ -11,8 +11,8 @@ from trainer_launch import REPO, run, torchrun_args
 
 from fsdpmon.trainer.config import parse_config
 from fsdpmon.trainer.data import BatchLoader, build_source
+from fsdpmon.trainer.loop import build_optimizer
 from fsdpmon.trainer.model import FLAVOURS, Transformer
-from fsdpmon.trainer.train import build_optimizer
 
 pytestmark = pytest.mark.slow
 

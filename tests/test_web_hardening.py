@@ -271,7 +271,7 @@ def test_exporter_interval_is_bounded(interval):
 
 
 def test_trainer_log_interval_comes_from_the_environment_unless_the_flag_is_given(monkeypatch):
-    from fsdpmon.trainer.train import _monitor_config
+    from fsdpmon.trainer.loop import _monitor_config
 
     monkeypatch.setenv("FSDPMON_LOG_INTERVAL", "3")
     assert _monitor_config(parse_config(["--metrics-port", "0"])).log_interval == 3

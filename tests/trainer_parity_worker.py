@@ -20,8 +20,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from fsdpmon.monitor import Monitor, MonitorConfig
 from fsdpmon.trainer.config import parse_config
 from fsdpmon.trainer.data import build_source
+from fsdpmon.trainer.loop import build_trainer
 from fsdpmon.trainer.parallel import DistEnv, choose_device, exit_process, init_distributed
-from fsdpmon.trainer.train import build_trainer
 
 PARITY_FLAGS = ["--model", "tiny", "--batch-size", "2", "--grad-accum", "2", "--seq-len", "32",
                 "--lr", "1e-3", "--seed", "3", "--metrics-port", "0"]
