@@ -161,7 +161,9 @@ def _await_series(url: str, proc: subprocess.Popen[str], prefix: str, wait_s: fl
 
 
 def test_trainer_and_monitor_name_the_train_extra_without_torch():
-    trainer = run_base("-m", "fsdpmon.trainer.train", "--help")
+    helped = run_base("-m", "fsdpmon.trainer.train", "--help")  # the flags need no torch
+    assert helped.returncode == 0 and "--max-steps" in helped.stdout, helped.stderr
+    trainer = run_base("-m", "fsdpmon.trainer.train", "--max-steps", "1")  # the loop does
     assert trainer.returncode == 2, trainer.stderr
     first = trainer.stderr.strip().splitlines()[0]
     assert first == ("trainer: error: the trainer needs the 'train' extra: "
