@@ -9,7 +9,8 @@ echo "==> ruff"
 echo "==> pytest"
 # Two workers: most of the suite's wall time is real jobs waiting on real clocks (evidence
 # windows, scrapes, alert durations), which overlap well on two cores. Whole files go to one
-# worker (--dist loadfile): a module's shared run (a fixture) starts once, not once per worker.
+# worker (--dist loadfile; tests/conftest.py's scheduler makes the alone files one unit): a
+# module's shared run (a fixture) starts once, not once per worker.
 # Files go out in the order tests/conftest.py sets (--no-loadscope-reorder); it also keeps the
 # tests that judge time from running beside another job. A later -n (e.g. -n 0) wins.
 exec .venv/bin/python -m pytest -q -p no:cacheprovider -n 2 --dist loadfile \

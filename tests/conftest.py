@@ -7,19 +7,24 @@ booked as its seconds, a hang named within its bound, a starved rank named withi
 and a second job beside them adds its load to what they measure. So, across the workers of one
 run, an ``alone`` test holds an exclusive lock, a ``slow`` test a shared one, and the rest none:
 an ``alone`` test runs beside unit tests only, and beside ``quiet`` ones (slow, but their
-processes mostly wait: under half a core, less than a unit test loads). The lock is taken
-before pytest-timeout's timer starts (the outermost hook), so waiting for it never counts
-against a test's timeout. Outside xdist (one process) nothing is locked.
+processes mostly wait). The lock is taken before pytest-timeout's timer starts (the outermost
+hook), so waiting for it never counts against a test's timeout. Outside xdist (one process)
+nothing is locked.
 
-The files are handed to the workers in the order collected (scripts/test.sh turns off xdist's
-reordering by test count, which put the longest one-test file last, alone at the tail). The
-order: each ``alone`` file followed by a share of the unit-test and quiet files, which the
-other worker runs beside it, then the ``slow`` files, two at a time.
+The ``alone`` files go to one worker as one unit of work (the scheduler below, for
+scripts/test.sh's ``--dist loadfile``: every other file is a unit of its own), first:
+they run back to back while the other worker takes the unit-test and quiet files, which come
+next in the order collected (scripts/test.sh turns off xdist's reordering by test count), and
+then the ``slow`` files, which both workers share once the ``alone`` ones are done. Handed out
+one file at a time instead, an ``alone`` file's neighbour would take the next ``alone`` one and
+wait for the lock with nothing to run (63 s of a worker's time in a run at c252d4b).
 """
 
 from __future__ import annotations
 
+import ast
 import fcntl
+import functools
 import os
 from pathlib import Path
 
@@ -66,12 +71,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         kinds = {_kind(t) for t in tests}
         (alone if fcntl.LOCK_EX in kinds else slow if fcntl.LOCK_SH in kinds else light).append(
             tests)
-    order = []
-    share = -(-len(light) // max(1, len(alone)))  # ceil: every light file placed
-    for n, tests in enumerate(alone):
-        order += [tests, *light[n * share:(n + 1) * share]]
-    order += light[len(alone) * share:] + slow
-    items[:] = [t for tests in order for t in tests]
+    items[:] = [t for tests in (*alone, *light, *slow) for t in tests]
+
+
+def _marks_alone(path: Path) -> bool:
+    """Whether a test file uses ``pytest.mark.alone`` anywhere. xdist's controller collects
+    nothing, so it reads the file (its workers read the markers): the same marker, read twice."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError):
+        return False  # not ours to judge: the workers report it
+    return any(isinstance(node, ast.Attribute) and node.attr == "alone"
+               and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
+               for node in ast.walk(tree))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadfile``: whole files as units, except that the ``alone`` files are one."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    alone = functools.cache(lambda file: _marks_alone(config.rootpath / file))
+
+    class FilesAloneTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = super()._split_scope(nodeid)
+            return "alone files" if alone(file) else file
+
+    return FilesAloneTogether(config, log)
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
