@@ -295,6 +295,16 @@ PRIVATE_NAMES = {"_broadcast_coalesced": "broadcast_coalesced"}
 OPS = (*C10D_NAMES, *PRIVATE_NAMES.values())
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64", "int64", "int32", "int16", "int8",
                "uint8", "bool", "complex64", "complex128", "float8_e4m3fn", "float8_e5m2")
+OP_CODES = {op: code for code, op in enumerate(OPS, 1)}
+DTYPE_CODES = {dtype: code for code, dtype in enumerate(DTYPE_NAMES, 1)}
+
+
+def decoded(names: tuple[str, ...], code: int | None) -> str | None:
+    """The name a published code stands for in ``names`` (OPS or DTYPE_NAMES); None: 0 or
+    unknown (a newer writer's code)."""
+    return names[code - 1] if code is not None and 0 < code <= len(names) else None
+
+
 # Calls whose size differs by rank where nothing is wrong (an all-to-all's splits: MoE token
 # routing): their key leaves the size out. Point-to-point calls differ by rank by design (a
 # pipeline's stages): they are numbered, not fingerprinted.

@@ -29,10 +29,10 @@ def _scale(trigger: Path) -> float:
 
 
 def patch_scaled_logits(trigger: Path) -> None:
-    from fsdpmon.trainer import model, train
+    from fsdpmon.trainer import loop, model
 
     scale = [1.0]
-    accumulate, forward = train.Trainer.accumulate_gradients, model.Transformer.forward
+    accumulate, forward = loop.Trainer.accumulate_gradients, model.Transformer.forward
 
     def watched(self: Any, mon: Any) -> Any:
         # looked at once a step, before its forward: the spike begins and ends on a step
@@ -46,7 +46,7 @@ def patch_scaled_logits(trigger: Path) -> None:
         out = forward(self, tokens)
         return out * scale[0] if scale[0] != 1.0 else out
 
-    train.Trainer.accumulate_gradients = watched  # type: ignore[method-assign]
+    loop.Trainer.accumulate_gradients = watched  # type: ignore[method-assign]
     model.Transformer.forward = scaled  # type: ignore[method-assign]
 
 

@@ -30,10 +30,10 @@ def _spec(text: str) -> dict[str, int]:
 def patch_nan_logits(rank: int, step: int) -> None:
     import torch
 
-    from fsdpmon.trainer import model, train
+    from fsdpmon.trainer import loop, model
 
     current = {"step": 0}
-    train_step = train.Trainer.train_step
+    train_step = loop.Trainer.train_step
 
     def counted(self: Any, mon: Any) -> None:
         current["step"] = self.step + 1  # the step being made, as the console counts it
@@ -49,7 +49,7 @@ def patch_nan_logits(rank: int, step: int) -> None:
                 torch.save(args[0], os.environ[NAN_INPUTS])
         return logits
 
-    train.Trainer.train_step = counted  # type: ignore[method-assign]
+    loop.Trainer.train_step = counted  # type: ignore[method-assign]
     model.Transformer.forward = poisoned  # type: ignore[method-assign]
 
 

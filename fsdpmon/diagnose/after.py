@@ -17,9 +17,9 @@ from typing import Any
 from fsdpmon.conventions import (
     CHECKPOINT_SHARE_LIMIT,
     CRASH_LOOP_RESTARTS,
-    DTYPE_NAMES,
+    DTYPE_CODES,
     INCIDENT_MIN_LOST_SECONDS,
-    OPS,
+    OP_CODES,
     SLOW_SAVE_FACTOR,
     STALL_SEEN_LATE_SECONDS,
 )
@@ -27,8 +27,6 @@ from fsdpmon.diagnose.desync_rules import Waiting, call_key, call_text, calls_ap
 from fsdpmon.diagnose.exits import died
 from fsdpmon.diagnose.findings import ranks_text
 
-OP_CODES = {op: i + 1 for i, op in enumerate(OPS)}  # the flight record's names → the codes
-DTYPE_CODES = {dtype: i + 1 for i, dtype in enumerate(DTYPE_NAMES)}
 Save = tuple[dict[str, Any], float]  # a save ({"seconds", "rank", ...}) and its share of time
 
 

@@ -27,7 +27,15 @@ from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, replace
 
-from fsdpmon.conventions import DESYNC_PATTERN_STEPS, DTYPE_NAMES, OPS, UNEVEN, Severity
+from fsdpmon.conventions import (
+    DESYNC_PATTERN_STEPS,
+    DTYPE_NAMES,
+    OP_CODES,
+    OPS,
+    UNEVEN,
+    Severity,
+    decoded,
+)
 from fsdpmon.diagnose.findings import Finding, ranks_text, waiters, where_all
 from fsdpmon.diagnose.observe import Observations, Places
 from fsdpmon.diagnose.stacks import RankStack, merge
@@ -50,11 +58,10 @@ class Desync:
 
 def call_text(op: int | None, elements: int | None, dtype: int | None) -> str:
     """'all_reduce 1,024 float32' from the published codes (fsdpmon.conventions)."""
-    name = OPS[op - 1] if op is not None and 0 < op <= len(OPS) else f"op {op}"
+    name = decoded(OPS, op) or f"op {op}"
     if not elements and not dtype:
         return name
-    kind = DTYPE_NAMES[dtype - 1] if dtype is not None and 0 < dtype <= len(DTYPE_NAMES) else ""
-    return f"{name} {elements or 0:,} {kind}".rstrip()
+    return f"{name} {elements or 0:,} {decoded(DTYPE_NAMES, dtype) or ''}".rstrip()
 
 
 def desync(window: Window, obs: Observations, places: Places,
@@ -103,9 +110,8 @@ def waiting_mismatch(now: JobSnapshot, stacks: Sequence[RankStack] = (),
     rows = {r.rank: r for r in now.ranks if not r.down and (r.stalled or r.rank in stuck)
             and r.in_collective and r.collective_entered is not None and r.entered_op}
     waiting = {rank: (r.collective_entered, _call(r)) for rank, r in rows.items()}
-    ops = {op: i + 1 for i, op in enumerate(OPS)}
-    told = {s.rank: (s.seq, (ops[s.op], 0, 0)) for s in stacks  # the stacks' op alone
-            if s.stalled and s.seq is not None and s.rank not in waiting and s.op in ops}
+    told = {s.rank: (s.seq, (OP_CODES[s.op], 0, 0)) for s in stacks  # the stacks' op alone
+            if s.stalled and s.seq is not None and s.rank not in waiting and s.op in OP_CODES}
     if told:  # some ranks say their op only: compare every rank's op only
         waiting = {r: (seq, (call[0], 0, 0)) for r, (seq, call) in waiting.items()} | told
     breakers = {r for r, row in rows.items() if row.entered_off_pattern}

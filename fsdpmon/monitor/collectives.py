@@ -64,7 +64,7 @@ from typing import Any
 from fsdpmon.conventions import (
     C10D_NAMES,
     GROUP_AT,
-    OPS,
+    OP_CODES,
     POINT_TO_POINT,
     PRIVATE_NAMES,
     UNEVEN,
@@ -260,7 +260,7 @@ def last_break() -> Break | None:
 
 def wrap(name: str | None, fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn`` numbered as collective ``name`` (None: not numbered) and timed while armed."""
-    code = OPS.index(name) + 1 if name in OPS else 0
+    code = OP_CODES.get(name or "", 0)
     keyed, sized = name not in POINT_TO_POINT, name not in UNEVEN
     group_at = GROUP_AT.get(name or "", 0)
 

@@ -22,7 +22,7 @@ from _thread import get_ident
 from typing import Any, NamedTuple
 
 from fsdpmon import catalog
-from fsdpmon.conventions import DTYPE_NAMES
+from fsdpmon.conventions import DTYPE_CODES
 from fsdpmon.families import printable
 
 # The step's fingerprint: a polynomial rolling hash of each call's key (op | dtype << 8 | group
@@ -32,7 +32,7 @@ _HASH_PRIME = 1000003  # small: the product stays a short int (0.05 us less a ca
 PATTERN_CAP = 512  # a step's calls whose keys the next step compares with (by position)
 GROUP_CAP = 255  # group ordinals fill 8 bits of the key: the 255th group and later share one
 
-_dtype_code: dict[Any, int] = {}  # torch.dtype -> DTYPE_NAMES index + 1 (know_tensors)
+_dtype_code: dict[Any, int] = {}  # torch.dtype -> its DTYPE_CODES code (know_tensors)
 
 
 # The first tensor's parameter name, in the order the ops' signatures put them first: FSDP2
@@ -207,5 +207,5 @@ class Calls:
 def know_tensors() -> None:
     import torch
 
-    _dtype_code.update({getattr(torch, n): i + 1 for i, n in enumerate(DTYPE_NAMES)
+    _dtype_code.update({getattr(torch, n): code for n, code in DTYPE_CODES.items()
                         if hasattr(torch, n)})

@@ -36,7 +36,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from fsdpmon.conventions import DTYPE_NAMES, EXIT_ERROR, EXIT_NORMAL, EXIT_SIGTERM, OPS
+from fsdpmon.conventions import (
+    DTYPE_NAMES,
+    EXIT_ERROR,
+    EXIT_NORMAL,
+    EXIT_SIGTERM,
+    OPS,
+    decoded,
+)
 from fsdpmon.monitor import collectives, exit_cleanup
 from fsdpmon.monitor.stacks import MAX_TEXT, last_collective, thread_frames
 
@@ -61,10 +68,10 @@ def process_start_unix() -> float:
 def entered_call() -> dict[str, Any] | None:
     """The last collective entered, decoded from the wrapper's codes (None: none yet)."""
     code, elements, dtype, off = collectives.entered_call()
-    if not 0 < code <= len(OPS):
+    op = decoded(OPS, code)
+    if op is None:
         return None
-    return {"op": OPS[code - 1], "elements": int(elements),
-            "dtype": DTYPE_NAMES[dtype - 1] if 0 < dtype <= len(DTYPE_NAMES) else None,
+    return {"op": op, "elements": int(elements), "dtype": decoded(DTYPE_NAMES, dtype),
             "off_pattern": bool(off)}
 
 
