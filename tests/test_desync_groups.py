@@ -16,6 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from fsdpmon.conventions import OPS  # noqa: E402
 from fsdpmon.monitor import collectives, fingerprint  # noqa: E402
 
 Call = tuple[str, tuple[Any, ...], dict[str, Any]]
@@ -132,7 +133,7 @@ def _signature_group_at(name: str) -> int | None:
 
 
 def test_each_ops_group_position_is_torchs() -> None:
-    assert set(collectives.GROUP_AT) == set(collectives.OPS)
+    assert set(collectives.GROUP_AT) == set(OPS)
     for name in collectives.C10D_NAMES:
         at = _signature_group_at(name)
         assert at in (None, collectives.GROUP_AT[name]), name
@@ -142,7 +143,7 @@ def test_each_ops_group_position_is_torchs() -> None:
         assert collectives.GROUP_AT["broadcast_coalesced"] == 0
 
 
-KEYED = [n for n in collectives.OPS if n not in collectives.POINT_TO_POINT]
+KEYED = [n for n in OPS if n not in collectives.POINT_TO_POINT]
 
 
 @pytest.mark.parametrize("name", KEYED)
