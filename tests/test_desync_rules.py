@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 
-from fsdpmon.conventions import DESYNC_PATTERN_STEPS, DTYPE_NAMES, OPS
+from fsdpmon.conventions import DESYNC_PATTERN_STEPS, DTYPE_NAMES, OP_CODES, OPS, decoded
 from fsdpmon.diagnose.desync_rules import call_text, fingerprint_mismatch, waiting_mismatch
 from fsdpmon.diagnose.stacks import RankStack
 from fsdpmon.job.snapshot import JobSnapshot, RankRow
@@ -32,6 +32,15 @@ def test_call_text_reads_the_codes():
     assert call_text(*REDUCE) == "all_reduce 1,024 float32"
     assert call_text(*GATHER) == "all_gather_single 4,096 bfloat16"
     assert call_text(OPS.index("barrier") + 1, 0, 0) == "barrier"
+
+
+@pytest.mark.parametrize(("code", "name"), [
+    (None, None), (0, None), (1, OPS[0]), (len(OPS), OPS[-1]), (len(OPS) + 1, None), (-1, None),
+])
+def test_a_code_decodes_from_1_and_an_unknown_one_to_nothing(code, name):
+    assert decoded(OPS, code) == name, (code, decoded(OPS, code), name)
+    if name is not None:  # and the encoding is its inverse
+        assert OP_CODES[name] == code, (name, OP_CODES[name], code)
 
 
 def test_two_ranks_in_different_calls_name_the_one_off_its_pattern():
