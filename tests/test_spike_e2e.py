@@ -30,6 +30,14 @@ SCALE = 1000.0
 CALM_S = 4.0  # refreshes before the spike: the recent level (at least 3 losses)
 DEADLINE_S = DIAGNOSIS_EVIDENCE_SECONDS + 15.0  # from the spike's start to the finding
 QUALITY = ("loss_spike", "training_unstable")
+# The model adapts to the spike by steps, not by seconds: flat out alone on the 2-core VM
+# (25 steps/s) the job loss was back under 2x its level within the evidence window, and the
+# spike went unnamed. Every rank's loader waits PACE_S a batch (the injector's data-slow, on
+# both ranks alike: no straggler), so no machine runs more than 1/PACE_S steps a second. Paced
+# at 0.1 s (5.9 steps/s) the job loss stayed >= 37 through the window against a line of 12,
+# still rising 24 steps in; at PACE_S, 4.2 steps/s and >= 24 there.
+PACE_S = 0.15
+PACE = ";".join(f"data-slow:rank={r},seconds={PACE_S:g}" for r in (0, 1))
 
 
 def began_at(evidence: tuple[str, ...] | list[str]) -> int | None:
@@ -68,7 +76,7 @@ def test_a_scaled_logits_spike_on_rank_1_is_named_while_it_lasts_and_listed_afte
     trigger = tmp_path / "spike.on"
     jsonl = tmp_path / "run" / "run.jsonl"
     jsonl.parent.mkdir()
-    with faulty_job(tmp_path, 2, entry=(str(REPO / "tests" / "spike_trainer.py"),),
+    with faulty_job(tmp_path, 2, PACE, entry=(str(REPO / "tests" / "spike_trainer.py"),),
                     extra=("--log-every", "1", "--log-jsonl", str(jsonl)),
                     env_extra={SPIKE: f"rank=1,trigger={trigger}"}) as job:
         job.wait("both ranks stepping", stepping(2))
