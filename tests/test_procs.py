@@ -152,9 +152,14 @@ def test_cardinality_is_capped() -> None:
 def test_real_proc_finds_a_real_training_process() -> None:
     env = {**os.environ, "FSDPMON_JOB_NAME": "test-procs"}
     before = time.time()
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env,
-                             start_new_session=True)
+    script = "print(flush=True); import time; time.sleep(60)"
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
+                             stdout=subprocess.PIPE)
     try:
+        # Scanned between fork and exec, the child still shows this process's environment
+        # (the scanner reads it again later: test_a_young_process_is_read_again_...); once it
+        # has printed, it runs its own program with its own environment.
+        child.stdout.readline()
         scanner = ProcessScanner("/proc")
         scanner.scan()
         assert child.pid in scanner.training_pids()
@@ -168,6 +173,7 @@ def test_real_proc_finds_a_real_training_process() -> None:
         assert sample.command.endswith("time.sleep(60)")
     finally:
         kill_tree(child)
+        child.stdout.close()
 
 
 def test_rank_and_local_rank_come_from_the_environment_and_nothing_else_is_kept() -> None:
