@@ -92,14 +92,14 @@ def _longest_first(tests: list[pytest.Item]) -> int:
     return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
 
-def _marks_alone(path: Path) -> bool:
-    """Whether a test file uses ``pytest.mark.alone`` anywhere. xdist's controller collects
+def _uses_mark(path: Path, name: str) -> bool:
+    """Whether a test file uses ``pytest.mark.<name>`` anywhere. xdist's controller collects
     nothing, so it reads the file (its workers read the markers): the same marker, read twice."""
     try:
         tree = ast.parse(path.read_text())
     except (OSError, SyntaxError):
         return False  # not ours to judge: the workers report it
-    return any(isinstance(node, ast.Attribute) and node.attr == "alone"
+    return any(isinstance(node, ast.Attribute) and node.attr == name
                and isinstance(node.value, ast.Attribute) and node.value.attr == "mark"
                for node in ast.walk(tree))
 
@@ -110,7 +110,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
-    alone = functools.cache(lambda file: _marks_alone(config.rootpath / file))
+    alone = functools.cache(lambda file: _uses_mark(config.rootpath / file, "alone"))
 
     class FilesAloneTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:

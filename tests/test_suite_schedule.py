@@ -14,18 +14,20 @@ def test_longest_first_names_slow_files_that_exist_and_are_not_alone():
     for name in conftest.LONGEST_FIRST:
         path = TESTS / name
         assert path.is_file(), f"{name} is gone: drop it from LONGEST_FIRST"
-        assert "mark.slow" in path.read_text(), f"{name} is not marked slow"
-        assert not conftest._marks_alone(path), f"{name} runs alone, not with the slow files"
+        assert conftest._uses_mark(path, "slow"), f"{name} is not marked slow"
+        assert not conftest._uses_mark(path, "alone"), f"{name} runs alone, not with the slow files"
 
 
-def test_marks_alone_sees_the_marker_only_as_a_marker(tmp_path):
+def test_uses_mark_sees_the_marker_only_as_a_marker(tmp_path):
     marked = tmp_path / "test_a.py"
     marked.write_text("import pytest\npytestmark = [pytest.mark.slow, pytest.mark.alone]\n")
     said = tmp_path / "test_b.py"
     said.write_text('"""pytest.mark.alone in a docstring."""\nalone = 1\n')
     broken = tmp_path / "test_c.py"
     broken.write_text("def (:\n")
-    assert [conftest._marks_alone(p) for p in (marked, said, broken)] == [True, False, False]
+    assert [conftest._uses_mark(p, "alone") for p in (marked, said, broken)] == [
+        True, False, False]
+    assert conftest._uses_mark(marked, "slow") and not conftest._uses_mark(marked, "quiet")
 
 
 def test_slow_files_sort_by_their_place_and_the_rest_after():
