@@ -19,7 +19,10 @@ Per fault and world size it prints: seconds from the fault starting to the first
 notification of its cause; the culprit it names (rank, pod, node, gpu); how many notification
 groups the cause got (one incident: 1); any other rank named by any notification (a waiting
 rank must never be); the verdicts of diagnose on the pods and on Prometheus, and whether they
-agree. Healthy runs (--healthy-seconds at --healthy-ranks): notifications received (0 wanted).
+agree. Healthy runs (--healthy-seconds at --healthy-ranks, through benchmarks/healthy_trainer.py:
+a 60 s first step, 30 s evaluation passes without a collective, 20 s rank-0-only pauses with the
+others in a barrier, saves slowed from outside to ~30 s): notifications received (0 wanted), and
+the pauses made.
 Not a test: figures depend on the machine. Run:
 ``.venv/bin/python benchmarks/bench_page.py [--durations fast|shipped] [--ranks 2 4] [--only ...]``
 """
@@ -31,6 +34,7 @@ import contextlib
 import os
 import platform
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -141,6 +145,7 @@ def run_fault(name: str, ranks: int, durations: str) -> str:
     env = dict(bench_blind.ENVS.get(name) or {})
     if durations == "shipped":
         env["FSDPMON_STALL_FLOOR_SECONDS"] = "120"
+        env["FSDPMON_STALL_WAIT_FLOOR_SECONDS"] = "25"
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if name == "checkpoint-slow":
@@ -230,12 +235,35 @@ def _said(found, at) -> str:
     return f"{found[0]}(rank {found[1]}) {at:.0f}s" if found else "NOTHING"
 
 
+# The healthy job's pauses (benchmarks/healthy_trainer.py): a 60 s first step, evaluation
+# passes of 30 s without a collective, rank-0-only pauses of 20 s with the others in a barrier,
+# and saves slowed from outside to ~30 s (rank 1's writes, through tests/slow_writes.c: the
+# tiny model's shard is ~1 MB). Steps take ~0.3 s here, so each comes every few minutes.
+PAUSES = "first=60,pace=0.2,eval_every=700,eval=30,export_every=450,export=20"
+SAVE_EVERY = "500"
+SLOW_SAVE_BYTES_PER_S = "35000"
+
+
+def _slow_writes(tmp: Path) -> Path:
+    shim = tmp / "slow_writes.so"
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(shim),
+                    str(HERE.parent / "tests" / "slow_writes.c"), "-ldl"], check=True)
+    return shim
+
+
 def healthy(ranks: int, seconds: float, durations: str) -> str:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with faulty_job(tmp, ranks, "", ("--checkpoint-every", "50", "--checkpoint-dir",
-                                         tmp_name), entry=bench_blind.ENTRY) as job, \
-                alerting(tmp, job, durations) as (_, hook):
+        ckpt = tmp / "ckpt"
+        env = {"HEALTHY_PAUSES": PAUSES, "LD_PRELOAD": str(_slow_writes(tmp)),
+               "SLOW_WRITES_DIR": str(ckpt), "SLOW_WRITES_RANK": "1",
+               "SLOW_WRITES_BYTES_PER_S": SLOW_SAVE_BYTES_PER_S}
+        if durations == "shipped":
+            env["FSDPMON_STALL_FLOOR_SECONDS"] = "120"
+            env["FSDPMON_STALL_WAIT_FLOOR_SECONDS"] = "25"
+        with faulty_job(tmp, ranks, "", ("--checkpoint-every", SAVE_EVERY, "--checkpoint-dir",
+                                         str(ckpt)), entry=(str(HERE / "healthy_trainer.py"),),
+                        env_extra=env) as job, alerting(tmp, job, durations) as (_, hook):
             job.wait("stepping", stepping(ranks), 300)
             job.start_exporter()
             begun = time.monotonic()
@@ -244,15 +272,30 @@ def healthy(ranks: int, seconds: float, durations: str) -> str:
                 time.sleep(1.0)
             step = max((r.step or 0) for r in job.source.fetch().ranks)
             notes = hook.received()
-            return (f"healthy {ranks} ranks, {seconds:.0f} s to step {step}: "
-                    f"{len(notes)} notifications "
+            return (f"healthy {ranks} ranks, {seconds:.0f} s to step {step}, "
+                    f"{_pauses(tmp / 'train.log')}: {len(notes)} notifications "
                     f"{sorted({a['labels'].get('alertname') for n in notes for a in n['alerts']})}")
+
+
+def _pauses(log: Path) -> str:
+    """What the healthy trainer printed: how many pauses of each kind, and the saves' times."""
+    kinds: dict[str, int] = {}
+    saves: list[float] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if "healthy-pause " not in line:
+            continue
+        words = line.split("healthy-pause ", 1)[1].split()
+        kinds[words[0]] = kinds.get(words[0], 0) + 1
+        if words[0] == "save" and "took" in words:
+            saves.append(float(words[words.index("took") + 1]))
+    took = ", ".join(f"{s:.0f}" for s in saves)
+    return (f"pauses {dict(sorted(kinds.items()))}, saves took [{took}] s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--durations", choices=("fast", "shipped"), default="fast")
-    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--ranks", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--only", nargs="*", choices=list(EXPECT))
     parser.add_argument("--healthy-ranks", type=int, nargs="*", default=[2, 4])
     parser.add_argument("--healthy-seconds", type=float, default=300.0)

@@ -40,11 +40,19 @@ TRAINJOB_REPLICATED_JOB = "node"
 EXPORTER_APP_LABEL = "app.kubernetes.io/name"
 EXPORTER_APP_NAME = "fsdpmon-exporter"
 
-# Stall bound: no step for max(factor x median step time, floor). The rank's watchdog computes
-# it and publishes it (fsdpmon_train_stall_threshold_seconds); `top`, `diagnose` and the stall
-# rules read that published value, so none of them holds a copy of these.
+# Stall bound (fsdpmon.monitor.stall_bound), drawn from the job's own history at the rank's
+# position: no step for max(factor x median step time, floor); in warm-up and the first save the
+# floor; a save 3 x the longest before it (never under the floor); inside a collective (the
+# ranks that wait for a hung one) 3 x the longest wait seen, never under the wait floor. The
+# rank's watchdog computes it and publishes it, counted from its last step
+# (fsdpmon_train_stall_threshold_seconds); `top`, `diagnose` and the stall rules read that
+# published value, so none of them holds a copy of these.
 DEFAULT_STALL_FACTOR = 10.0
 DEFAULT_STALL_FLOOR_SECONDS = 120.0
+# Longer than a rank-0-only pause between steps (an export, a log upload) of 20 s, the issue's
+# case; short enough that the page comes within a minute (docs/alerts.md adds it up).
+DEFAULT_STALL_WAIT_FLOOR_SECONDS = 25.0
+STALL_HISTORY_FACTOR = 3.0
 
 # The page's path after the stall bound, term by term (docs/alerts.md adds them up; a test holds
 # the doc to these). The PodMonitor scrapes the training pods this often: the culprit's
@@ -55,9 +63,9 @@ TRAINING_SCRAPE_INTERVAL_SECONDS = 10
 # server's global interval (kube-prometheus-stack's is 30 s): the first evaluation past the bound
 # comes within one. At 2,048 ranks one evaluation must stay under 2 s (issue 49): 20 % of a core.
 CULPRIT_RULES_INTERVAL_SECONDS = 10
-# The stall alerts' `for`: three scrapes, so a rank that stepped just inside its bound does not
-# page while two scrapes in a row fail to bring its new step time in.
-STALL_FOR_SECONDS = 3 * TRAINING_SCRAPE_INTERVAL_SECONDS
+# The stall alerts' `for`: two scrapes, so a rank that stepped just inside its bound does not
+# page while one late or failed scrape keeps its new step time out.
+STALL_FOR_SECONDS = 2 * TRAINING_SCRAPE_INTERVAL_SECONDS
 # Alertmanager's wait before a new group's first notification. Critical causes (a hang, a lost
 # rank or GPU) page within one evaluation of each other (one group, one batch), so a short wait
 # batches them; warnings keep Alertmanager's 30 s, batching what several evaluations raise.

@@ -68,8 +68,8 @@ def test_a_variant_for_a_test_runs_at_its_servers_pace():
 def test_the_stall_alerts_wait_their_for_and_no_longer():
     rules = [r for r in _culprit_group(rule_groups())["rules"] if r.get("alert") in STALL_ALERTS]
     assert {alerting.seconds(r["for"]) for r in rules} == {conv.STALL_FOR_SECONDS}
-    # it rides out lost scrapes only: longer than two, shorter than four
-    assert 2 < conv.STALL_FOR_SECONDS / conv.TRAINING_SCRAPE_INTERVAL_SECONDS < 4
+    # it rides out one late or lost scrape, and no more: two scrapes, not three
+    assert 2 <= conv.STALL_FOR_SECONDS / conv.TRAINING_SCRAPE_INTERVAL_SECONDS < 3
 
 
 def test_the_podmonitor_scrapes_within_the_culprit_groups_interval():
@@ -112,13 +112,13 @@ def test_a_duration_the_route_cannot_take_is_refused(bad):
 def _doc_rows() -> dict[str, str]:
     """docs/alerts.md's chain table: term -> its seconds column."""
     text = (ROOT / "docs" / "alerts.md").read_text()
-    section = text.split("## From a hang to the page", 1)[1].split("\n## ", 1)[0]
+    section = text.split("## From a hang to the page", 1)[1].split("\n#", 1)[0]
     rows = re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|", section, flags=re.M)
     return {term: seconds for term, seconds in rows if term not in ("term", "---")}
 
 
 def test_the_doc_gives_each_terms_shipped_seconds_and_their_total():
-    floor = conv.DEFAULT_STALL_FLOOR_SECONDS
+    floor = conv.DEFAULT_STALL_WAIT_FLOOR_SECONDS  # the waiting ranks' bound
     least = floor + conv.STALL_FOR_SECONDS + conv.CRITICAL_GROUP_WAIT_SECONDS
     most = least + conv.CULPRIT_RULES_INTERVAL_SECONDS
     assert _doc_rows() == {
@@ -130,3 +130,4 @@ def test_the_doc_gives_each_terms_shipped_seconds_and_their_total():
         "total": f"{least:.0f} to {most:.0f} s",
     }
     assert most - floor <= PAGE_OVER_BOUND_MAX_S
+    assert most <= 60, f"the page takes up to {most} s after the waiting ranks' entering"

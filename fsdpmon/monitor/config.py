@@ -15,6 +15,7 @@ from fsdpmon import validate
 from fsdpmon.conventions import (
     DEFAULT_STALL_FACTOR,
     DEFAULT_STALL_FLOOR_SECONDS,
+    DEFAULT_STALL_WAIT_FLOOR_SECONDS,
     ENV_PREFIX,
     TRAINING_PORT,
 )
@@ -33,9 +34,11 @@ class MonitorConfig:
     log_interval: int = 10  # log (sync, gather, publish) every this many optimiser steps
     disabled: bool = False  # serve nothing; listeners and JSONL still run
     jsonl_path: str | None = None  # runs/x.jsonl -> runs/x.rank0.jsonl, runs/x.rank1.jsonl, ...
-    # stalled when no step for max(factor x median step, floor)
+    # the stall bound (monitor.stall_bound): no step for max(factor x median step, floor);
+    # inside a collective, no exit for max(3 x the longest wait seen, wait floor)
     stall_factor: float = DEFAULT_STALL_FACTOR
     stall_floor_seconds: float = DEFAULT_STALL_FLOOR_SECONDS
+    stall_wait_floor_seconds: float = DEFAULT_STALL_WAIT_FLOOR_SECONDS
     listen_address: str = "0.0.0.0"  # pods must be scrapeable; tests and local runs use loopback
     state_dir: str | None = None  # where ranks of one pod share state; default /dev/shm or tmp
     server_retry_seconds: float = 2.0  # how often a non-serving rank tries to take the port over
@@ -49,6 +52,8 @@ class MonitorConfig:
         validate.between("log_interval", self.log_interval, 1, 1_000_000)
         validate.between("stall_factor", self.stall_factor, 1.0, 1000.0)
         validate.between("stall_floor_seconds", self.stall_floor_seconds, 1.0, 7 * 86400.0)
+        validate.between("stall_wait_floor_seconds", self.stall_wait_floor_seconds, 1.0,
+                         7 * 86400.0)
         validate.between("server_retry_seconds", self.server_retry_seconds, 0.05, 600.0)
         validate.between("max_scrapes_per_second", self.max_scrapes_per_second, 0.1, 1000.0)
         if not self.job_name or not self.job_name.strip():
@@ -121,6 +126,7 @@ _PARSERS: dict[str, Callable[[str, str], Any]] = {
     "jsonl_path": _text,
     "stall_factor": _number(float),
     "stall_floor_seconds": _number(float),
+    "stall_wait_floor_seconds": _number(float),
     "listen_address": _text,
     "state_dir": _text,
     "server_retry_seconds": _number(float),

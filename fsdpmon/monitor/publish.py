@@ -32,6 +32,7 @@ from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.fingerprint import BREAK_SITE, Break, break_values
 from fsdpmon.monitor.flight import FlightRecorder
 from fsdpmon.monitor.spawn import ServerKeeper
+from fsdpmon.monitor.stall_bound import Position
 from fsdpmon.monitor.stacks import StackPublisher
 from fsdpmon.monitor.state import RankStateWriter, job_state_dir
 from fsdpmon.monitor.stats import JobFigures, WindowStats
@@ -77,7 +78,9 @@ class Publication:
             "histogram": {"counts": [0] * (len(STEP_BUCKETS) + 1), "sum": 0.0},
         }
         self.watchdog = StallWatchdog(config.stall_factor, config.stall_floor_seconds,
-                                      self._stall_changed, on_tick=self._watchdog_tick)
+                                      self._stall_changed, on_tick=self._watchdog_tick,
+                                      wait_floor_seconds=config.stall_wait_floor_seconds,
+                                      where=self._bound_position)
 
     @classmethod
     def start(cls, config: MonitorConfig, topo: DistEnv, run_record: dict[str, Any],
@@ -214,6 +217,13 @@ class Publication:
         return (float(entered), float(completed), float(inside), float(phase),
                 self._position_since)
 
+    def _bound_position(self) -> Position | None:
+        """Where the stall bound is drawn for (the watchdog thread, after its tick's beat): the
+        phase, inside a collective or not, and since when (None before the first beat)."""
+        if not self._position:
+            return None
+        return Position(self.phase, bool(self._position[4]), self._position_since)
+
     def _watchdog_tick(self) -> None:
         self._watchdog_seen = time.time()
         self._beat()
@@ -320,7 +330,8 @@ class Publication:
 
     def checkpoint_saved(self, times: SaveTimes) -> None:
         """A save finished (training thread, once per checkpoint): its times, served until the
-        next save."""
+        next save; the next saves' stall bound is drawn from it."""
+        self.watchdog.save_done(times.seconds)
         self._set_values({
             catalog.TRAIN_CHECKPOINT_SECONDS.name: times.seconds,
             catalog.TRAIN_CHECKPOINT_OWN_SECONDS.name: times.own_seconds,

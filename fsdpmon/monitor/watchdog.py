@@ -1,6 +1,9 @@
-"""The stall watchdog: a thread that notices when no step has completed for too long.
+"""The stall watchdog: a thread that notices when a rank has stayed where it is for too long.
 
-Threshold = max(factor x median recent step time, floor). On entering a stall it sets the stalled
+The bound depends on where the rank is (stall_bound: warm-up, a save, inside a collective, or
+stepping) and is drawn from the job's own history. The threshold it reports is that bound
+counted from the last step (the heartbeat's timestamp, which `top`, `diagnose` and the rules
+compare with), so every reader draws the same line. On entering a stall it sets the stalled
 flag, logs a warning and dumps every thread's Python stack once (faulthandler, which works even
 when the main thread is stuck inside C code such as a collective); it clears when steps resume.
 """
@@ -9,13 +12,14 @@ from __future__ import annotations
 
 import faulthandler
 import logging
-import statistics
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import TextIO
+
+from fsdpmon.conventions import STALL_HISTORY_FACTOR
+from fsdpmon.monitor.stall_bound import Bound, BoundHistory, BoundSettings, Position, stall_bound
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +28,20 @@ class StallWatchdog:
     def __init__(self, factor: float, floor_seconds: float,
                  on_change: Callable[[bool, float], None],
                  stack_stream: TextIO | None = None, history: int = 200,
-                 on_tick: Callable[[], None] | None = None) -> None:
-        self.factor = factor
+                 on_tick: Callable[[], None] | None = None,
+                 wait_floor_seconds: float | None = None,
+                 where: Callable[[], Position | None] | None = None) -> None:
+        self.settings = BoundSettings(
+            factor, floor_seconds,
+            floor_seconds if wait_floor_seconds is None else wait_floor_seconds,
+            STALL_HISTORY_FACTOR)
         self.on_tick = on_tick  # every tick: proof that this process still runs Python
-        self.floor = floor_seconds
         self.on_change = on_change  # (stalled, threshold) whenever either changes
         self.stack_stream = stack_stream
-        self._durations: deque[float] = deque(maxlen=history)
+        self.where = where  # the rank's position, its ``since`` in unix time
+        self.history = BoundHistory(history)
         self._last_progress = time.monotonic()
+        self._last_step: float | None = None  # monotonic, of the last completed step
         self._stalled = False
         self._threshold = floor_seconds
         self._armed = False
@@ -57,31 +67,57 @@ class StallWatchdog:
 
     def step_done(self, seconds: float | None) -> None:
         """Progress: a step of ``seconds`` completed (None: progress that is not a step)."""
-        # Called from the training thread: an append and a store, no locking needed.
+        # Called from the training thread: an append and stores, no locking needed.
+        now = time.monotonic()
         if seconds is not None:
-            self._durations.append(seconds)
-        self._last_progress = time.monotonic()
+            self.history.step_done(seconds)
+            self._last_step = now
+        self._last_progress = now
+
+    def save_done(self, seconds: float) -> None:
+        """A checkpoint save took ``seconds``: the next saves are bounded by it."""
+        self.history.save_done(seconds)
 
     def recent_durations(self) -> list[float]:
-        return list(self._durations)
+        return list(self.history.steps)
 
     def progress_unix(self) -> float:
         """Unix time of the last progress (a step or a phase between steps)."""
         return time.time() - (time.monotonic() - self._last_progress)
 
-    def compute_threshold(self) -> float:
-        durations = list(self._durations)
-        if not durations:
-            return self.floor
-        return max(self.factor * statistics.median(durations), self.floor)
+    def bound(self, now: float | None = None) -> Bound:
+        """The bound at the rank's position now, anchored on the monotonic clock."""
+        now = time.monotonic() if now is None else now
+        position = self.where() if self.where is not None else None
+        offset = time.time() - time.monotonic()  # unix - monotonic, read once here
+        # the history keys a wait by its unix ``since``, which stays put while the rank does
+        self.history.observe(position, now + offset)
+        if position is not None:
+            position = Position(position.phase, position.inside, position.since - offset)
+        return stall_bound(self.settings, self.history, position, self._last_progress)
+
+    def compute_threshold(self, now: float | None = None) -> float:
+        return self._threshold_of(self.bound(now))
+
+    def _origin(self) -> float:
+        """What the published threshold counts from: the last step (the heartbeat's timestamp),
+        or the last progress before the first step."""
+        return self._last_progress if self._last_step is None else self._last_step
+
+    def _threshold_of(self, bound: Bound) -> float:
+        """The bound counted from the origin: the seconds without a step that it allows."""
+        # to the millisecond: the clocks' offset moves by microseconds between ticks, which
+        # would tell every tick a change
+        return round(bound.anchor - self._origin() + bound.seconds, 3)
 
     def check(self, now: float | None = None) -> bool:
         """One watchdog tick; returns whether the job is stalled now."""
         now = time.monotonic() if now is None else now
-        threshold = self.compute_threshold()
-        stalled = self._armed and now - self._last_progress > threshold
+        bound = self.bound(now)
+        threshold = self._threshold_of(bound)
+        stalled = self._armed and now - bound.anchor > bound.seconds
         if stalled and not self._stalled:
-            self._report(now - self._last_progress, threshold)
+            self._report(now - self._origin(), threshold)
         elif self._stalled and not stalled:
             log.warning("fsdpmon: steps resumed after a stall")
         if stalled != self._stalled or abs(threshold - self._threshold) > 1e-9:
