@@ -9,9 +9,10 @@ receiver of this script. The training target carries the pod and node labels Kub
 discovery adds. Two ways of timing (--durations):
   fast     every rule's `for` shortened (and the stall floor 8 s, as the job's monitor is set),
            scrapes and evaluations every second, Alertmanager's timers 1 s: what the rules name;
-  shipped  the rule file as shipped (stall floor 120 s, its `for` durations), the shipped scrape
-           intervals, Alertmanager's shipped timers (group_wait 30 s): how long a page takes
-           (the monitor's own stall floor is then the shipped 120 s too).
+  shipped  the rule file as shipped (its `for` durations, the culprit group's 10 s interval),
+           the shipped scrape intervals, Alertmanager's shipped route (critical group_wait 5 s):
+           how long a page takes (the monitor's own bounds are then the shipped ones too: the
+           120 s floor, the 25 s wait floor).
 Meanwhile the engine watches the job twice, as `fsdpmon diagnose` does: on the pods' endpoints
 and on Prometheus (PrometheusSource), each refresh ~1 s apart.
 

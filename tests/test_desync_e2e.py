@@ -14,13 +14,18 @@ from desync_trainer import DESYNC
 from diagnose_job import REPO, faulty_job, named, stepping
 
 DESYNC_STEP = 30
+# Every rank's loader waits PACE_S a batch (the injector's data-slow on both ranks alike: no
+# straggler), so the healthy twin lasts at least DESYNC_STEP x PACE_S = 3 s on any machine: a
+# run beside other e2e files at load 7 reached the desync step after one refresh.
+PACE_S = 0.1
+PACE = ";".join(f"data-slow:rank={r},seconds={PACE_S:g}" for r in (0, 1))
 DEADLINE_S = 60.0  # from the last step to the finding: the evidence window is 10 s of it
 CAUSES = ("collective_desync", "hang")
 
 
 @pytest.mark.slow
 def test_an_extra_all_reduce_on_rank_1_is_named_a_desync_on_rank_1(tmp_path):
-    with faulty_job(tmp_path, 2, entry=(str(REPO / "tests" / "desync_trainer.py"),),
+    with faulty_job(tmp_path, 2, PACE, entry=(str(REPO / "tests" / "desync_trainer.py"),),
                     env_extra={DESYNC: f"rank=1,step={DESYNC_STEP}"}) as job:
         job.wait("both ranks stepping", stepping(2))
         healthy, stopped, found = 0, None, None

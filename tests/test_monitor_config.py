@@ -22,12 +22,14 @@ def test_defaults_without_environment():
 def test_environment_fills_what_arguments_leave_unset():
     env = {"FSDPMON_PORT": "9600", "FSDPMON_JOB_NAME": "llama", "FSDPMON_LOG_INTERVAL": "5",
            "FSDPMON_DISABLED": "true", "FSDPMON_JSONL": "runs/x.jsonl",
-           "FSDPMON_STALL_FACTOR": "4.5", "FSDPMON_STALL_FLOOR_SECONDS": "30"}
+           "FSDPMON_STALL_FACTOR": "4.5", "FSDPMON_STALL_FLOOR_SECONDS": "30",
+           "FSDPMON_STALL_WAIT_FLOOR_SECONDS": "12.5"}
     cfg = MonitorConfig.from_env(env=env, port=None, job_name="explicit")
     assert cfg.port == 9600  # None = unset, so the variable applies
     assert cfg.job_name == "explicit"  # an explicit value wins
     assert (cfg.log_interval, cfg.disabled, cfg.jsonl_path) == (5, True, "runs/x.jsonl")
-    assert (cfg.stall_factor, cfg.stall_floor_seconds) == (4.5, 30.0)
+    assert (cfg.stall_factor, cfg.stall_floor_seconds, cfg.stall_wait_floor_seconds) == (
+        4.5, 30.0, 12.5)
     assert not cfg.serves
 
 
@@ -46,6 +48,7 @@ def test_empty_optional_path_is_unset():
     ({"FSDPMON_DISABLED": "maybe"}, "FSDPMON_DISABLED"),
     ({"FSDPMON_STALL_FACTOR": "-1"}, "FSDPMON_STALL_FACTOR"),
     ({"FSDPMON_STALL_FLOOR_SECONDS": "soon"}, "FSDPMON_STALL_FLOOR_SECONDS"),
+    ({"FSDPMON_STALL_WAIT_FLOOR_SECONDS": "0.5"}, "FSDPMON_STALL_WAIT_FLOOR_SECONDS"),
     ({"FSDPMON_JOB_NAME": " "}, "FSDPMON_JOB_NAME"),
 ])
 def test_bad_environment_value_names_the_variable(env, field):

@@ -169,6 +169,31 @@ def test_a_position_is_stamped_when_first_seen_and_a_step_with_its_own_time(call
     assert pub._where()[4] == 300.0
 
 
+def test_the_stall_bound_is_drawn_for_the_position_the_heartbeat_last_published(calls):
+    """The watchdog's bound reads the publication's position: none before the first beat; then
+    the phase, inside a collective or not, and the stamp the heartbeat carries."""
+    pub = _pub()
+    assert pub._bound_position() is None
+    pub.watchdog.step_done(0.5)  # a step time is known: past warm-up
+    calls.update(seq=7, done=6, inside=True)
+    pub.phase = "forward"
+    since = pub._where()[4]
+    position = pub._bound_position()
+    assert (position.phase, position.inside, position.since) == ("forward", True, since)
+    assert pub.watchdog.bound().kind == "collective"
+    calls.update(done=7, inside=False)
+    pub._where()
+    assert not pub._bound_position().inside and pub.watchdog.bound().kind == "steps"
+    pub.phase = "checkpoint"
+    assert pub.watchdog.bound().kind == "checkpoint"
+
+
+def test_a_save_bounds_the_next_save(calls):
+    pub = _pub()
+    pub.checkpoint_saved(SaveTimes(50.0, 10.0, 0.2))
+    assert pub.watchdog.history.longest_save == 50.0
+
+
 # ---- the stall's evidence -----------------------------------------------------------------
 
 class Stacks:
