@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent / "tests")]
 
 from payload_server import PayloadServer  # noqa: E402
-from prometheus_stack import Webhook, alertmanager, get_json, run_prometheus  # noqa: E402
+from prometheus_stack import Webhook, alertmanager, run_prometheus  # noqa: E402
 from shipped_alerts import EXPORTER_SCRAPE_S, SHIPPED_RULES, TRAINING_SCRAPE  # noqa: E402
 from synthetic_job import GpuSpec, RankSpec, exporter_exposition, training_exposition  # noqa: E402
 
@@ -54,6 +54,12 @@ JOB = "llama2-70b"
 SEQ = 5000  # the collective every rank completed before the hang
 ENTERED_AFTER_S = 0.3  # the waiting ranks enter collective SEQ + 1 this long after the step
 GLOBAL_EVALUATION = "30s"  # kube-prometheus-stack's; the culprit group sets its own 10 s
+BREAK_SERIES = [m.name for m in (
+    catalog.TRAIN_COLLECTIVE_BREAK_STEP, catalog.TRAIN_COLLECTIVE_BREAK_INDEX,
+    catalog.TRAIN_COLLECTIVE_BREAK_OP, catalog.TRAIN_COLLECTIVE_BREAK_ELEMENTS,
+    catalog.TRAIN_COLLECTIVE_BREAK_DTYPE, catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_OP,
+    catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_ELEMENTS, catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_DTYPE,
+    catalog.TRAIN_COLLECTIVE_BREAK_SITE_INFO)]
 GOALS = {"evaluation_s": 2.0, "series_per_rank": 100, "refresh_p50_s": 1.0,
          "prometheus_cpu_per_refresh_s": 0.5}
 
@@ -76,8 +82,7 @@ def _rank(r: int, gpus: int, world: int, nodes: int, t0: float, hung: int | None
         catalog.TRAIN_COLLECTIVE_ENTERED_DTYPE.name: 1.0,
         catalog.TRAIN_COLLECTIVE_ENTERED_OFF_PATTERN.name: 0.0,
         # no step broke its pattern: the monitor serves no break series
-        **{m.name: None for m in catalog.TRAINING
-           if m.name.startswith("fsdpmon_train_collective_break_")},
+        **dict.fromkeys(BREAK_SERIES),
     }
     return RankSpec(rank=r, local_rank=r % gpus, world_size=world, nodes=nodes,
                     node=f"node-{r // gpus:03d}", step=SEQ // 10,

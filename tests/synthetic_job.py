@@ -65,8 +65,8 @@ class RankSpec:
     previous_exit_unix: float | None = None
     # The progress evidence, by metric name (the collective entered and completed, inside one,
     # since when, the last step's time, the published stall bound); a metric left out is
-    # served as 1.0 like any other the spec leaves open, one given None not at all. ``phase``: the phase gauge is 1 for
-    # this phase and 0 for the others (None: 1 for all, as before).
+    # served as 1.0 like any other the spec leaves open, one given None not at all.
+    # ``phase``: the phase gauge is 1 for this phase and 0 for the others (None: 1 for all).
     progress: tuple[tuple[str, float | None], ...] = ()
     phase: str | None = None
 

@@ -32,8 +32,8 @@ from fsdpmon.monitor.config import MonitorConfig
 from fsdpmon.monitor.fingerprint import BREAK_SITE, Break, break_values
 from fsdpmon.monitor.flight import FlightRecorder
 from fsdpmon.monitor.spawn import ServerKeeper
-from fsdpmon.monitor.stall_bound import Position
 from fsdpmon.monitor.stacks import StackPublisher
+from fsdpmon.monitor.stall_bound import Position
 from fsdpmon.monitor.state import RankStateWriter, job_state_dir
 from fsdpmon.monitor.stats import JobFigures, WindowStats
 from fsdpmon.monitor.timing import WindowTimes
