@@ -107,8 +107,13 @@ def payloads(nodes: int, gpus: int, t0: float, hung: int | None) -> dict[str, by
 
 def _config(port: int, nodes: int, am: str) -> dict:
     def targets(kind: str) -> list[dict]:
+        # one server answers for every pod, by path; each keeps the instance it would have
+        # in a cluster (its pod's or node's address), as Kubernetes discovery sets it
+        port_of = {"train": conv.TRAINING_PORT, "node": conv.EXPORTER_PORT}[kind]
         return [{"targets": [f"127.0.0.1:{port}"],
                  "labels": {"__metrics_path__": f"/{kind}/node-{n:03d}",
+                            "instance": f"10.{1 if kind == 'train' else 2}.{n // 250}."
+                                        f"{n % 250 + 1}:{port_of}",
                             "pod": f"{JOB}-worker-{n}", "node": f"node-{n:03d}"}}
                 for n in range(nodes)]
 
