@@ -86,7 +86,8 @@ POD_SERVER_SILENCE_SECONDS = 5 * DEFAULT_STALL_FLOOR_SECONDS
 
 # The phases a rank's progress evidence names (fsdpmon_train_phase's `phase` label): the
 # monitor's own phase names, and "other" for anything else (between phases, a loop's own name).
-PROGRESS_PHASES = ("data", "forward", "backward", "optimizer", "checkpoint", "other")
+CHECKPOINT_PHASE = "checkpoint"  # the phase a save is wrapped in (its own stall bound)
+PROGRESS_PHASES = ("data", "forward", "backward", "optimizer", CHECKPOINT_PHASE, "other")
 OTHER_PHASE = PROGRESS_PHASES[-1]
 
 # Monitor configuration from the environment (FSDPMON_PORT, FSDPMON_JOB_NAME, ...).

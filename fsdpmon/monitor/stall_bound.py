@@ -26,7 +26,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass
 
-CHECKPOINT_PHASE = "checkpoint"  # checkpoint_time.PHASE, the phase a save is wrapped in
+from fsdpmon.conventions import CHECKPOINT_PHASE
 
 
 @dataclass(frozen=True)
@@ -97,5 +97,7 @@ def stall_bound(settings: BoundSettings, history: BoundHistory, position: Positi
         wait_floor = min(settings.wait_floor, settings.floor)
         seconds = max(wait_floor, settings.history_factor * history.longest_wait)
         return Bound(seconds, max(position.since, last_progress), "collective")
-    seconds = max(settings.factor * statistics.median(history.steps), settings.floor)
+    # a copy first: the training thread appends while the watchdog thread reads
+    steps = list(history.steps)
+    seconds = max(settings.factor * statistics.median(steps), settings.floor)
     return Bound(seconds, last_progress, "steps")
