@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from matrix_doors import Named, Recording, _Clock
@@ -99,7 +99,10 @@ def backfilled(recs: list[Recording], workdir: Path) -> Iterator[str]:
 
 
 class _AtTime(PrometheusAPI):
-    """Instant queries at the recording's moment (``clock.now``) instead of now."""
+    """Instant queries at the recording's moment (``clock.now``) instead of now. Prometheus'
+    /federate answers for now only, so its selections are asked as an instant query at that
+    moment and written back in the exposition format /federate serves (the real endpoint is
+    read in test_prometheus_source.py and test_victoria_query.py)."""
 
     def __init__(self, base_url: str, clock: _Clock) -> None:
         super().__init__(base_url, 30.0)
@@ -109,6 +112,14 @@ class _AtTime(PrometheusAPI):
         if endpoint == "query":
             params = {**params, "time": f"{self.clock.now:.3f}"}
         return super()._call(endpoint, params)
+
+    def federate(self, selectors: Sequence[str]) -> bytes:
+        lines = []
+        for r in self.query(" or ".join(selectors)):
+            labels = dict(r["metric"])
+            name = labels.pop("__name__")
+            lines.append(f"{name}{{{_labels(labels)}}} {r['value'][1]}\n")
+        return "".join(lines).encode()
 
 
 def diagnose_prometheus(rec: Recording, url: str) -> Named:

@@ -1,6 +1,7 @@
-"""The Prometheus source asks the same few queries per refresh whatever the job's size: a
-stand-in answers each query from a synthetic job's series (by metric name, as the selectors
-the source sends select them), for 4 ranks and for 64 (the benchmark: 2048)."""
+"""The Prometheus source sends the same few requests per refresh whatever the job's size: a
+stand-in answers each query and federation request from a synthetic job's series (by metric
+name, as the selectors the source sends select them), for 4 ranks and for 64 (the benchmark:
+2048)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import re
 import pytest
 from synthetic_job import job_expositions
 
-from fsdpmon.scrape.expfmt import Parser
+from fsdpmon.scrape.expfmt import Parser, Sample
 from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
 
@@ -25,6 +26,16 @@ class _Stand_in(PrometheusSource):
 
     def query(self, promql: str) -> list[dict]:
         self.queries += 1
+        return self._matching(promql)
+
+    def federated(self, selection: str, selected: list[str]) -> list[Sample]:
+        self.queries += 1
+        return [Sample(r["metric"]["__name__"],
+                       {k: v for k, v in r["metric"].items() if k != "__name__"},
+                       float(r["value"][1]))
+                for selector in selected for r in self._matching(selector)]
+
+    def _matching(self, promql: str) -> list[dict]:
         match = re.search(r'__name__=~"([^"]*)"', promql)
         pattern = match.group(1) if match else re.match(r"(?:\w+\()?(\w+)", promql).group(1)
         wanted = re.compile(pattern)

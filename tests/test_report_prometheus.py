@@ -172,6 +172,9 @@ class _StandIn(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def do_GET(self) -> None:  # /federate
+        self.do_POST()
+
     def log_message(self, *args) -> None:
         pass
 
@@ -235,6 +238,21 @@ def test_tops_source_reads_bad_answers_as_the_report_does(status, kind, body, me
         assert str(raised.value) == f"Prometheus at {url}: {message}"
         with pytest.raises(UnreachableError, match=f"^Prometheus at {url}: "):
             PrometheusAPI(url, timeout_s=5).query_range("up", 0, 10, 1)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "message"),
+    [
+        (400, b"bad_data: 1:12: parse error: unexpected end of input\n",
+         "/federate answered HTTP 400 Bad Request: bad_data: 1:12: parse error: unexpected end"),
+        (503, b"", "/federate answered HTTP 503 Service Unavailable"),
+    ],
+)
+def test_a_refused_federation_is_one_line(status, body, message):
+    """/federate explains a refusal in plain text, not JSON: its first line is the error."""
+    with stand_in(status, "text/plain", body) as url, pytest.raises(UnreachableError) as raised:
+        PrometheusAPI(url, timeout_s=5).federate(["{job=~'x'}"])
+    assert str(raised.value).startswith(f"Prometheus at {url}: {message}"), str(raised.value)
 
 
 def test_malformed_points_are_skipped_not_fatal():

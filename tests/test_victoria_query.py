@@ -16,6 +16,7 @@ import urllib.request
 import pytest
 from victoria_stack import _started, missing
 
+from fsdpmon.scrape.expfmt import parse
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 
 # quiet: its processes mostly wait (5.3 s, 2.2 s alone, /usr/bin/time, 2-core VM)
@@ -84,3 +85,15 @@ def test_without_nocache_victoriametrics_hides_the_newest_sample(vm):
     assert time.time() - written < LATENCY_OFFSET_S, "too slow to see the offset at work"
     assert hidden == [], hidden
     assert newest(vm, "fsdpmon_probe_fresh"), "the client does not see it either"
+
+
+def test_federation_sees_the_newest_sample(vm):
+    """`top --prometheus` reads its two large selections from /federate: VictoriaMetrics
+    serves the series written a second ago there too, in the exposition format."""
+    vm, written = vm
+    newest(vm, "fsdpmon_probe_fresh")  # searchable by now
+    body = PrometheusAPI(vm).federate(['{__name__=~"fsdpmon_probe_fresh|fsdpmon_probe_step"}'])
+    assert time.time() - written < LATENCY_OFFSET_S, "too slow to see the offset at work"
+    found = sorted((s.name, s.labels, s.value) for s in parse(body))
+    assert found == [("fsdpmon_probe_fresh", {"rank": "0"}, 7.0),
+                     ("fsdpmon_probe_step", {"rank": "0"}, 42.0)], body[:500]

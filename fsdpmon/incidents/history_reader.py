@@ -11,6 +11,7 @@ from typing import Any
 
 from fsdpmon.job.snapshot import JobSnapshot
 from fsdpmon.scrape.aggregate import aggregate
+from fsdpmon.scrape.expfmt import Sample
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 from fsdpmon.scrape.sources.prometheus import TRAINING_NAMES, select, target_results
 from fsdpmon.scrape.wanted import TRAIN_INFO
@@ -22,14 +23,18 @@ def snapshots(api: PrometheusAPI, job: str, start: float, end: float,
     training series had a value, oldest first."""
     where = f",job_name={json.dumps(job)}" if job else ""
     found = api.query_range(select(TRAINING_NAMES, where), start, end, step)
-    at: dict[float, list[dict[str, Any]]] = {}
+    at: dict[float, list[Sample]] = {}
     known: dict[tuple[str, str], dict[str, str]] = {}
+    # series of one target share one label dict, as a scrape's do (the aggregation's memo)
+    shared: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
     for s in found:
-        metric = s.get("metric") or {}
-        if metric.get("__name__") == TRAIN_INFO:
-            known[(metric.get("job", ""), metric.get("instance", ""))] = metric
+        metric = dict(s.get("metric") or {})
+        name = str(metric.pop("__name__", ""))
+        labels = shared.setdefault(tuple(sorted(metric.items())), metric)
+        if name == TRAIN_INFO:
+            known[(labels.get("job", ""), labels.get("instance", ""))] = labels
         for t, v in s.get("values") or []:
-            at.setdefault(float(t), []).append({"metric": metric, "value": [t, v]})
+            at.setdefault(float(t), []).append(Sample(name, labels, _number(v)))
     out: list[JobSnapshot] = []
     previous = None
     for t in sorted(at):
@@ -38,3 +43,10 @@ def snapshots(api: PrometheusAPI, job: str, start: float, end: float,
                              previous=previous, job_name=job)
         out.append(previous)
     return out
+
+
+def _number(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return float("nan")
