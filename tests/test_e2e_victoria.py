@@ -78,10 +78,14 @@ def cli(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+SAID: dict[int, str] = {}  # pid -> the end of what a CLI printed: a failure message shows it
+
+
 def read_json(proc: subprocess.Popen, key: str) -> list[tuple[str, int | None]]:
     """(cause, rank) of each entry under ``key`` in a CLI's JSON (AssertionError with its
     stderr when it gave none)."""
     out, err = proc.communicate(timeout=90)
+    SAID[proc.pid] = f"stdout {out[-1500:]!r}, stderr {err[-1500:]!r}"
     try:
         return [(f["cause"], f.get("rank")) for f in json.loads(out)[key]]
     except (ValueError, KeyError) as exc:
@@ -147,7 +151,8 @@ def test_hang_pages_once_with_its_culprit_through_victoriametrics(stack):
     assert named == {("FsdpmonTrainingStalled", str(HUNG), POD)}, (
         f"every notification names rank {HUNG}, none the job alone: {summary(notes)}")
     assert ("hang", HUNG) in by_pod, f"diagnose --targets: {by_pod}"
-    assert ("hang", HUNG) in by_vm, f"diagnose --prometheus (VictoriaMetrics): {by_vm}"
+    assert ("hang", HUNG) in by_vm, (
+        f"diagnose --prometheus (VictoriaMetrics): {by_vm}; it said {SAID[big.pid]}")
     assert ("hang", 1 - HUNG) not in by_pod + by_vm, (by_pod, by_vm)
     hangs = [i for i in incidents if i[0] in ("hang", "rank_unresponsive")]
     assert hangs == [("hang", HUNG)], f"incidents --prometheus (VictoriaMetrics): {incidents}"
