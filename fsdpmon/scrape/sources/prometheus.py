@@ -14,8 +14,11 @@ they parse in a third of the time. The small ones are instant queries.
 Each selection holds only the series top shows: where a target serves one series per ECC type
 (or, before the cores had a name of their own, per core), the selector of that name is narrowed
 to the one shown (a selector of its own); the process and static ``*_info`` families are asked
-for at the cadence a direct scrape uses (sources/cadence.py).
+for at the cadence a direct scrape uses (sources/cadence.py). Series that share their labels
+share one dict (the parser's cache of label blocks), so the aggregation's memo by label set
+works as it does for a scrape.
 """
+
 from __future__ import annotations
 
 import json
