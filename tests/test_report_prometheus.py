@@ -23,6 +23,7 @@ from support import free_port, rounded
 
 from fsdpmon.errors import UnreachableError
 from fsdpmon.report.prometheus import PrometheusAPI
+from fsdpmon.scrape.expfmt import parse
 from fsdpmon.scrape.sources.prometheus import PrometheusSource
 
 # quiet: its processes mostly wait (11.2 s, 4.8 s alone, /usr/bin/time, 2-core VM)
@@ -253,6 +254,23 @@ def test_a_refused_federation_is_one_line(status, body, message):
     with stand_in(status, "text/plain", body) as url, pytest.raises(UnreachableError) as raised:
         PrometheusAPI(url, timeout_s=5).federate(["{job=~'x'}"])
     assert str(raised.value).startswith(f"Prometheus at {url}: {message}"), str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("served", "labels"),
+    [
+        # VictoriaMetrics 1.79 writes label values as JSON strings (tests/test_victoria_query.py)
+        (rb'm{site="train.py:3 in \u003cmodule>",q="it\u0027s"} 1 17', {
+            "site": "train.py:3 in <module>", "q": "it's"}),
+        (rb'm{q="\u0022\u005c\u000a"} 1', {"q": '"\\\n'}),  # the format's own escapes
+        # Prometheus': a backslash escaped, then the letters u003c, stays as it was
+        (rb'm{q="a\\u003c"} 1', {"q": "a\\u003c"}),
+    ],
+)
+def test_federated_label_values_read_as_written(served, labels):
+    with stand_in(200, "text/plain", served + b"\n") as url:
+        got = parse(PrometheusAPI(url, timeout_s=5).federate(["m"]))
+    assert [(s.name, s.labels, s.value) for s in got] == [("m", labels, 1.0)], got
 
 
 def test_malformed_points_are_skipped_not_fatal():

@@ -32,6 +32,7 @@ pytestmark = [
 # earlier is remembered as empty for about 10 s more, so the samples are written once, first.
 SEARCHABLE_AFTER_S = 3.0
 LATENCY_OFFSET_S = 30.0  # victoria-metrics' -search.latencyOffset default
+SITE = "train.py:3 in <module> (it's)"  # a stack site: VictoriaMetrics' federation escapes < and '
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +43,8 @@ def vm(tmp_path_factory):
         written = time.time() - 1
         millis = int(written * 1000)
         put(url, f'fsdpmon_probe_step{{rank="0"}} 42 {millis}\n'
-                 f'fsdpmon_probe_fresh{{rank="0"}} 7 {millis}\n')
+                 f'fsdpmon_probe_fresh{{rank="0"}} 7 {millis}\n'
+                 f'fsdpmon_probe_site{{site={json.dumps(SITE)}}} 1 {millis}\n')
         time.sleep(SEARCHABLE_AFTER_S)
         yield url, written
 
@@ -97,3 +99,13 @@ def test_federation_sees_the_newest_sample(vm):
     found = sorted((s.name, s.labels, s.value) for s in parse(body))
     assert found == [("fsdpmon_probe_fresh", {"rank": "0"}, 7.0),
                      ("fsdpmon_probe_step", {"rank": "0"}, 42.0)], body[:500]
+
+
+def test_federated_label_values_come_back_as_written(vm):
+    """VictoriaMetrics' /federate writes label values as JSON strings (``<`` as ``\\u003c``,
+    ``'`` as ``\\u0027``), which the exposition format does not know; the client reads them
+    back as they were written."""
+    vm, _ = vm
+    newest(vm, "fsdpmon_probe_site")
+    found = parse(PrometheusAPI(vm).federate(["fsdpmon_probe_site"]))
+    assert [s.labels for s in found] == [{"site": SITE}], found

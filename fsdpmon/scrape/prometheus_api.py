@@ -12,6 +12,7 @@ VictoriaMetrics' Prometheus-compatible API answers the same queries (tests/test_
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -21,6 +22,9 @@ from fsdpmon.scrape.httpget import ScrapeError, http_exchange
 
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # a 2048-rank job's instant vector is far below this
 MAX_ERROR_BYTES = 64 * 1024  # Prometheus' error documents are a line or two
+# An escaped backslash, or a JSON \uXXXX escape (which the exposition format does not know)
+_JSON_ESCAPE = re.compile(rb"\\\\|\\u([0-9a-fA-F]{4})")
+_OWN_ESCAPES = {'"': b'\\"', "\\": b"\\\\", "\n": b"\\n"}  # the format's own three
 
 
 class PrometheusAPI:
@@ -69,7 +73,7 @@ class PrometheusAPI:
             said = raw.decode("utf-8", "replace").strip().splitlines()[:1]
             raise UnreachableError(f"{self._where}: /federate answered HTTP {status} {reason}"
                                    + (f": {said[0][:300]}" if said else ""))
-        return raw
+        return _unjson(raw)
 
     @property
     def _where(self) -> str:
@@ -97,3 +101,19 @@ class PrometheusAPI:
         if not isinstance(data, dict):
             raise UnreachableError(f"{self._where}: answer has no data")
         return data
+
+
+def _unjson(body: bytes) -> bytes:
+    """The exposition with label values as Prometheus writes them: VictoriaMetrics' /federate
+    writes them as JSON strings, ``<`` and ``'`` as ``\\u003c`` and ``\\u0027`` (a stack site
+    "train.py:3 in <module>" would come back mangled); each such escape becomes its character."""
+    if b"\\u" not in body:  # Prometheus' answer: scanned, not copied
+        return body
+
+    def one(match: re.Match[bytes]) -> bytes:
+        if match.group(1) is None:
+            return match.group(0)  # an escaped backslash stays, with what follows it
+        char = chr(int(match.group(1), 16))
+        return _OWN_ESCAPES.get(char) or char.encode("utf-8", "surrogatepass")
+
+    return _JSON_ESCAPE.sub(one, body)
