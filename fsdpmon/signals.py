@@ -15,7 +15,12 @@ no more than:
   Prometheus do: the first means stop, the second is harmless, the third means now).
 
 The waiting side reacts: ``wait`` (``select`` with a timeout on the pipe) replaces
-``Event.wait``. This module imports nothing of ours, so any layer may use it.
+``Event.wait``. The kernel may hand a process's signal to any of its threads that does not
+block it; Python then runs the handler on the main thread only when that thread next runs
+Python code, which its ``select`` does not do until it times out. So ``wait`` wakes every
+WAKE_S to let a pending handler run: an exporter whose SIGTERM landed on its XID thread went on
+waiting in its hour-long ``select`` (a suite run at c6dcfd7). This module imports nothing of
+ours, so any layer may use it.
 """
 
 from __future__ import annotations
@@ -24,11 +29,15 @@ import contextlib
 import os
 import select
 import signal
+import time
 from collections.abc import Callable, Iterable
 from types import FrameType
 
 # The stopping signal that ends the process at once, whatever the orderly close is doing.
 FORCE_AFTER = 3
+# The longest a waiter sleeps in one ``select``: a signal another thread took is acted on within
+# it (a bytecode of the main thread runs the pending handler).
+WAKE_S = 0.5
 
 # Tests only: called inside the handler, after the signal is recorded and before its wake-up
 # byte is written, with the signal's number. A test sets it to send itself a second signal
@@ -99,9 +108,14 @@ class Catcher:
 
     def wait(self, timeout: float | None) -> bool:
         """Whether a signal came, waiting up to ``timeout`` seconds for one (None: forever)."""
-        if not self.received:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.received:
+            left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+            if left <= 0:
+                break
             with contextlib.suppress(OSError, ValueError):
-                select.select([self._read], [], [], timeout)
+                select.select([self._read], [], [], left)
+            # a handler pending since another thread took the signal runs here, on this thread
         self._drain()
         return self.caught
 

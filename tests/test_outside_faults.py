@@ -116,7 +116,12 @@ def test_a_gpu_fault_read_through_a_stand_in_nvml_library(tmp_path):
     finally:
         source.close()
         exporter.terminate()
-        exporter.wait(10)
+        try:
+            exporter.wait(10)  # a SIGTERM must end it (fsdpmon.signals.WAKE_S: in half a second)
+        except subprocess.TimeoutExpired:
+            exporter.kill()  # fail, but leave nothing behind
+            exporter.wait()
+            raise
 
 
 # Rank 0's model output turns NaN from this forward on (after the first slow saves); rank 1's

@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from support import free_port
 
 from fsdpmon.monitor import podserver
 from fsdpmon.monitor.state import RankStateWriter
-from fsdpmon.signals import FORCE_AFTER, Catcher
+from fsdpmon.signals import FORCE_AFTER, WAKE_S, Catcher
 
 # quiet: its processes mostly wait (21.7 s of wall, 7.0 s of CPU alone, /usr/bin/time, 2-core VM)
 pytestmark = pytest.mark.quiet
@@ -64,6 +65,22 @@ def test_a_signal_sets_the_flag_and_wakes_the_waiter_and_restore_puts_the_old_ba
         os.kill(os.getpid(), signal.SIGUSR1)
         assert catcher.take() == 2 and catcher.take() == 0 and not catcher.caught
     assert signal.getsignal(signal.SIGUSR1) == before
+
+
+def test_a_signal_another_thread_takes_still_ends_the_wait_within_its_wake_up():
+    """The kernel may hand a process's signal to any thread: sent to a helper thread here
+    (``pthread_kill``), it does not interrupt the main thread's ``select``, and its handler runs
+    only once the main thread runs Python again. The wait wakes every WAKE_S for that."""
+    with Catcher((signal.SIGUSR1,), force_after=None) as catcher:
+        helper = threading.Thread(target=lambda: (
+            time.sleep(0.2), signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)))
+        began = time.monotonic()
+        helper.start()
+        caught = catcher.wait(30)
+        took = time.monotonic() - began
+        helper.join()
+    # 0.2 s before the signal, then at most one WAKE_S: far from the 30 s it would wait out
+    assert caught and took < 0.2 + WAKE_S + 2.0, f"the wait took {took:.2f} s (caught: {caught})"
 
 
 @pytest.mark.parametrize("force_after, sent, alive", [
