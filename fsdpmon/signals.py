@@ -18,7 +18,7 @@ The waiting side reacts: ``wait`` (``select`` with a timeout on the pipe) replac
 ``Event.wait``. The kernel may hand a process's signal to any of its threads that does not
 block it; Python then runs the handler on the main thread only when that thread next runs
 Python code, which its ``select`` does not do until it times out. So ``wait`` wakes every
-WAKE_S to let a pending handler run: an exporter whose SIGTERM landed on its XID thread went on
+WAKE_S to let a pending handler run: an exporter whose SIGTERM another thread took went on
 waiting in its hour-long ``select`` (a suite run at c6dcfd7). This module imports nothing of
 ours, so any layer may use it.
 """
