@@ -157,14 +157,6 @@ def _group_durations(prom_url: str) -> dict[str, float]:
     return out
 
 
-def _prometheus_process(prom_url: str) -> psutil.Process:
-    port = int(prom_url.rsplit(":", 1)[1])
-    for conn in psutil.net_connections("tcp"):
-        if conn.laddr and conn.laddr.port == port and conn.status == "LISTEN":
-            return psutil.Process(conn.pid)
-    raise RuntimeError(f"no process listens on {port}")
-
-
 def _cpu(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return times.user + times.system
@@ -214,7 +206,7 @@ def refreshes(prom, rounds: int) -> str:
     refresh and the SETTLE_S after it (the work it leaves behind: the Go collector's) less that
     spent in a rest of as long is the refresh's (scrapes and rule evaluations come in bursts,
     which fall into both alike)."""
-    proc = _prometheus_process(prom.url)
+    proc = psutil.Process(prom.pid)
     source = PrometheusSource(prom.url, job_name=JOB, timeout_s=30)
     times, busy, rest = [], 0.0, 0.0
     try:

@@ -130,6 +130,7 @@ def alertmanager(workdir: Path, webhook_url: str,
 @dataclass
 class Prometheus:
     url: str
+    pid: int = 0  # its process (a benchmark reads its CPU time)
 
     def query(self, expr: str) -> list[dict[str, Any]]:
         """Instant query; the result vector (ValueError on a query error)."""
@@ -180,7 +181,7 @@ def run_prometheus(workdir: Path, config: dict[str, Any], *, tsdb: Path | None =
                f"--storage.tsdb.path={tsdb or workdir / 'prom-data'}",
                f"--web.listen-address=127.0.0.1:{port}", *args]
     with _server(command, log) as proc:
-        prom = Prometheus(f"http://127.0.0.1:{port}")
+        prom = Prometheus(f"http://127.0.0.1:{port}", proc.pid)
 
         def ready() -> bool:
             _still_running(proc, log)

@@ -12,8 +12,9 @@ import time
 import torch.distributed as dist
 
 from fsdpmon import catalog
+from fsdpmon.conventions import CHECKPOINT_PHASE
 from fsdpmon.monitor import Monitor, MonitorConfig, collectives
-from fsdpmon.monitor.checkpoint_time import PHASE, CheckpointClock
+from fsdpmon.monitor.checkpoint_time import CheckpointClock
 from fsdpmon.monitor.collectives import CollectiveTimer
 
 SAVE_S = 0.2
@@ -28,7 +29,7 @@ def test_a_save_is_timed_with_its_share_and_served_until_the_next(tmp_path):
         with mon.step():
             time.sleep(TRAIN_S)
         save_begun = time.perf_counter()
-        with mon.phase(PHASE):
+        with mon.phase(CHECKPOINT_PHASE):
             time.sleep(SAVE_S)
         save_done = time.perf_counter()
         values = mon.pub.snapshot["values"]

@@ -22,11 +22,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from fsdpmon.conventions import CHECKPOINT_PHASE
 from fsdpmon.monitor import collectives
 from fsdpmon.monitor.collectives import CollectiveTimer
-
-PHASE = CHECKPOINT_PHASE  # the phase name the training loop wraps a save in
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ except ModuleNotFoundError as exc:  # the base install (`pip install fsdpmon`) h
 from torch import nn
 
 from fsdpmon import catalog
+from fsdpmon.conventions import CHECKPOINT_PHASE
 from fsdpmon.distenv import DistEnv
 from fsdpmon.errors import FsdpmonError
 from fsdpmon.monitor import checkpoint_time, collectives, exit_cleanup
@@ -275,11 +276,11 @@ class Monitor:
         try:
             if entering:
                 self._timer.begin_phase(name)
-                if name == checkpoint_time.PHASE and not self._timer.in_step:
+                if name == CHECKPOINT_PHASE and not self._timer.in_step:
                     self._saves.begin()
             else:
                 self._timer.end_phase(name)
-                saved = self._saves.end() if name == checkpoint_time.PHASE else None
+                saved = self._saves.end() if name == CHECKPOINT_PHASE else None
                 if saved is not None:
                     self.flight.checkpoint(self.step_number, saved.seconds, saved.own_seconds)
                     self.goodput.checkpoint(saved.seconds)

@@ -22,7 +22,8 @@ from fsdpmon.scrape.httpget import ScrapeError, http_exchange
 
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # a 2048-rank job's instant vector is far below this
 MAX_ERROR_BYTES = 64 * 1024  # Prometheus' error documents are a line or two
-# An escaped backslash, or a JSON \uXXXX escape (which the exposition format does not know)
+# What _unjson matches: an escaped backslash (kept), or a JSON \uXXXX escape, which the
+# exposition format does not have and VictoriaMetrics' /federate writes (decoded).
 _JSON_ESCAPE = re.compile(rb"\\\\|\\u([0-9a-fA-F]{4})")
 _OWN_ESCAPES = {'"': b'\\"', "\\": b"\\\\", "\n": b"\\n"}  # the format's own three
 
