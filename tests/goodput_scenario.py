@@ -50,7 +50,10 @@ class Scenario:
     stop_s: float = 6.0
     save_rank: int | None = 0
     save_s: float = 1.5
-    save_from: int = 20
+    # after the stop: rank 1 waits out rank 0's slowed save in its next collective, and the
+    # stall bound inside a collective is 3 x the longest wait seen before (stall_bound), so a
+    # slowed save before the stop would lift rank 0's bound to ~3 x save_s, near stop_s
+    save_from: int = 30
     kill_rank: int | None = 1
     kill_at: int = 37
     job: str = "goodput-e2e"

@@ -1,7 +1,7 @@
 """End to end: one 2-rank CPU run (torchrun, gloo, a real Prometheus scraping the pod's
 endpoint) carrying four faults in sequence, each of a cost the test knows from outside
 (tests/goodput_scenario.py): rank 0's loader slowed for 16 steps, rank 1 stopped (SIGSTOP)
-for 6 s and continued, rank 0's saves slowed from step 20, rank 1 SIGKILLed at step 37 with
+for 6 s and continued, rank 0's saves slowed from step 30, rank 1 SIGKILLed at step 37 with
 checkpoints every 10 steps (torchrun restarts the group, which resumes from step 30).
 
 After the job is gone:
