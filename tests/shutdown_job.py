@@ -169,10 +169,10 @@ def one_round(stop: str, port: int, work: Path, job: str | None = None) -> Round
     family: dict[int, psutil.Process] = {}
     try:
         if stop == "term_at_startup":  # the ranks have begun (their directory), no step yet
-            assert _until(directory.exists, START_BOUND_S, 0.02), _tail(work, stop)
+            assert _until(directory.exists, START_BOUND_S, 0.02), log_tail(work, stop)
         elif stop != "normal_end":
             assert _until(lambda: len([s for s in _steps(port).values() if s >= 1]) == 2,
-                          START_BOUND_S), f"never served on port {port}:\n{_tail(work, stop)}"
+                          START_BOUND_S), f"never served on port {port}:\n{log_tail(work, stop)}"
         family.update(_family(proc, directory))
         begun = time.monotonic()
         if stop == "normal_end":
@@ -203,7 +203,7 @@ def _kill(proc: subprocess.Popen, family: dict[int, psutil.Process]) -> None:
         proc.wait(timeout=10)
 
 
-def _tail(work: Path, stop: str) -> str:
+def log_tail(work: Path, stop: str) -> str:
     with contextlib.suppress(OSError):
         return (work / f"{stop}.log").read_text()[-3000:]
     return ""

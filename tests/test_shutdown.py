@@ -1,6 +1,7 @@
 """Nothing outlives the job (issue 52).
 
-- A lock file a SIGKILLed server left is removed by the last rank out (a held one never).
+- A lock file a SIGKILLed server left is removed by the last rank out (a held one never); a
+  server whose close is cut short by its bound removes its own first (another's never).
 - The pod's server leaves by itself, within a few seconds, when its state directory or its lock
   file is removed under it; and, on each side of POD_SERVER_SILENCE_SECONDS, leaves or stays
   when no rank has published.
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from shutdown_job import EXIT_BOUND_S, one_round
+from shutdown_job import EXIT_BOUND_S, log_tail, one_round
 from support import free_port
 
 from fsdpmon.conventions import POD_SERVER_SILENCE_SECONDS
@@ -112,12 +113,47 @@ def test_a_killed_servers_lock_is_removed_a_held_one_is_not(tmp_path):
     assert not statedir.remove_unheld_lock(tmp_path)  # nothing there: nothing to do
 
 
+def test_a_close_cut_short_by_its_bound_still_removes_the_servers_lock(tmp_path):
+    # A close stuck past CLOSE_SECONDS ends the process; the kernel drops the lock, but its
+    # file stayed for nobody to remove (the ranks were gone).
+    script = f"""
+import time
+from pathlib import Path
+from fsdpmon.monitor import podserver
+
+class Stuck:  # a keeper whose close never returns (a worker thread wedged)
+    def close(self):
+        time.sleep(60)
+
+directory = Path({str(tmp_path)!r})
+podserver._close_within(0.2, Stuck(), directory, podserver.take_lock(directory))
+"""
+    done = subprocess.run([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH":
+                          str(REPO)}, cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 3, done.stderr
+    assert not (tmp_path / podserver.LOCK_NAME).exists()
+
+
+def test_the_bounded_close_leaves_another_servers_lock_alone(tmp_path):
+    fd = podserver.take_lock(tmp_path)
+    (tmp_path / podserver.LOCK_NAME).unlink()
+    other = podserver.take_lock(tmp_path)  # another server took the name meanwhile
+    try:
+        podserver._drop_lock(tmp_path, fd)
+        assert podserver.running(tmp_path)
+        podserver._drop_lock(tmp_path, other)
+        assert not (tmp_path / podserver.LOCK_NAME).exists()
+    finally:
+        os.close(fd)
+        os.close(other)
+
+
 @pytest.mark.slow
 def test_jobs_stopped_by_sigterm_twice_or_after_their_server_is_killed_leave_nothing(tmp_path):
     port = free_port()  # the same port for both: the second job is served where the first was
     for stop in ("term_twice", "kill_server_then_term"):
         result = one_round(stop, port, tmp_path)
         print(f"{stop}: cleared {result.seconds_to_exit:.1f} s after the stop")
-        assert result.leftovers == [], (stop, result.leftovers)
+        assert result.leftovers == [], (stop, result.leftovers, log_tail(tmp_path, stop))
         assert result.seconds_to_exit <= EXIT_BOUND_S
 

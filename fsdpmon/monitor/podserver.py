@@ -26,7 +26,9 @@ Its life:
   ``POD_SERVER_SILENCE_SECONDS`` (their pids taken by other processes). An orderly close that
   takes longer than ``CLOSE_SECONDS`` ends in ``os._exit``: the port goes with the process.
 - Signals only set a flag and write a byte (``fsdpmon.signals``): the serving loop waits on
-  that pipe. A second SIGTERM or SIGINT changes nothing; a third ends the process at once.
+  that pipe. Further SIGTERMs or SIGINTs change nothing, however many: every local rank that
+  finds itself the last one out sends one (eight at once on an 8-GPU node), and the close is
+  bounded anyway. A forced end (the bound) removes the lock file first, as the close would.
 """
 
 from __future__ import annotations
@@ -193,6 +195,7 @@ def _close_within(bound_s: float, keeper: PortKeeper, directory: Path, fd: int) 
     then frees the port and drops the lock whatever the stuck thread holds."""
     def force() -> None:
         if not closed.wait(bound_s):
+            _drop_lock(directory, fd)  # the kernel drops the lock, not the file
             os._exit(3)
 
     closed = threading.Event()  # set by this thread, never by a signal handler
@@ -210,12 +213,17 @@ def _leave(directory: Path, fd: int) -> None:
     our own lock file: after a replaced one, the name may be another server's now."""
     with contextlib.suppress(OSError):
         state.tidy(directory)
-    with contextlib.suppress(OSError):
-        if os.stat(directory / LOCK_NAME).st_ino == os.fstat(fd).st_ino:
-            (directory / LOCK_NAME).unlink()
+    _drop_lock(directory, fd)
     os.close(fd)
     with contextlib.suppress(OSError):
         directory.rmdir()
+
+
+def _drop_lock(directory: Path, fd: int) -> None:
+    """Unlink the lock file if it is still ours (held through ``fd``)."""
+    with contextlib.suppress(OSError):
+        if os.stat(directory / LOCK_NAME).st_ino == os.fstat(fd).st_ino:
+            (directory / LOCK_NAME).unlink()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the terminal the job started from may go
-    with Catcher((signal.SIGTERM, signal.SIGINT)) as stop:
+    # no forced end on the third signal: the ranks' own stops would trip it (see above)
+    with Catcher((signal.SIGTERM, signal.SIGINT), force_after=None) as stop:
         return serve(args, stop)
 
 
