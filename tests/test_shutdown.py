@@ -1,7 +1,8 @@
 """Nothing outlives the job (issue 52).
 
 - A lock file a SIGKILLed server left is removed by the last rank out (a held one never); a
-  server whose close is cut short by its bound removes its own first (another's never).
+  server whose close is cut short by its bound removes its own first (another's never); one
+  still held by a server killed a moment ago is waited for and removed by the last rank out.
 - The pod's server leaves by itself, within a few seconds, when its state directory or its lock
   file is removed under it; and, on each side of POD_SERVER_SILENCE_SECONDS, leaves or stays
   when no rank has published.
@@ -26,6 +27,8 @@ from support import free_port
 
 from fsdpmon.conventions import POD_SERVER_SILENCE_SECONDS
 from fsdpmon.monitor import podserver, state, statedir
+from fsdpmon.monitor.config import MonitorConfig
+from fsdpmon.monitor.spawn import ServerKeeper
 from fsdpmon.monitor.state import RankStateWriter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -146,6 +149,34 @@ def test_the_bounded_close_leaves_another_servers_lock_alone(tmp_path):
     finally:
         os.close(fd)
         os.close(other)
+
+
+def test_the_last_rank_out_removes_what_a_server_killed_a_moment_ago_left(tmp_path):
+    # A SIGKILLed server holds its lock until the kernel has ended it, its command line
+    # already gone: the ranks' own tidy ran in that moment (SIGTERM came right after the kill)
+    # and could not remove the file; the last rank's stop found no server to signal and
+    # returned, and the lock file outlived the job (a fresh-clone run at 5deca23).
+    directory = tmp_path / "job"
+    directory.mkdir(mode=0o700)
+    dying = subprocess.Popen([sys.executable, "-c", f"""
+import os, time
+from pathlib import Path
+from fsdpmon.monitor import podserver
+podserver.take_lock(Path({str(directory)!r}))
+print("held", flush=True)
+time.sleep(0.5)
+os._exit(0)
+"""], env={**os.environ, "PYTHONPATH": str(REPO)}, cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert dying.stdout.readline() == "held\n"
+        assert podserver.running(directory) and podserver.server_pid(directory) is None
+        ServerKeeper(directory, MonitorConfig(), first_check_delay=0.0).close()  # no rank left
+        # stop waited for the lock to be let go, then its file went, and the directory
+        assert not directory.exists(), sorted(p.name for p in directory.iterdir())
+        assert dying.wait(timeout=5) == 0
+    finally:
+        dying.kill()
+        dying.wait()
 
 
 @pytest.mark.slow

@@ -96,12 +96,14 @@ def server_pid(directory: Path) -> int | None:
 
 
 def stop(directory: Path, timeout_s: float = 5.0) -> bool:
-    """Ask the directory's server to end now (SIGTERM) and wait until its lock is free."""
+    """Ask the directory's server to end now (SIGTERM) and wait until its lock is free. A lock
+    held with no server to signal is waited for too: a server SIGKILLed a moment ago holds it
+    until the kernel has ended it (its command line already gone), one that has just taken it
+    has not written its pid yet (and leaves by itself once no rank is alive)."""
     pid = server_pid(directory)
-    if pid is None:
-        return not running(directory)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while running(directory) and time.monotonic() < deadline:
         time.sleep(0.02)

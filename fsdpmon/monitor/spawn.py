@@ -13,6 +13,7 @@ Nothing here runs on the training thread, and nothing of it touches a step: the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -97,3 +98,8 @@ class ServerKeeper:
         while not podserver.running(self.directory) and time.monotonic() < deadline:
             time.sleep(0.02)
         podserver.stop(self.directory)
+        # The rank's own tidy ran before this, while a server killed a moment ago may still
+        # have held its lock: what that server left goes now, and the directory with it.
+        statedir.remove_unheld_lock(self.directory)
+        with contextlib.suppress(OSError):
+            self.directory.rmdir()
