@@ -63,6 +63,30 @@ def test_process_and_info_families_come_every_few_refreshes_and_rows_carry_over(
         srv.close()
 
 
+def test_the_stall_threshold_is_read_fresh_on_every_refresh():
+    """The published stall bound moves with the rank's position (issue 49: 25 s from entering
+    a collective, 120 s or 10 x the median step elsewhere). Carried from the last full refresh,
+    a rank that left a collective for a 30 s evaluation was shown stalled against its old
+    25 s bound for up to SLOW_EVERY refreshes, where the rules read the new one."""
+    from fsdpmon import catalog
+
+    srv = PayloadServer(job_expositions("llama", 1, 2))
+    source = TargetsSource([srv.url(p) for p in sorted(srv.payloads)], timeout_s=5.0)
+    name = catalog.TRAIN_STALL_THRESHOLD_SECONDS.name.encode()
+    try:
+        first = source.fetch()  # the full refresh
+        assert {r.stall_threshold_s for r in first.ranks} == {30.0}
+        srv.payloads = {path: b"\n".join(
+            line.rsplit(b" ", 1)[0] + b" 125.5" if line.startswith(name + b"{") else line
+            for line in body.split(b"\n")) for path, body in srv.payloads.items()}
+        light = source.fetch()
+        assert not source.cadence.full
+        assert {r.stall_threshold_s for r in light.ranks} == {125.5}
+    finally:
+        source.close()
+        srv.close()
+
+
 def test_a_target_without_its_static_facts_yet_is_asked_for_everything_next_refresh():
     """A job whose ranks had not published ``*_info`` at the full refresh (still starting), or
     a target that was down then, gets the slow families on the very next refresh instead of

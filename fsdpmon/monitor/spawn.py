@@ -98,8 +98,9 @@ class ServerKeeper:
         while not podserver.running(self.directory) and time.monotonic() < deadline:
             time.sleep(0.02)
         podserver.stop(self.directory)
-        # The rank's own tidy ran before this, while a server killed a moment ago may still
-        # have held its lock: what that server left goes now, and the directory with it.
+        # On SIGTERM the rank's own files (and its tidy) went first, perhaps while a server
+        # killed a moment ago still held its lock: what that server left goes now, and the
+        # directory with it.
         statedir.remove_unheld_lock(self.directory)
         with contextlib.suppress(OSError):
             self.directory.rmdir()

@@ -4,14 +4,14 @@ rest every few refreshes, carried in between.
 Two slow tiers. Process families feed only the Processes view and the GPU-rank ties (which
 change when a process starts or ends): asked for every ``SLOW_EVERY`` refreshes, and on every
 refresh while the Processes view is open. Static facts (``*_info`` series, a rank's planned
-steps, device memory and stall threshold) are asked for every ``SLOW_EVERY`` refreshes whatever
-the view. A target's last answer of static facts is carried into the refreshes that do not ask
-for them, so the views see the same rows; a target that ignores ``name[]`` sends them anyway,
-and its fresh ones are used. Processes are carried as rows instead (aggregate's
-``processes_asked``): a refresh that does not ask for them takes the last snapshot's process
-rows of each node whose exporter answered without any, which are what filing its last answer
-again would give, for none of their figures can have changed (refiling them cost ~10% of a
-refresh of a 2048-GPU job).
+steps and device memory, a GPU's memory and power limit, the host's memory) are asked for every
+``SLOW_EVERY`` refreshes whatever the view. A target's last answer of static facts is carried
+into the refreshes that do not ask for them, so the views see the same rows; a target that
+ignores ``name[]`` sends them anyway, and its fresh ones are used. Processes are carried as
+rows instead (aggregate's ``processes_asked``): a refresh that does not ask for them takes the
+last snapshot's process rows of each node whose exporter answered without any, which are what
+filing its last answer again would give, for none of their figures can have changed (refiling
+them cost ~10% of a refresh of a 2048-GPU job).
 """
 
 from __future__ import annotations
@@ -31,13 +31,17 @@ from fsdpmon.scrape.wanted import (
     WANTED,
 )
 
-# Per-rank figures fixed for a run's life: the planned steps, the device's memory, the stall
-# threshold (static facts served as gauges).
+# Per-rank figures fixed for a run's life: the planned steps, the device's memory (static facts
+# served as gauges). Not the stall threshold: it moves with the rank's position (stall_bound).
 STATIC_RANK_NAMES = frozenset([catalog.TRAIN_TOTAL_STEPS.name,
-                               catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name,
-                               catalog.TRAIN_STALL_THRESHOLD_SECONDS.name])
+                               catalog.TRAIN_DEVICE_MEMORY_CAPACITY_BYTES.name])
+# Per-node figures fixed for the node's life (or an operator's rare change): a GPU's memory and
+# power limit, the host's memory. A fifth of a GPU's series a refresh asks for.
+STATIC_NODE_NAMES = frozenset([catalog.GPU_MEMORY_TOTAL_BYTES.name,
+                               catalog.GPU_POWER_LIMIT_WATTS.name,
+                               catalog.HOST_MEMORY_TOTAL_BYTES.name])
 PROCESS_NAMES = frozenset([PROCESS_INFO, PROCESS_STATE, *PROCESS_METRICS, GPU_PROCESS_MEMORY])
-STATIC_NAMES = frozenset([TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES])
+STATIC_NAMES = frozenset([TRAIN_INFO, EXPORTER_INFO, *STATIC_RANK_NAMES, *STATIC_NODE_NAMES])
 SLOW_NAMES = PROCESS_NAMES | STATIC_NAMES
 SLOW_EVERY = 5  # refreshes: 10 s at top's default 2 s interval
 
