@@ -50,6 +50,21 @@ def test_a_stall_between_the_critical_ranks_steps_is_booked_while_the_other_wait
     assert figures(split) == (0.125, 0.0, 0.0, 5.75, 5.75), figures(split)
 
 
+def test_a_stall_in_one_ranks_own_work_is_booked_while_the_other_waited_after_its_step():
+    # A fresh clone saw it: rank 1 stopped in its own work after step 23's last collective,
+    # rank 0 waited in the log gather after its step; both had a few ms of waits inside, rank 0
+    # the fewer, and the stall was booked against rank 0's 0.125 s step (5.75 s unaccounted)
+    ranks = [w(0, 0.125, 0.0, 0.0625), w(1, 5.875, 0.0, 0.0625)]
+    split = split_window(ranks, stall=5.75, wall=0.125)
+    assert split.critical_rank == 1, figures(split)
+    assert figures(split) == (0.125, 0.0, 0.0, 5.75, 0.0), figures(split)
+    # own work exactly the stall holds it; just short of it does not (the least wait leads)
+    for step, critical in ((5.8125, 1), (5.75, 0)):
+        split = split_window([w(0, 0.125, 0.0, 0.0625), w(1, step, 0.0, 0.0625)], stall=5.75,
+                             wall=0.125)
+        assert split.critical_rank == critical, (step, figures(split))
+
+
 def test_rank_window_reads_exactly_the_four_figures_of_a_window_row():
     assert rank_window(3, [2.5, 0.5, 0.25, 4.0]) == RankWindow(3, 4, 2.5, 0.5, 0.25)
 

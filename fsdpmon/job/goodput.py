@@ -89,16 +89,22 @@ def split_window(windows: list[RankWindow], stall: float = 0.0, wall: float = 0.
     live = [w for w in windows if w.steps > 0]
     if not live:
         return None
-    critical = min(live, key=lambda w: (w.wait_seconds, w.rank))
+    stall = max(0.0, stall)
+    # The rank that held everyone up waited least; but a rank stopped in its own work after
+    # its step's last collective holds the stall in its step while the others wait it out
+    # after theirs (the monitor's log gather), each with a few ms of waits inside: the rank
+    # whose own work holds the stall is the critical one.
+    holding = [w for w in live if stall > 0 and w.step_seconds - w.wait_seconds >= stall]
+    critical = min(holding or live, key=lambda w: (w.wait_seconds, w.rank))
     step_seconds = critical.step_seconds
     # A stall longer than the critical rank's steps happened between them (it was stopped in
     # its log step, or after it; the others waited in the gather or in their next step): it is
     # taken from the critical rank's time between steps, which is the job's.
-    stall = max(0.0, stall)
     between = max(0.0, wall - step_seconds)
     outside = min(stall, between) if step_seconds < stall else 0.0
     stall = min(stall - outside, step_seconds)
-    trimmed = [_without_stall(w, stall) for w in live]
+    # a rank whose step is shorter than the stall waited it out after its step: nothing to take
+    trimmed = [_without_stall(w, stall) if w.step_seconds >= stall else w for w in live]
     core = next(w for w in trimmed if w.rank == critical.rank)
     others = [w.own_seconds for w in trimmed if w.rank != critical.rank]
     usual = statistics.median(others) if others else core.own_seconds
