@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 import fsdpmon
-from fsdpmon.monitor import podserver, statedir
+from fsdpmon.monitor import podserver, state, statedir
 from fsdpmon.monitor.config import MonitorConfig
 
 log = logging.getLogger(__name__)
@@ -99,8 +99,8 @@ class ServerKeeper:
             time.sleep(0.02)
         podserver.stop(self.directory)
         # On SIGTERM the rank's own files (and its tidy) went first, perhaps while a server
-        # killed a moment ago still held its lock: what that server left goes now, and the
-        # directory with it.
-        statedir.remove_unheld_lock(self.directory)
+        # killed a moment ago still held its lock: the last rank's tidy again, now that no
+        # server holds it, and the directory with it.
+        state.tidy(self.directory)
         with contextlib.suppress(OSError):
             self.directory.rmdir()

@@ -22,8 +22,9 @@ from fsdpmon.scrape.httpget import ScrapeError, http_exchange
 
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # a 2048-rank job's instant vector is far below this
 MAX_ERROR_BYTES = 64 * 1024  # Prometheus' error documents are a line or two
-# What _unjson matches: an escaped backslash (kept), or a JSON \uXXXX escape, which the
-# exposition format does not have and VictoriaMetrics' /federate writes (decoded).
+# _unjson's pattern. VictoriaMetrics' /federate writes label values with JSON \uXXXX escapes,
+# which the exposition format does not have: each is decoded. An escaped backslash is matched
+# too, and kept, so that the "u" after it is not read as the start of an escape.
 _JSON_ESCAPE = re.compile(rb"\\\\|\\u([0-9a-fA-F]{4})")
 _OWN_ESCAPES = {'"': b'\\"', "\\": b"\\\\", "\n": b"\\n"}  # the format's own three
 
