@@ -14,8 +14,9 @@ Prints: seconds from the hang's start to the first notification and whom it name
 notification received in the minute after it (one wanted); each rule group's longest evaluation
 (`prometheus_rule_group_last_duration_seconds`, sampled every 5 s; goal under 2 s); the series
 per rank (goal under 100); and `fsdpmon top --prometheus`'s refresh on that Prometheus
-(PrometheusSource.fetch: p50 wall, goal 1 s) with the CPU time the Prometheus process spent
-in each over what it spent in a rest of as long after it (goal 0.5 s a refresh).
+(PrometheusSource.fetch at top's default interval: p50 wall, goal 1 s) with the CPU time the
+Prometheus process spent in windows of refreshes over what it spent in as long a rest after
+each (goal 0.5 s a refresh), beside the same for a source that reads everything every refresh.
 
 Not a test: figures depend on the machine. Run ``.venv/bin/python benchmarks/bench_page_scale.py
 [--nodes 256 --gpus 8]``.
@@ -49,6 +50,8 @@ from fsdpmon import catalog  # noqa: E402
 from fsdpmon import conventions as conv  # noqa: E402
 from fsdpmon.manifests.alerting import alertmanager_config  # noqa: E402
 from fsdpmon.scrape.sources.prometheus import PrometheusSource  # noqa: E402
+from fsdpmon.scrape.sources.readcache import ReadCache  # noqa: E402
+from fsdpmon.top import cli as top_cli  # noqa: E402
 
 JOB = "llama2-70b"
 SEQ = 5000  # the collective every rank completed before the hang
@@ -60,7 +63,6 @@ BREAK_SERIES = [m.name for m in (
     catalog.TRAIN_COLLECTIVE_BREAK_DTYPE, catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_OP,
     catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_ELEMENTS, catalog.TRAIN_COLLECTIVE_BREAK_EXPECTED_DTYPE,
     catalog.TRAIN_COLLECTIVE_BREAK_SITE_INFO)]
-SETTLE_S = 1.0  # after a refresh, counted with it (and as long added to its rest)
 GOALS = {"evaluation_s": 2.0, "series_per_rank": 100, "refresh_p50_s": 1.0,
          "prometheus_cpu_per_refresh_s": 0.5}
 
@@ -201,33 +203,77 @@ def series_per_rank(prom, world: int) -> str:
             f"under {GOALS['series_per_rank']} a rank")
 
 
-def refreshes(prom, rounds: int) -> str:
-    """``rounds`` refreshes, each followed by as long a rest: the Prometheus CPU spent in a
-    refresh and the SETTLE_S after it (the work it leaves behind: the Go collector's) less that
-    spent in a rest of as long is the refresh's (scrapes and rule evaluations come in bursts,
-    which fall into both alike)."""
-    proc = psutil.Process(prom.pid)
-    source = PrometheusSource(prom.url, job_name=JOB, timeout_s=30)
-    times, busy, rest = [], 0.0, 0.0
+def _top_interval() -> float:
+    """`fsdpmon top`'s default --interval, as its parser declares it."""
+    parser = argparse.ArgumentParser()
+    top_cli.configure(parser)
+    return parser.get_default("interval")
+
+
+class WholeReads(PrometheusSource):
+    """The source as it was before it kept what it had read: every refresh reads the newest
+    samples of every target again (the baseline)."""
+
+    def fetch(self):
+        self._held = ReadCache()
+        return super().fetch()
+
+
+def _window(proc: psutil.Process, source: PrometheusSource | None, seconds: float,
+            interval: float) -> tuple[float, list[float], list[int]]:
+    """``seconds`` of `top`'s loop (a refresh every ``interval``; none with no source): the
+    Prometheus process's CPU time in it, each refresh's wall time and series read."""
+    cpu0, end = _cpu(proc), time.monotonic() + seconds
+    took, read = [], []
+    while (tick := time.monotonic()) + interval <= end and source is not None:
+        source.fetch()
+        took.append(time.monotonic() - tick)
+        read.append(source.series_read)
+        time.sleep(max(0.0, tick + interval - time.monotonic()))
+    time.sleep(max(0.0, end - time.monotonic()))
+    return _cpu(proc) - cpu0, took, read
+
+
+def refreshes(prom, windows: int, seconds: float) -> list[str]:
+    """`top`'s loop at its default interval for ``seconds``, then as long a rest, ``windows``
+    times, with this source and with the baseline (WholeReads) in turn: the Prometheus CPU
+    in a window less that in the rest after it, over the window's refreshes, is what a
+    refresh costs Prometheus, the work it leaves behind (its collector's) included; scrapes,
+    rule evaluations and the collector's own cycles fall into both alike. Given as the mean and
+    its standard error over the windows."""
+    proc, interval = psutil.Process(prom.pid), _top_interval()
+    sources = {"this source": PrometheusSource(prom.url, job_name=JOB, timeout_s=30),
+               "reading everything (before)": WholeReads(prom.url, job_name=JOB, timeout_s=30)}
+    cost: dict[str, list[float]] = {name: [] for name in sources}
+    took: dict[str, list[float]] = {name: [] for name in sources}
+    read: dict[str, list[int]] = {name: [] for name in sources}
     try:
-        source.fetch()  # warm-up
-        for _ in range(rounds):
-            cpu0, begun = _cpu(proc), time.perf_counter()
-            snap = source.fetch()
-            took = time.perf_counter() - begun
-            time.sleep(SETTLE_S)
-            cpu1 = _cpu(proc)
-            time.sleep(took + SETTLE_S)
-            busy, rest = busy + cpu1 - cpu0, rest + _cpu(proc) - cpu1
-            times.append(took)
+        ranks = [len(source.fetch().ranks) for source in sources.values()]  # first reads
+        for _ in range(windows):
+            for name, source in sources.items():
+                busy, times, series = _window(proc, source, seconds, interval)
+                rest, _, _ = _window(proc, None, seconds, interval)
+                cost[name].append((busy - rest) / len(times))
+                took[name] += times
+                read[name] += series
     finally:
-        source.close()
-    return (f"top --prometheus refresh at {len(snap.ranks)} ranks: p50 "
-            f"{statistics.median(times) * 1e3:.0f} ms, max {max(times) * 1e3:.0f} ms (goal p50 "
-            f"<= {GOALS['refresh_p50_s'] * 1e3:.0f} ms); Prometheus CPU per refresh "
-            f"{(busy - rest) / rounds:.2f} s ({busy / rounds:.2f} s in a refresh, "
-            f"{rest / rounds:.2f} s in as long a rest; goal <= "
-            f"{GOALS['prometheus_cpu_per_refresh_s']})")
+        for source in sources.values():
+            source.close()
+    lines = [f"top --prometheus at {ranks[0]} ranks, a refresh "
+             f"every {interval:g} s, {windows} windows of {seconds:g} s each and as long a rest "
+             f"(goals: p50 <= {GOALS['refresh_p50_s'] * 1e3:.0f} ms, Prometheus CPU <= "
+             f"{GOALS['prometheus_cpu_per_refresh_s']} s a refresh):"]
+    for name in sources:
+        mean = statistics.fmean(cost[name])
+        error = statistics.stdev(cost[name]) / len(cost[name]) ** 0.5 if windows > 1 else 0.0
+        lines.append(f"  {name}: p50 {statistics.median(took[name]) * 1e3:.0f} ms, max "
+                     f"{max(took[name]) * 1e3:.0f} ms; {statistics.fmean(read[name]):,.0f} "
+                     f"series read a refresh; Prometheus CPU {mean:.2f} ± {error:.2f} s a refresh "
+                     f"(windows: {', '.join(f'{c:.2f}' for c in cost[name])})")
+    ratio = statistics.fmean(cost["this source"]) / statistics.fmean(
+        cost["reading everything (before)"])
+    lines.append(f"  ratio of Prometheus CPU a refresh, this source to the baseline: {ratio:.2f}")
+    return lines
 
 
 def main() -> None:
@@ -236,7 +282,8 @@ def main() -> None:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--hung", type=int, default=1337)
     parser.add_argument("--deadline", type=float, default=240.0)
-    parser.add_argument("--refreshes", type=int, default=30)
+    parser.add_argument("--windows", type=int, default=4)
+    parser.add_argument("--window-s", type=float, default=30.0)
     args = parser.parse_args()
     world = args.nodes * args.gpus
     print(f"{platform.node()}: {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}; "
@@ -254,7 +301,8 @@ def main() -> None:
         for line in watch_page(prom, hook, t0, args.hung, args.deadline):
             print("  " + line, flush=True)
         print("  " + series_per_rank(prom, world), flush=True)
-        print("  " + refreshes(prom, args.refreshes), flush=True)
+        for line in refreshes(prom, args.windows, args.window_s):
+            print("  " + line, flush=True)
     print(f"load at end {os.getloadavg()[0]:.1f}")
 
 

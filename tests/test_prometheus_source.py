@@ -96,7 +96,7 @@ def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
     url, _ = stack
     source = PrometheusSource(url, job_name="llama")
     snap = source.fetch()
-    assert source.queries == 5  # fixed per refresh, whatever the job's size
+    assert source.queries == 6  # fixed per refresh, whatever the job's size
     assert snap.state is JobState.RUNNING and snap.source == "prometheus"
     assert [r.rank for r in snap.ranks] == [0, 1, 2, 3] and snap.world_size == 4
     assert snap.tokens_per_second == rounded(4 * 8192.0)
@@ -114,7 +114,31 @@ def test_same_snapshot_as_a_direct_scrape_in_a_handful_of_queries(stack):
     assert all(r.node for r in snap.ranks), [r.rank for r in snap.ranks if not r.node]
     light = source.fetch()
     assert not source.cadence.full, "with every rank's node known, the next refresh is light"
+    assert source.queries <= 6 + 4, f"{source.queries - 6} requests on a light refresh, not 4"
     assert [r.node for r in light.ranks] == [r.node for r in snap.ranks], "nodes carried"
+
+
+def test_reading_only_what_was_scraped_since_gives_what_a_whole_read_gives(stack):
+    """Against a real Prometheus (each target scraped every second): refreshes back to back
+    read again only the targets scraped in between (`timestamp(up)`), and what they hold is
+    what a source reading everything afresh finds."""
+    url, _ = stack
+    source = PrometheusSource(url, job_name="llama")
+    whole = source.fetch()
+    assert source.targets_read == len(whole.targets) == 4, source.targets_read
+    read = []
+    for _ in range(5):
+        source.fetch()
+        read.append(source.targets_read)
+    assert min(read) < 4, f"every refresh read every target again: {read}"
+    held, afresh = source.fetch(), PrometheusSource(url, job_name="llama").fetch()
+
+    def figures(snap):
+        return ([(r.rank, r.node, r.step, r.loss, r.step_time_s, r.down) for r in snap.ranks],
+                [(g.node, g.gpu, g.utilization_ratio, g.clock_events) for g in snap.gpus],
+                len(snap.processes), [t.up for t in snap.targets])
+
+    assert figures(held) == figures(afresh) == figures(whole)
 
 
 def test_other_job_names_find_nothing(stack):

@@ -102,13 +102,15 @@ def aggregate(
     job_name: str = "",
     logs: tuple[str, ...] = (),
     log_pod: str = "",
+    processes_asked: bool = True,
 ) -> JobSnapshot:
-    """Builds the job snapshot from one refresh's scrape results."""
+    """Builds the job snapshot from one refresh's scrape results (``processes_asked``: as
+    JobAggregator.snapshot takes it)."""
     aggregator = JobAggregator()
     for i, result in enumerate(results):
         aggregator.add(i, result)
     return aggregator.snapshot(now=now, source=source, previous=previous, job_name=job_name,
-                               logs=logs, log_pod=log_pod)
+                               logs=logs, log_pod=log_pod, processes_asked=processes_asked)
 
 
 def _finish(acc: Acc, previous: JobSnapshot | None, snap: JobSnapshot) -> JobSnapshot:

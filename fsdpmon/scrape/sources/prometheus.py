@@ -3,13 +3,17 @@ one client of Prometheus' API, fsdpmon.scrape.prometheus_api), for jobs too larg
 by pod. The results are turned back into per-target samples and go through the same aggregation
 as a direct scrape, so the views cannot tell the difference.
 
-Requests per refresh (independent of the job's size): the job's training series; which targets
-(and nodes) belonged to the job in the last 10 minutes; the node series on those nodes; which
-exporters served those nodes; and `up` for all of them, so a target that stopped answering is
-shown as down rather than silently missing. The two large ones (the training and the node
-series, ~176,000 at 2,048 ranks) come from /federate, in the exposition format the scrape layer
-already reads: Prometheus spends half the CPU on them that an instant query's JSON costs, and
-they parse in a third of the time. The small ones are instant queries.
+Requests per refresh (independent of the job's size): `up` for the job's targets, so a target
+that stopped answering is shown as down rather than silently missing, and the time of each
+one's last scrape (`timestamp(up)`); then, from /federate, the newest training series and node
+series of the targets Prometheus scraped since this source last read them (sources/readcache.py:
+as shipped, a 2 s refresh finds a fifth of the training pods and two fifths of the exporters
+scraped since the last). Which targets (and nodes) belonged to the job in the last 10 minutes,
+and which exporters served those nodes, are two more small queries, asked on the cadence's full
+refreshes (every few, and at once after a target was down or lacked its facts) and carried in
+between. /federate answers in the exposition format the scrape layer already reads: Prometheus
+spends half the CPU on it that an instant query's JSON costs, and it parses in a third of the
+time.
 
 Each selection holds only the series top shows: where a target serves one series per ECC type
 (or, before the cores had a name of their own, per core), the selector of that name is narrowed
@@ -26,8 +30,8 @@ import re
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 from fsdpmon.errors import ConfigError
 from fsdpmon.job.snapshot import JobSnapshot
@@ -35,6 +39,7 @@ from fsdpmon.scrape.aggregate import ScrapeResult, Target, aggregate
 from fsdpmon.scrape.expfmt import Parser, Sample
 from fsdpmon.scrape.prometheus_api import PrometheusAPI
 from fsdpmon.scrape.sources.cadence import Cadence
+from fsdpmon.scrape.sources.readcache import Key, Plan, ReadCache
 from fsdpmon.scrape.sources.targets import normalise_url
 from fsdpmon.scrape.wanted import (
     EXPORTER_INFO,
@@ -50,7 +55,11 @@ from fsdpmon.scrape.wanted import (
 LOOKBACK = "10m"  # a target seen within this window and silent now is reported down
 TRAINING_NAMES = sorted({*RANK_METRICS, *JOB_METRICS, TRAIN_INFO, *RANK_LABELLED})
 NODE_NAMES = sorted(WANTED - set(TRAINING_NAMES))
-Key = tuple[str, str]  # (scrape job, instance): one scrape target in Prometheus
+
+
+class Membership(NamedTuple):
+    known: dict[Key, dict[str, str]]  # each target's labels (pod, node, namespace)
+    exporters: frozenset[Key]  # those of them that are the job's nodes' exporters
 
 
 def _names_regex(names: Iterable[str]) -> str:
@@ -61,8 +70,9 @@ def _quote(value: str) -> str:
     return json.dumps(value)  # PromQL string literals accept JSON escaping
 
 
-def _alternatives(values: Iterable[str]) -> str:
-    return "|".join(re.escape(v) for v in sorted(set(values))) or "$^"
+def _alternatives_of(values: Iterable[str]) -> str:
+    """A regex matcher's string literal for any of ``values`` (none: matches nothing)."""
+    return _quote("|".join(re.escape(v) for v in sorted(set(values))) or "$^")
 
 
 # Names of which top shows one series of several: the matcher that selects it.
@@ -84,6 +94,16 @@ def selectors(names: Iterable[str], where: str) -> list[str]:
     return parts
 
 
+def _planned(plan: Plan, where: str) -> list[str]:
+    """The selectors of a read cache's plan: each set of names for the targets it is planned
+    for (by their instance)."""
+    targets: dict[frozenset[str], list[str]] = {}
+    for key, names in plan.items():
+        targets.setdefault(names, []).append(key[1])
+    return [selector for names, instances in targets.items()
+            for selector in selectors(names, f"{where},instance=~{_alternatives_of(instances)}")]
+
+
 def select(names: Iterable[str], where: str) -> str:
     """The same selection as one PromQL expression: the selectors as ``or`` branches (their
     label sets differ by name or by the narrowing label, so ``or`` drops none)."""
@@ -103,11 +123,14 @@ class PrometheusSource:
         self.queries = 0
         self._previous: JobSnapshot | None = None
         self.cadence = Cadence()
+        self._membership: Membership | None = None  # asked for on the cadence's full refreshes
+        self._held = ReadCache()
+        self.targets_read = self.series_read = 0  # at the last refresh
         self._count = threading.Lock()
         # one parser (and its cache of label blocks) per large selection: they parse at once
         self._parsers = {"training": Parser(), "node": Parser()}
-        # The two large selections (training series, node series) run while the small queries
-        # do: Prometheus answers concurrent requests on its own threads, the wait is off the GIL.
+        # The two large selections (training series, node series) are read at once: Prometheus
+        # answers concurrent requests on its own threads, and the wait is off the GIL.
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fsdpmon-promql")
 
     def showing(self, view: str, processes: bool = False) -> None:
@@ -138,32 +161,48 @@ class PrometheusSource:
     def fetch(self) -> JobSnapshot:
         job = self._job_filter()
         names = self.cadence.names()
-        training = self._pool.submit(self.federated, "training",
-                                     selectors(names.intersection(TRAINING_NAMES), job))
-        node_series: Future[list[Sample]] | None = None
-        try:
-            members = self.query(f"last_over_time({TRAIN_INFO}{{{job[1:]}}}[{LOOKBACK}])")
-            nodes = {r["metric"].get("node", "") for r in members} - {""}
-            node_match = f"node=~{_quote(_alternatives(nodes))}"
-            node_series = self._pool.submit(
-                self.federated, "node", selectors(names.intersection(NODE_NAMES),
-                                                  "," + node_match))
-            exporters = self.query(
-                f"last_over_time({EXPORTER_INFO}{{{node_match}}}[{LOOKBACK}])")
-            known = {_key(r["metric"]): r["metric"] for r in (*members, *exporters)}
-            instances = _quote(_alternatives(k[1] for k in known))
-            up = {_key(r["metric"]): _value(r)
-                  for r in self.query(f"up{{instance=~{instances}}}")}
-            series = [*training.result(), *node_series.result()]
-        finally:  # a failed query fails the refresh; what was not started is dropped
-            for future in (training, node_series):
-                if future is not None:
-                    future.cancel()
+        if self.cadence.full or self._membership is None:
+            self._membership = self._members(job)
+        known, exporters = self._membership
+        targets = f"up{{instance=~{_alternatives_of(k[1] for k in known)}}}"
+        up = {_key(r["metric"]): _value(r) for r in self.query(targets)}
+        scraped = {_key(r["metric"]): _value(r) for r in self.query(f"timestamp({targets})")}
+        self._held.keep(known)
+        asked = {key: names.intersection(NODE_NAMES if key in exporters else TRAINING_NAMES)
+                 for key in known}
+        plans = {"training": self._held.plan(
+                     {k: n for k, n in asked.items() if k not in exporters}, scraped),
+                 "node": self._held.plan({k: asked[k] for k in exporters}, scraped)}
+        where = {"training": job, "node": ""}
+        reads = {selection: self._pool.submit(self.federated, selection,
+                                              _planned(plan, where[selection]))
+                 for selection, plan in plans.items() if plan}
+        try:  # a failed read fails the refresh; what was not started is dropped
+            read = {selection: future.result() for selection, future in reads.items()}
+        finally:
+            for future in reads.values():
+                future.cancel()
+        for selection, samples in read.items():
+            self._held.store(plans[selection], samples, scraped)
+        self.targets_read = sum(len(plans[selection]) for selection in read)
+        self.series_read = sum(map(len, read.values()))
+        series = [s for key, names in asked.items() for s in self._held.samples(key, names)]
         results = [self.cadence.complete(r) for r in target_results(known, up, series)]
         self._previous = aggregate(results, now=time.time(), source="prometheus",
-                                   previous=self._previous, job_name=self.job_name)
+                                   previous=self._previous, job_name=self.job_name,
+                                   processes_asked=self.cadence.processes_asked)
         self.cadence.check(self._previous)
         return self._previous
+
+    def _members(self, job: str) -> Membership:
+        """The job's targets and its nodes' exporters seen in the last LOOKBACK, with their
+        labels."""
+        members = self.query(f"last_over_time({TRAIN_INFO}{{{job[1:]}}}[{LOOKBACK}])")
+        nodes = {r["metric"].get("node", "") for r in members} - {""}
+        node_match = f"node=~{_alternatives_of(nodes)}"
+        exporters = self.query(f"last_over_time({EXPORTER_INFO}{{{node_match}}}[{LOOKBACK}])")
+        return Membership({_key(r["metric"]): r["metric"] for r in (*members, *exporters)},
+                          frozenset(_key(r["metric"]) for r in exporters))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
