@@ -109,3 +109,14 @@ def test_federated_label_values_come_back_as_written(vm):
     newest(vm, "fsdpmon_probe_site")
     found = parse(PrometheusAPI(vm).federate(["fsdpmon_probe_site"]))
     assert [s.labels for s in found] == [{"site": SITE}], found
+
+
+def test_timestamp_gives_the_samples_own_time(vm):
+    """`top --prometheus` reads again only the targets scraped since its last refresh, told by
+    ``timestamp(up)``: VictoriaMetrics answers it with the sample's own time, as Prometheus
+    does, not the query's (which would have every target read every time)."""
+    vm, written = vm
+    newest(vm, "fsdpmon_probe_step")
+    found = PrometheusAPI(vm).query("timestamp(fsdpmon_probe_step)")
+    assert [round(float(s["value"][1]) * 1000) for s in found] == [int(written * 1000)], \
+        f"{found} for a sample written at {int(written * 1000)} ms"

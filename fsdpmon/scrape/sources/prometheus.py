@@ -163,10 +163,23 @@ class PrometheusSource:
         names = self.cadence.names()
         if self.cadence.full or self._membership is None:
             self._membership = self._members(job)
-        known, exporters = self._membership
+        known = self._membership.known
         targets = f"up{{instance=~{_alternatives_of(k[1] for k in known)}}}"
         up = {_key(r["metric"]): _value(r) for r in self.query(targets)}
         scraped = {_key(r["metric"]): _value(r) for r in self.query(f"timestamp({targets})")}
+        series = self._newest(names, scraped, job)
+        results = [self.cadence.complete(r) for r in target_results(known, up, series)]
+        self._previous = aggregate(results, now=time.time(), source="prometheus",
+                                   previous=self._previous, job_name=self.job_name,
+                                   processes_asked=self.cadence.processes_asked)
+        self.cadence.check(self._previous)
+        return self._previous
+
+    def _newest(self, names: frozenset[str], scraped: dict[Key, float],
+                job: str) -> list[Sample]:
+        """The newest samples of ``names`` of every target of the job: those scraped since
+        the last read are read (the two selections at once), the rest are as held."""
+        known, exporters = self._membership
         self._held.keep(known)
         asked = {key: names.intersection(NODE_NAMES if key in exporters else TRAINING_NAMES)
                  for key in known}
@@ -186,13 +199,7 @@ class PrometheusSource:
             self._held.store(plans[selection], samples, scraped)
         self.targets_read = sum(len(plans[selection]) for selection in read)
         self.series_read = sum(map(len, read.values()))
-        series = [s for key, names in asked.items() for s in self._held.samples(key, names)]
-        results = [self.cadence.complete(r) for r in target_results(known, up, series)]
-        self._previous = aggregate(results, now=time.time(), source="prometheus",
-                                   previous=self._previous, job_name=self.job_name,
-                                   processes_asked=self.cadence.processes_asked)
-        self.cadence.check(self._previous)
-        return self._previous
+        return [s for key, names in asked.items() for s in self._held.samples(key, names)]
 
     def _members(self, job: str) -> Membership:
         """The job's targets and its nodes' exporters seen in the last LOOKBACK, with their
