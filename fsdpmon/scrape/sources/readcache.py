@@ -3,10 +3,10 @@ reads again only what Prometheus has newer.
 
 A target's samples in Prometheus change only when Prometheus scrapes it (as shipped, training
 pods every 10 s and exporters every 5 s), and all the samples of one scrape carry its start
-time, as its ``up`` does (they are committed together). `top` refreshes every 2 s, so at most
-refreshes most targets have not been scraped since the last: ``timestamp(up)`` says which, and
-only those are read again. A name the cadence asks for only now and then (the static facts,
-the process families) is read, for a target that has not been scraped since, on its own.
+time, as its ``up`` does (they are committed together). `top` refreshes every 2 s, so at a
+refresh most targets have not been scraped since the last one: ``timestamp(up)`` says which
+have, and only those are read again. A name the cadence asks for only now and then (the static
+facts, the process families) is read on its own for a target not scraped since.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ Key = tuple[str, str]  # (scrape job, instance): one scrape target in Prometheus
 Plan = dict[Key, frozenset[str]]  # each target to read → the names to read for it
 
 
-def key_of(sample: Sample) -> Key:
+def _key_of(sample: Sample) -> Key:
     return sample.labels.get("job", ""), sample.labels.get("instance", "")
 
 
@@ -53,7 +53,7 @@ class ReadCache:
         fresh: dict[Key, dict[str, list[Sample]]] = {
             key: {name: [] for name in names} for key, names in plan.items()}
         for sample in samples:
-            held = fresh.get(key_of(sample))
+            held = fresh.get(_key_of(sample))
             if held is not None and sample.name in held:
                 held[sample.name].append(sample)
         for key, by_name in fresh.items():
