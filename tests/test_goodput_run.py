@@ -93,6 +93,27 @@ def test_stalls_come_from_their_end_records_during_steps_the_most_any_rank_lost(
     assert gp.badput_seconds["stall"] == 6.0 and "stall" not in gp.by_rank, gp.by_rank
 
 
+def stopped_in_its_step(own: float) -> list[tuple[int, float, float]]:
+    """Seen in the suite: rank 1 stopped in its own work in step 23 (``own`` seconds of it),
+    rank 0 waiting in the log gather after its step 23 (its window 24 holds the wait); the
+    stall's end is told at step 24, 5.75 s by rank 0. Each window's (step, stall, critical
+    rank)."""
+    quick = 0.015625
+    steps = {0: [step(0, 23, 106.0, quick, quick, wait=0.0078125),
+                 step(0, 24, 106.25, quick, 6.0, wait=0.0078125)],
+             1: [step(1, 23, 106.0, own + 0.0078125, 6.0, wait=0.0078125),
+                 step(1, 24, 106.25, quick, quick, wait=0.0078125)]}
+    gp = goodput(run_of(life(0, 99.0, steps, [stall(0, 24, 5.75), stall(1, 24, 0.0)])))
+    return [(n, s.stall, s.critical_rank) for _, n, s in gp.windows]
+
+
+def test_a_stall_told_at_the_next_step_goes_to_the_window_whose_own_work_holds_it():
+    assert stopped_in_its_step(5.75) == [(23, 5.75, 1), (24, 0.0, 0)], stopped_in_its_step(5.75)
+    # just short of it: rank 1 was not stopped that long in its step, the stall stays told
+    short = stopped_in_its_step(5.75 - 0.0078125)
+    assert [(n, stall) for n, stall, _ in short] == [(23, 0.0), (24, 0.015625)], short
+
+
 def restarted(restore: dict | None) -> RunLog:
     """Life 0 (ranks 0 and 1): steps 1 and 2 of 1 s, a 0.25 s save in step 2's window ending
     as its record is written (102.0); rank 0 stopped on SIGTERM, rank 1 was killed. Life 1

@@ -79,6 +79,12 @@ def _without_stall(window: RankWindow, stall: float) -> RankWindow:
                       window.wait_seconds)
 
 
+def holds_stall(window: RankWindow, stall: float) -> bool:
+    """Whether the rank's own work in the window (its steps less their waits) holds a stall of
+    ``stall`` seconds: it was stopped in it."""
+    return stall > 0 and window.step_seconds - window.wait_seconds >= stall
+
+
 def split_window(windows: list[RankWindow], stall: float = 0.0, wall: float = 0.0,
                  named: Collection[int] | None = None) -> WindowSplit | None:
     """The job's window from every rank's (None: no rank measured a step). ``wall``: the log
@@ -94,7 +100,7 @@ def split_window(windows: list[RankWindow], stall: float = 0.0, wall: float = 0.
     # its step's last collective holds the stall in its step while the others wait it out
     # after theirs (the monitor's log gather), each with a few ms of waits inside: the rank
     # whose own work holds the stall is the critical one.
-    holding = [w for w in live if stall > 0 and w.step_seconds - w.wait_seconds >= stall]
+    holding = [w for w in live if holds_stall(w, stall)]
     critical = min(holding or live, key=lambda w: (w.wait_seconds, w.rank))
     step_seconds = critical.step_seconds
     # A stall longer than the critical rank's steps happened between them (it was stopped in

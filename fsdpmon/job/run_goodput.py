@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from fsdpmon.job.goodput import CATEGORIES, RankWindow, WindowSplit, split_window
+from fsdpmon.job.goodput import CATEGORIES, RankWindow, WindowSplit, holds_stall, split_window
 from fsdpmon.job.runlog import Incarnation, RunLog, number
 
 
@@ -77,6 +77,21 @@ def _stall_seconds(inc: Incarnation) -> dict[int, float]:
     return out
 
 
+def _to_the_window_that_holds_it(stalls: dict[int, float],
+                                 by_step: dict[int, list[RankWindow]]) -> None:
+    """A stall's end is told at the step in which the watchdog saw progress again, which may be
+    the step after the one a stopped rank spent it in (rank 1 stopped in its step 23, rank 0
+    waiting in the log gather after its own, the end seen during step 24: seen in the suite).
+    Such a stall moves to the window before, where a rank's own work holds it, if that window
+    holds no stall of its own."""
+    for step, seconds in sorted(stalls.items()):
+        before = step - 1
+        if before not in stalls \
+                and any(holds_stall(w, seconds) for w in by_step.get(before, ())) \
+                and not any(holds_stall(w, seconds) for w in by_step.get(step, ())):
+            stalls[before] = stalls.pop(step)
+
+
 def _windows(inc: Incarnation, gp: Goodput, named: Named | None) -> None:
     """Add the incarnation's step windows."""
     by_step: dict[int, list[RankWindow]] = {}
@@ -90,6 +105,7 @@ def _windows(inc: Incarnation, gp: Goodput, named: Named | None) -> None:
                 wall = number(rec.get("window_seconds")) or 0.0
                 walls[step] = min(walls.get(step, wall), wall)
     stalls = _stall_seconds(inc)
+    _to_the_window_that_holds_it(stalls, by_step)
     for step in sorted(by_step):
         split = split_window(by_step[step], stalls.get(step, 0.0), walls[step],
                              named(inc, step) if named is not None else None)
