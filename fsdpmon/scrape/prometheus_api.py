@@ -22,9 +22,9 @@ from fsdpmon.scrape.httpget import ScrapeError, http_exchange
 
 MAX_ANSWER_BYTES = 512 * 1024 * 1024  # a 2048-rank job's instant vector is far below this
 MAX_ERROR_BYTES = 64 * 1024  # Prometheus' error documents are a line or two
-# _unjson's pattern. VictoriaMetrics' /federate writes label values with JSON \uXXXX escapes,
-# which the exposition format does not have: each is decoded. An escaped backslash is matched
-# too, and kept, so that the "u" after it is not read as the start of an escape.
+# The escapes _unjson decodes: VictoriaMetrics' /federate writes label values with JSON \uXXXX
+# escapes, which the exposition format does not have. An escaped backslash is matched too, and
+# kept, so that a "u" after it is not read as the start of an escape.
 _JSON_ESCAPE = re.compile(rb"\\\\|\\u([0-9a-fA-F]{4})")
 _OWN_ESCAPES = {'"': b'\\"', "\\": b"\\\\", "\n": b"\\n"}  # the format's own three
 
